@@ -1,0 +1,1 @@
+"""What the user describes: the model, the hardware and cluster, the plan."""

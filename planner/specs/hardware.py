@@ -1,0 +1,270 @@
+"""GPUs, zones and clusters: what the hardware is, where it is, what it costs.
+
+The built-in catalog holds public spec-sheet numbers (dense tensor-core peaks,
+no sparsity) and public cloud list prices (GCP, USD per GPU-hour, late 2025;
+consumer cards get a typical community-cloud price). A cluster file (YAML or
+JSON) overrides or extends any of it, and lists the GPUs actually available:
+
+    gpus:                     # optional: new types or overrides of catalog fields
+      A100-40: {price_per_hour: 3.2}
+    zones:                    # optional: new zones
+      my-dc-1: {region: my-dc}
+    available:                # what the planner may use
+      - {gpu: A100-40, zone: us-central1-a, count: 64}
+      - {gpu: V100-16, zone: us-central1-b, count: 32, spot: true}
+    quotas: {us-central1-a: 48}      # optional: max GPUs per zone
+    prices:                   # optional: price of one GPU type in one zone
+      - {gpu: A100-40, zone: us-west1-b, price_per_hour: 3.9}
+    egress_usd_per_gb: {us-central1-a: {us-west1-b: 0.02}}   # optional
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Mapping
+
+from planner.errors import SailorError
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU type. Bandwidths in GB/s (1e9 bytes/s), one direction."""
+
+    name: str
+    memory_bytes: int
+    fp32_tflops: float  # FP32 (non tensor-core) peak
+    bf16_tflops: float  # dense 16-bit tensor-core peak (fp16 where bf16 is missing)
+    hbm_gbps: float
+    intra_node_gbps: float  # GPU-to-GPU inside a node (NVLink or PCIe), per GPU
+    gpus_per_node: int
+    node_nic_gbps: float  # a node's network bandwidth to other nodes, all GPUs together
+    price_per_hour: float  # on-demand, USD per GPU-hour
+    spot_price_per_hour: float
+    # Memory a training process holds outside tensors: CUDA context, cuBLAS and
+    # communication buffers. 1.5 GiB is typical for PCIe/SXM cards; GH200's
+    # value is measured (see docs/simulator.md).
+    runtime_overhead_bytes: int = int(1.5 * GIB)
+
+    def peak_flops(self, precision: str) -> float:
+        """Peak FLOP/s for `precision` (fp32 or bf16/fp16)."""
+        return 1e12 * (self.fp32_tflops if precision == "fp32" else self.bf16_tflops)
+
+
+def _gpu(name, mem_gib, fp32, bf16, hbm, intra, per_node, nic, price, spot, overhead_gib=1.5):
+    return GPUSpec(name, int(mem_gib * GIB), fp32, bf16, hbm, intra, per_node, nic, price, spot,
+                   int(overhead_gib * GIB))
+
+
+# name, memory GiB, fp32 TFLOP/s, bf16 TFLOP/s, HBM GB/s, intra-node GB/s per GPU,
+# GPUs per node, node NIC GB/s, on-demand $/h, spot $/h [, runtime overhead GiB]
+CATALOG: dict[str, GPUSpec] = {g.name: g for g in (
+    _gpu("V100-16", 16, 15.7, 125, 900, 150, 4, 4.0, 2.48, 0.74),  # fp16 tensor cores, no bf16
+    _gpu("A100-40", 40, 19.5, 312, 1555, 300, 4, 6.25, 3.67, 1.10),
+    _gpu("A100-80", 80, 19.5, 312, 2039, 300, 4, 12.5, 5.07, 1.57),
+    _gpu("H100-80", 80, 67, 989, 3350, 450, 8, 25.0, 11.06, 2.25),
+    _gpu("H200", 141, 67, 989, 4800, 450, 8, 50.0, 10.60, 3.72),
+    _gpu("GH200-96", 95.58, 67, 989, 4000, 450, 4, 100.0, 11.06, 3.50, overhead_gib=3.5),
+    _gpu("L4", 24, 30.3, 121, 300, 16, 8, 12.5, 0.71, 0.22),
+    _gpu("T4", 16, 8.1, 65, 320, 8, 4, 4.0, 0.35, 0.11),
+    _gpu("RTX-3090", 24, 35.6, 71, 936, 16, 8, 0.125, 0.40, 0.20),
+    _gpu("RTX-2080", 11, 13.4, 54, 616, 8, 8, 0.125, 0.20, 0.10),  # RTX 2080 Ti, 11 GB
+    _gpu("Titan-RTX", 24, 16.3, 130, 672, 8, 8, 0.125, 0.30, 0.15),
+    # The "GPU" of CPU-only runs (tests, the local example). Numbers are a
+    # 2-core VM's; profile it with `sailor profile model --device cpu`.
+    _gpu("CPU", 8, 0.05, 0.05, 20, 5, 8, 1.0, 0.0, 0.0, overhead_gib=0.5),
+)}
+GPU_ALIASES = {
+    "GH-96": "GH200-96", "GH200": "GH200-96", "H100": "H100-80", "A100": "A100-40", "V100": "V100-16",
+    "RTX-2080-TI": "RTX-2080", "TITAN-RTX": "Titan-RTX",
+}
+# Sailor's names for GPU types in its data files.
+SAILOR_GPU_NAMES = {"GH200-96": "GH-96"}
+
+
+@dataclass(frozen=True)
+class Zone:
+    """A cloud zone (or an on-premise site); zones of one region are close."""
+
+    name: str
+    region: str
+
+
+def _zones(*names: str) -> dict[str, Zone]:
+    return {n: Zone(n, n.rsplit("-", 1)[0]) for n in names}
+
+
+ZONES: dict[str, Zone] = _zones(
+    "us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-west1-a", "us-west1-b",
+    "us-east1-b", "us-east1-c", "us-east4-a", "europe-west4-a", "europe-west4-b", "asia-east1-a",
+)
+# Egress USD per GB (GCP list prices): same zone free, same region 0.01,
+# same continent 0.02, between continents 0.08.
+EGRESS_SAME_REGION, EGRESS_SAME_CONTINENT, EGRESS_INTERCONTINENTAL = 0.01, 0.02, 0.08
+
+
+@dataclass(frozen=True)
+class Pool:
+    """GPUs of one type available in one zone."""
+
+    gpu: str
+    zone: str
+    count: int
+    spot: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.gpu}@{self.zone}"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The hardware world: GPU types, zones, prices, and what is available."""
+
+    gpus: Mapping[str, GPUSpec] = field(default_factory=lambda: dict(CATALOG))
+    zones: Mapping[str, Zone] = field(default_factory=lambda: dict(ZONES))
+    available: tuple[Pool, ...] = ()
+    quotas: Mapping[str, int] = field(default_factory=dict)  # zone -> max GPUs
+    prices: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (gpu, zone) -> $/h
+    egress: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (zone, zone) -> $/GB
+
+    def gpu(self, name: str) -> GPUSpec:
+        key = canonical_gpu(name, self.gpus)
+        if key is None:
+            raise SailorError(
+                f"unknown GPU type {name!r}: known types are {', '.join(sorted(self.gpus))}; "
+                "add it under 'gpus:' in a cluster file"
+            )
+        return self.gpus[key]
+
+    def zone(self, name: str) -> Zone:
+        if name not in self.zones:
+            # Unknown zones are accepted (on-premise sites); their region is their name.
+            return Zone(name, name.rsplit("-", 1)[0] if name.count("-") >= 2 else name)
+        return self.zones[name]
+
+    def price_per_hour(self, gpu: str, zone: str, spot: bool = False) -> float:
+        """USD per GPU-hour of `gpu` in `zone`."""
+        spec = self.gpu(gpu)
+        if (spec.name, zone) in self.prices:
+            return self.prices[(spec.name, zone)]
+        return spec.spot_price_per_hour if spot else spec.price_per_hour
+
+    def egress_per_gb(self, src: str, dst: str) -> float:
+        """USD per GB sent from zone `src` to zone `dst`."""
+        if src == dst:
+            return 0.0
+        if (src, dst) in self.egress:
+            return self.egress[(src, dst)]
+        a, b = self.zone(src), self.zone(dst)
+        if a.region == b.region:
+            return EGRESS_SAME_REGION
+        if a.region.split("-")[0] == b.region.split("-")[0]:
+            return EGRESS_SAME_CONTINENT
+        return EGRESS_INTERCONTINENTAL
+
+    def is_spot(self, gpu: str, zone: str) -> bool:
+        return any(p.spot for p in self.available if p.gpu == gpu and p.zone == zone)
+
+    def with_available(self, pools: tuple[Pool, ...]) -> "Cluster":
+        return replace(self, available=pools)
+
+
+def canonical_gpu(name: str, gpus: Mapping[str, GPUSpec] = CATALOG) -> str | None:
+    if name in gpus:
+        return name
+    alias = GPU_ALIASES.get(name) or GPU_ALIASES.get(name.upper())
+    if alias in gpus:
+        return alias
+    lowered = {k.lower(): k for k in gpus}
+    return lowered.get(name.lower())
+
+
+def parse_gpus(spec: str, cluster: Cluster) -> tuple[Pool, ...]:
+    """Parse the quick form `TYPE@ZONE=COUNT,...` (zone optional: us-central1-a)."""
+    pools = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        try:
+            what, count = item.split("=")
+            gpu, _, zone = what.partition("@")
+            n = int(count)
+        except ValueError:
+            raise SailorError(f"bad --gpus item {item!r}: write TYPE@ZONE=COUNT, e.g. A100-40@us-central1-a=64") from None
+        if n < 0:
+            raise SailorError(f"bad --gpus item {item!r}: the count must be >= 0")
+        pools.append(Pool(cluster.gpu(gpu).name, zone or "us-central1-a", n))
+    if not pools:
+        raise SailorError("--gpus is empty: write TYPE@ZONE=COUNT,..., e.g. A100-40@us-central1-a=64")
+    return tuple(_merge(pools))
+
+
+def _merge(pools: list[Pool]) -> list[Pool]:
+    merged: dict[tuple[str, str, bool], int] = {}
+    for p in pools:
+        merged[(p.gpu, p.zone, p.spot)] = merged.get((p.gpu, p.zone, p.spot), 0) + p.count
+    return [Pool(g, z, n, s) for (g, z, s), n in merged.items() if n > 0]
+
+
+def load_cluster(path: str | None = None, base: Cluster | None = None) -> Cluster:
+    """The built-in catalog, extended by a YAML/JSON cluster file if given."""
+    cluster = base or Cluster()
+    if not path:
+        return cluster
+    data = _read_mapping(path)
+    gpus = dict(cluster.gpus)
+    known = {f.name for f in fields(GPUSpec)}
+    for name, over in (data.get("gpus") or {}).items():
+        if not isinstance(over, dict):
+            raise SailorError(f"cluster file {path}: gpus.{name} must be a mapping of fields")
+        over = dict(over)
+        if "memory_gb" in over:
+            over["memory_bytes"] = int(float(over.pop("memory_gb")) * GIB)
+        bad = set(over) - known
+        if bad:
+            raise SailorError(f"cluster file {path}: gpus.{name} has unknown fields {sorted(bad)}; "
+                              f"known: {sorted(known - {'name'})}")
+        key = canonical_gpu(name, gpus)
+        try:
+            gpus[key or name] = replace(gpus[key], **over) if key else GPUSpec(name=name, **over)
+        except TypeError as e:
+            raise SailorError(f"cluster file {path}: new GPU {name!r} needs every field ({e})") from None
+    cluster = replace(cluster, gpus=gpus)
+    zones = dict(cluster.zones)
+    for name, z in (data.get("zones") or {}).items():
+        zones[name] = Zone(name, (z or {}).get("region", name))
+    cluster = replace(cluster, zones=zones)
+    pools = []
+    for item in data.get("available") or []:
+        try:
+            pools.append(Pool(cluster.gpu(item["gpu"]).name, item["zone"], int(item["count"]),
+                              bool(item.get("spot", False))))
+        except (KeyError, TypeError, ValueError):
+            raise SailorError(f"cluster file {path}: each 'available' entry needs gpu, zone and count "
+                              f"(got {item!r})") from None
+    prices = {(cluster.gpu(p["gpu"]).name, p["zone"]): float(p["price_per_hour"]) for p in data.get("prices") or []}
+    egress = {(a, b): float(v) for a, row in (data.get("egress_usd_per_gb") or {}).items() for b, v in row.items()}
+    quotas = {z: int(n) for z, n in (data.get("quotas") or {}).items()}
+    return replace(cluster, available=tuple(_merge(pools)), prices=prices, egress=egress, quotas=quotas)
+
+
+def _read_mapping(path: str) -> dict:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise SailorError(f"cluster file {path} not found") from None
+    try:
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as e:  # yaml.YAMLError or json.JSONDecodeError
+        raise SailorError(f"cluster file {path} is not valid {p.suffix.lstrip('.') or 'JSON'}: "
+                          f"{str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise SailorError(f"cluster file {path}: expected a mapping at the top level")
+    return data

@@ -1,0 +1,280 @@
+"""A parallelization plan: stages, their replicas, and how the batch is split.
+
+    stage s      = a contiguous range of model layers [first, last]
+    replica k    = one copy of stage s on `tp` GPUs of one type in one zone
+                   (its own tensor-parallel degree; replicas of one stage may differ)
+    pipeline k   = replica k of every stage, chained: it runs `num_microbatches`
+                   microbatches of `microbatch_size` samples through the stages
+
+Every stage has the same number of replicas D (= the number of pipelines), and
+replica k of stage s feeds replica k of stage s+1, as in Sailor's plans. The
+global batch is sum_k microbatch_size_k * num_microbatches_k, so faster
+pipelines can take more samples. Gradients of stage s are synchronized across
+its D replicas.
+
+File format (JSON); `count` repeats an entry:
+
+    {"format": "sailor-plan", "version": 1, "model": "opt-350m",
+     "global_batch_size": 1024, "runtime": "sailor",
+     "stages": [{"layers": [0, 12],
+                 "replicas": [{"gpu": "A100-40", "tp": 2, "zone": "us-central1-a", "count": 32}]},
+                ...],
+     "pipelines": [{"microbatch_size": 2, "num_microbatches": 16, "count": 32}]}
+
+Sailor's plan_config format (pipeline_list / layers_per_stage / tmp_per_stage /
+dp / mbs / gbs) is read and written too.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from itertools import groupby
+from pathlib import Path
+
+from planner.errors import SailorError
+
+RUNTIMES = ("sailor", "megatron-deepspeed")
+
+
+@dataclass(frozen=True)
+class Replica:
+    gpu: str
+    tp: int
+    zone: str
+
+
+@dataclass(frozen=True)
+class Stage:
+    first: int  # first layer, inclusive
+    last: int  # last layer, inclusive
+    replicas: tuple[Replica, ...]
+
+    @property
+    def layers(self) -> range:
+        return range(self.first, self.last + 1)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The data share of replica index k: its microbatch size and count."""
+
+    microbatch_size: int
+    num_microbatches: int
+
+    @property
+    def samples(self) -> int:
+        return self.microbatch_size * self.num_microbatches
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    global_batch_size: int
+    stages: tuple[Stage, ...]
+    pipelines: tuple[Pipeline, ...]
+    runtime: str = "sailor"  # which framework executes it (the simulator models each)
+    notes: dict = field(default_factory=dict, compare=False, hash=False)  # extra fields kept from files
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+    @property
+    def dp(self) -> int:
+        return len(self.pipelines)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(r.tp for s in self.stages for r in s.replicas)
+
+    def gpus_used(self) -> Counter:
+        """GPUs per (type, zone)."""
+        used: Counter = Counter()
+        for s in self.stages:
+            for r in s.replicas:
+                used[(r.gpu, r.zone)] += r.tp
+        return used
+
+    def check(self, num_layers: int | None = None, cluster=None) -> "Plan":
+        """Raise SailorError if the plan is malformed; return it otherwise."""
+        if self.runtime not in RUNTIMES:
+            raise SailorError(f"plan: unknown runtime {self.runtime!r}; use one of {', '.join(RUNTIMES)}")
+        if not self.stages:
+            raise SailorError("plan has no stages: give at least one stage with a layer range and replicas")
+        if not self.pipelines:
+            raise SailorError("plan has no pipelines: give the microbatch size and count of each replica")
+        expect = 0
+        for i, s in enumerate(self.stages):
+            if s.first != expect:
+                what = "a gap" if s.first > expect else "an overlap"
+                raise SailorError(f"plan: stage {i} starts at layer {s.first} but the previous stage ends at "
+                                  f"{expect - 1} ({what}); stage layer ranges must be contiguous")
+            if s.last < s.first:
+                raise SailorError(f"plan: stage {i} has an empty layer range [{s.first}, {s.last}]")
+            expect = s.last + 1
+            if len(s.replicas) != self.dp:
+                raise SailorError(f"plan: stage {i} has {len(s.replicas)} replicas but there are {self.dp} "
+                                  "pipelines; every stage needs one replica per pipeline")
+            for r in s.replicas:
+                if r.tp < 1 or r.tp & (r.tp - 1):
+                    raise SailorError(f"plan: stage {i} uses TP degree {r.tp}; use a power of two (1, 2, 4, 8)")
+                if cluster is not None:
+                    spec = cluster.gpu(r.gpu)
+                    if r.tp > spec.gpus_per_node:
+                        raise SailorError(f"plan: stage {i} uses TP {r.tp} on {spec.name}, larger than its "
+                                          f"{spec.gpus_per_node} GPUs per node; keep TP inside a node")
+        if num_layers is not None and expect != num_layers:
+            raise SailorError(f"plan: stages cover layers 0..{expect - 1} but the model has {num_layers} "
+                              f"layers (0..{num_layers - 1}); the last stage must end at layer {num_layers - 1}")
+        for k, p in enumerate(self.pipelines):
+            if p.microbatch_size < 1 or p.num_microbatches < 1:
+                raise SailorError(f"plan: pipeline {k} needs a positive microbatch size and count")
+        total = sum(p.samples for p in self.pipelines)
+        if total != self.global_batch_size:
+            raise SailorError(f"plan: pipelines process {total} samples per iteration but the global batch is "
+                              f"{self.global_batch_size}; make sum(microbatch_size * num_microbatches) match")
+        return self
+
+
+# -- our JSON format ----------------------------------------------------------
+def plan_to_dict(plan: Plan) -> dict:
+    def runs(items, encode):
+        out = []
+        for item, group in groupby(items):
+            n = len(list(group))
+            d = encode(item)
+            if n > 1:
+                d["count"] = n
+            out.append(d)
+        return out
+
+    return {
+        "format": "sailor-plan",
+        "version": 1,
+        "model": plan.model,
+        "global_batch_size": plan.global_batch_size,
+        "runtime": plan.runtime,
+        "stages": [
+            {"layers": [s.first, s.last],
+             "replicas": runs(s.replicas, lambda r: {"gpu": r.gpu, "tp": r.tp, "zone": r.zone})}
+            for s in plan.stages
+        ],
+        "pipelines": runs(plan.pipelines, lambda p: {"microbatch_size": p.microbatch_size,
+                                                     "num_microbatches": p.num_microbatches}),
+        **plan.notes,
+    }
+
+
+def plan_from_dict(d: dict, source: str = "plan") -> Plan:
+    if "pipeline_list" in d or "sailor_plan" in d:
+        return plan_from_sailor(d, source)
+    try:
+        stages = []
+        for s in d["stages"]:
+            first, last = (int(x) for x in s["layers"])
+            replicas = []
+            for r in s["replicas"]:
+                replicas += [Replica(str(r["gpu"]), int(r["tp"]), str(r.get("zone", "us-central1-a")))] * int(
+                    r.get("count", 1))
+            stages.append(Stage(first, last, tuple(replicas)))
+        pipelines = []
+        for p in d["pipelines"]:
+            pipelines += [Pipeline(int(p["microbatch_size"]), int(p["num_microbatches"]))] * int(p.get("count", 1))
+        known = {"format", "version", "model", "global_batch_size", "runtime", "stages", "pipelines"}
+        return Plan(str(d["model"]), int(d["global_batch_size"]), tuple(stages), tuple(pipelines),
+                    str(d.get("runtime", "sailor")), {k: v for k, v in d.items() if k not in known})
+    except KeyError as e:
+        raise SailorError(f"{source}: missing field {e.args[0]!r}; see the plan format in docs/formats.md") from None
+    except (TypeError, ValueError) as e:
+        raise SailorError(f"{source}: malformed plan ({e}); see the plan format in docs/formats.md") from None
+
+
+# -- Sailor's plan_config format ---------------------------------------------
+def plan_from_sailor(d: dict, source: str = "plan", model: str | None = None) -> Plan:
+    """Read Sailor's plan (as in sailor-data/validation and anchor-plans).
+
+    Sailor plans use one microbatch size for every replica and split the batch
+    uniformly: each of the D pipelines runs gbs / (mbs * D) microbatches. They
+    ran on Megatron-DeepSpeed, so the plan's runtime is that.
+    """
+    if "sailor_plan" in d:
+        case = d.get("case", {})
+        inner = dict(d["sailor_plan"])
+        inner.setdefault("gbs", case.get("global_batch_size"))
+        return plan_from_sailor(inner, source, model or case.get("model"))
+    try:
+        lists = d["pipeline_list"]
+        if len(lists) != 1:
+            raise SailorError(f"{source}: Sailor plans with {len(lists)} pipeline templates are not supported; "
+                              "use one template")
+        p = lists[0]
+        mbs, gbs, dp = int(d["mbs"]), int(d["gbs"]), [int(x) for x in p["dp"]]
+        if len(set(dp)) != 1:
+            raise SailorError(f"{source}: stages have different replica counts {dp}; every stage needs the same")
+        stages = []
+        for layers, reps in zip(p["layers_per_stage"], p["tmp_per_stage"]):
+            replicas = []
+            for rep in reps:
+                gpu, tp, zone = rep[0][0]
+                replicas.append(Replica(str(gpu), int(tp), str(zone)))
+            stages.append(Stage(int(layers[0]), int(layers[-1]), tuple(replicas)))
+        D = dp[0]
+        if gbs % mbs:
+            raise SailorError(f"{source}: global batch {gbs} is not a multiple of the microbatch size {mbs}")
+        # gbs/mbs microbatches over D pipelines; where they don't divide, the
+        # first pipelines take one more (Sailor rounds every pipeline up).
+        n, extra = divmod(gbs // mbs, D)
+        pipelines = tuple(Pipeline(mbs, n + (k < extra)) for k in range(D))
+    except KeyError as e:
+        raise SailorError(f"{source}: Sailor plan is missing field {e.args[0]!r}") from None
+    except (TypeError, ValueError, IndexError) as e:
+        raise SailorError(f"{source}: malformed Sailor plan ({e})") from None
+    from planner.specs.hardware import canonical_gpu  # GH-96 -> GH200-96
+    from planner.specs.model import canonical_name
+
+    stages = [Stage(s.first, s.last, tuple(Replica(canonical_gpu(r.gpu) or r.gpu, r.tp, r.zone)
+                                           for r in s.replicas)) for s in stages]
+    measured = {k: d[k] for k in ("real", "max_mem", "red_grads", "N") if k in d}
+    name = canonical_name(model or d.get("model", "opt-350m"))
+    return Plan(name, gbs, tuple(stages), pipelines, "megatron-deepspeed", measured)
+
+
+def plan_to_sailor(plan: Plan) -> dict:
+    """Write Sailor's plan_config format (one microbatch size, uniform split)."""
+    shares = set(plan.pipelines)
+    if len(shares) != 1:
+        raise SailorError("this plan gives replicas different microbatch sizes or counts, which Sailor's format "
+                          "cannot express; save it in sailor's own format instead")
+    from planner.specs.hardware import SAILOR_GPU_NAMES
+
+    mbs = plan.pipelines[0].microbatch_size
+    return {
+        "pipeline_list": [{
+            "num_stages": plan.pp,
+            "layers_per_stage": [list(s.layers) for s in plan.stages],
+            "tmp_per_stage": [[[[[SAILOR_GPU_NAMES.get(r.gpu, r.gpu), r.tp, r.zone]], r.tp] for r in s.replicas]
+                              for s in plan.stages],
+            "dp": [len(s.replicas) for s in plan.stages],
+        }],
+        "mbs": mbs,
+        "gbs": plan.global_batch_size,
+    }
+
+
+def load_plan(path: str) -> Plan:
+    """Read a plan file in our format or Sailor's (detected from its fields)."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SailorError(f"plan file {path} not found") from None
+    except json.JSONDecodeError as e:
+        raise SailorError(f"plan file {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(d, dict):
+        raise SailorError(f"plan file {path}: expected a JSON object")
+    return plan_from_dict(d, f"plan file {path}")
+
+
+def save_plan(plan: Plan, path: str, fmt: str = "sailor-plan") -> None:
+    data = plan_to_sailor(plan) if fmt == "sailor" else plan_to_dict(plan)
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")

@@ -1,0 +1,22 @@
+"""sailor: plan and run transformer training on heterogeneous, geo-distributed GPUs."""
+from setuptools import find_packages, setup
+
+setup(
+    name="sailor",
+    version="0.1.0",
+    description="Plan, simulate and run transformer training on heterogeneous, "
+    "geo-distributed and dynamically available GPUs",
+    python_requires=">=3.10",
+    packages=find_packages(include=["planner", "planner.*", "sailor_ext", "sailor_ext.*"]),
+    package_data={"planner": ["data/*.json"]},
+    # The planner (sidecar) needs no torch: it only reads specs and profiles.
+    install_requires=["pyyaml>=6", "numpy>=1.24"],
+    extras_require={
+        # The training runtime. torch is pinned so pip takes the local CPU build
+        # instead of downloading a multi-GB CUDA one.
+        "runtime": ["torch==2.13.0", "megatron-core==0.16.1"],
+        "plot": ["matplotlib>=3.7"],
+        "test": ["pytest>=7", "hypothesis>=6"],
+    },
+    entry_points={"console_scripts": ["sailor=planner.cli:main"]},
+)
