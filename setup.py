@@ -10,13 +10,13 @@ setup(
     packages=find_packages(include=["planner", "planner.*", "sailor_ext", "sailor_ext.*"]),
     package_data={"planner": ["data/*.json"]},
     # The planner (sidecar) needs no torch: it only reads specs and profiles.
-    install_requires=["pyyaml>=6", "numpy>=1.24"],
+    install_requires=["pyyaml>=6", "numpy>=1.24", "rich>=13"],
     extras_require={
         # The training runtime. torch is pinned so pip takes the local CPU build
         # instead of downloading a multi-GB CUDA one.
         "runtime": ["torch==2.13.0", "megatron-core==0.16.1"],
         "plot": ["matplotlib>=3.7"],
-        "test": ["pytest>=7", "hypothesis>=6"],
+        "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout>=2"],
     },
     entry_points={"console_scripts": ["sailor=planner.cli:main"]},
 )

@@ -35,7 +35,7 @@ class GPUSpec:
 
     name: str
     memory_bytes: int
-    fp32_tflops: float  # FP32 (non tensor-core) peak
+    fp32_tflops: float  # fp32 matmul peak: TF32 tensor cores where the GPU has them, else FP32 units
     bf16_tflops: float  # dense 16-bit tensor-core peak (fp16 where bf16 is missing)
     hbm_gbps: float
     intra_node_gbps: float  # GPU-to-GPU inside a node (NVLink or PCIe), per GPU
@@ -58,16 +58,16 @@ def _gpu(name, mem_gib, fp32, bf16, hbm, intra, per_node, nic, price, spot, over
                    int(overhead_gib * GIB))
 
 
-# name, memory GiB, fp32 TFLOP/s, bf16 TFLOP/s, HBM GB/s, intra-node GB/s per GPU,
+# name, memory GiB, fp32 matmul TFLOP/s (TF32 on Ampere and later), bf16 TFLOP/s, HBM GB/s, intra-node GB/s per GPU,
 # GPUs per node, node NIC GB/s, on-demand $/h, spot $/h [, runtime overhead GiB]
 CATALOG: dict[str, GPUSpec] = {g.name: g for g in (
     _gpu("V100-16", 16, 15.7, 125, 900, 150, 4, 4.0, 2.48, 0.74),  # fp16 tensor cores, no bf16
-    _gpu("A100-40", 40, 19.5, 312, 1555, 300, 4, 6.25, 3.67, 1.10),
-    _gpu("A100-80", 80, 19.5, 312, 2039, 300, 4, 12.5, 5.07, 1.57),
-    _gpu("H100-80", 80, 67, 989, 3350, 450, 8, 25.0, 11.06, 2.25),
-    _gpu("H200", 141, 67, 989, 4800, 450, 8, 50.0, 10.60, 3.72),
-    _gpu("GH200-96", 95.58, 67, 989, 4000, 450, 4, 100.0, 11.06, 3.50, overhead_gib=3.5),
-    _gpu("L4", 24, 30.3, 121, 300, 16, 8, 12.5, 0.71, 0.22),
+    _gpu("A100-40", 40, 156, 312, 1555, 300, 4, 6.25, 3.67, 1.10),
+    _gpu("A100-80", 80, 156, 312, 2039, 300, 4, 12.5, 5.07, 1.57),
+    _gpu("H100-80", 80, 494, 989, 3350, 450, 8, 25.0, 11.06, 2.25),
+    _gpu("H200", 141, 494, 989, 4800, 450, 8, 50.0, 10.60, 3.72),
+    _gpu("GH200-96", 95.58, 494, 989, 4000, 450, 4, 100.0, 11.06, 3.50, overhead_gib=3.5),
+    _gpu("L4", 24, 60, 121, 300, 16, 8, 12.5, 0.71, 0.22),
     _gpu("T4", 16, 8.1, 65, 320, 8, 4, 4.0, 0.35, 0.11),
     _gpu("RTX-3090", 24, 35.6, 71, 936, 16, 8, 0.125, 0.40, 0.20),
     _gpu("RTX-2080", 11, 13.4, 54, 616, 8, 8, 0.125, 0.20, 0.10),  # RTX 2080 Ti, 11 GB

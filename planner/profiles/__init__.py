@@ -1,0 +1,1 @@
+"""Measurements the simulator stands on: per-layer compute and memory, network curves."""

@@ -1,0 +1,99 @@
+"""Measured network bandwidth curves.
+
+Sailor's fits (providers/*.json) and ours (`sailor profile network`) give
+bandwidth as a function of message size, for traffic between two nodes
+(`inter`: zone, GPU type and the number of GPUs on each side that take part)
+or inside one node (`intra`: GPU type and GPU count):
+
+    BW(x) [GB/s] = c0*y^2 + c1*y + c2,   y = log2(x / 1e6),   capped at max_bytes_per_s
+
+The quadratic was fitted on 64 KB..1 GB messages and goes wrong outside (it
+can even turn negative), so y is clamped to that range: bigger messages get the
+1 GB bandwidth, smaller ones the 64 KB bandwidth (latency-bound, conservative).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.errors import SailorError
+
+Y_MIN, Y_MAX = math.log2(0.064), math.log2(1024.0)  # fitted range: 64 KB .. 1 GB
+
+
+@dataclass(frozen=True)
+class BandwidthFit:
+    c0: float
+    c1: float
+    c2: float
+    max_bytes_per_s: float
+
+    def bytes_per_s(self, nbytes: float) -> float:
+        y = min(max(math.log2(max(nbytes, 1.0) / 1e6), Y_MIN), Y_MAX)
+        gbps = self.c0 * y * y + self.c1 * y + self.c2
+        return max(min(gbps * 1e9, self.max_bytes_per_s), 1e6)  # never below 1 MB/s
+
+
+@dataclass
+class NetworkFits:
+    # (src_zone, src_gpu, src_gpus, dst_zone, dst_gpu, dst_gpus) -> fit
+    inter: dict[tuple[str, str, int, str, str, int], BandwidthFit] = field(default_factory=dict)
+    intra: dict[tuple[str, int], BandwidthFit] = field(default_factory=dict)  # (gpu, gpus) -> fit
+    sources: list[str] = field(default_factory=list)
+
+    def merge(self, other: "NetworkFits") -> None:
+        self.inter.update(other.inter)
+        self.intra.update(other.intra)
+        self.sources += other.sources
+
+    def inter_fit(self, src_zone, src_gpu, n_src, dst_zone, dst_gpu, n_dst) -> BandwidthFit | None:
+        return self.inter.get((src_zone, src_gpu, n_src, dst_zone, dst_gpu, n_dst))
+
+    def intra_fit(self, gpu: str, n: int) -> BandwidthFit | None:
+        return self.intra.get((gpu, n))
+
+
+def _fit(entry) -> BandwidthFit:
+    (c0, c1, c2), cap = entry
+    return BandwidthFit(float(c0), float(c1), float(c2), float(cap))
+
+
+def load_sailor_network(providers: Path, gpu_name) -> NetworkFits:
+    """Read Sailor's providers/ folder; `gpu_name` maps its GPU names to ours."""
+    fits = NetworkFits()
+    inter_file = providers / "multizone_bandwidths_het.json"
+    if inter_file.exists():
+        data = json.loads(inter_file.read_text())
+        for sz, by_gpu in data.items():
+            for sg, by_n in by_gpu.items():
+                for sn, by_dz in by_n.items():
+                    for dz, by_dg in by_dz.items():
+                        for dg, by_dn in by_dg.items():
+                            for dn, entry in by_dn.items():
+                                key = (sz, gpu_name(sg), int(sn), dz, gpu_name(dg), int(dn))
+                                fits.inter[key] = _fit(entry)
+        fits.sources.append(str(inter_file))
+    intra_file = providers / "intra_node_bandwidths.json"
+    if intra_file.exists():
+        for g, by_n in json.loads(intra_file.read_text()).items():
+            for n, entry in by_n.items():
+                fits.intra[(gpu_name(g), int(n))] = _fit(entry)
+        fits.sources.append(str(intra_file))
+    return fits
+
+
+def load_network_file(path: Path) -> NetworkFits:
+    """Read our network.json (written by `sailor profile network`)."""
+    try:
+        d = json.loads(path.read_text())
+        fits = NetworkFits(sources=[str(path)])
+        for e in d.get("inter", []):
+            key = (e["src_zone"], e["src_gpu"], int(e["src_gpus"]), e["dst_zone"], e["dst_gpu"], int(e["dst_gpus"]))
+            fits.inter[key] = _fit((e["coeffs"], e["max_bytes_per_s"]))
+        for e in d.get("intra", []):
+            fits.intra[(e["gpu"], int(e["gpus"]))] = _fit((e["coeffs"], e["max_bytes_per_s"]))
+        return fits
+    except (KeyError, TypeError, ValueError) as e:
+        raise SailorError(f"network profile {path} is malformed ({e}); see docs/formats.md") from None

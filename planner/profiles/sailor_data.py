@@ -1,0 +1,121 @@
+"""Read the data published with the Sailor paper, in its own layout.
+
+    ROOT/profiles/profiles_tmp.json          {model: {gpu: {mbs: {tp: {layer: [fwd, bwd, update]}}}}}
+    ROOT/profiles/MODEL/GPU/profile.json     {mbs: {tp: {layer: [fwd, bwd, update]}}}
+    ROOT/llm_info.json                       {model: {tp: {layer: {params_floats, act_mem_floats, ...}}}}
+    ROOT/providers/...                       network fits (see network_fits.py)
+
+Quirks handled here (from the data's README):
+  * profiles_tmp.json wins where it disagrees with a per-file profile
+    (GPT-Neo-2.7 on GH-96 is a copy of OPT-350's in the per-file set);
+  * `update` is the optimizer step of the whole two-block profiling model
+    (embedding, two blocks, head), written into every layer. We turn it into
+    seconds per parameter: update / params(profiling model at that TP);
+  * all runs were fp32, so activation and output bytes are 4 * floats;
+  * llm_info lacks some TP degrees for which times exist (GPT-Neo TP 8): those
+    are derived per layer from the measured ones with the Megatron structure
+    x(t) = replicated + sharded/t, fitted by least squares.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from planner.profiles.network_fits import NetworkFits, load_sailor_network
+from planner.profiles.profile import MEASURED, LayerMemory, LayerTimes, Profile
+from planner.specs.hardware import canonical_gpu
+from planner.specs.model import canonical_name, get_model
+
+FP32_BYTES = 4
+
+
+def is_sailor_dir(root: Path) -> bool:
+    return (root / "profiles").is_dir() and (root / "llm_info.json").exists()
+
+
+def _gpu_name(name: str) -> str:
+    return canonical_gpu(name) or name
+
+
+def load_sailor_dir(root: Path) -> tuple[dict, NetworkFits]:
+    """Profiles keyed by (our model name, our GPU name), and the network fits."""
+    info = json.loads((root / "llm_info.json").read_text())
+    raw: dict[tuple[str, str], dict] = {}
+    for f in sorted((root / "profiles").glob("*/*/profile.json")):
+        raw[(f.parent.parent.name, f.parent.name)] = json.loads(f.read_text())
+    merged = root / "profiles" / "profiles_tmp.json"
+    if merged.exists():
+        for model, by_gpu in json.loads(merged.read_text()).items():
+            for gpu, data in by_gpu.items():
+                raw[(model, gpu)] = data  # the merged file wins
+    profiles = {}
+    for (model_name, gpu_name), data in raw.items():
+        if model_name not in info:
+            continue
+        model = get_model(model_name)
+        memory = memory_facts(info[model_name], model.num_layers)
+        profile = _profile(model, _gpu_name(gpu_name), data, memory)
+        if profile is not None:
+            profiles[(profile.model, profile.gpu)] = profile
+    network = load_sailor_network(root / "providers", _gpu_name) if (root / "providers").is_dir() else NetworkFits()
+    return profiles, network
+
+
+def memory_facts(by_tp: dict, num_layers: int) -> dict[int, LayerMemory]:
+    """llm_info for one model -> per-TP LayerMemory, filling TP 8 if missing."""
+    out: dict[int, LayerMemory] = {}
+    for tp, layers in by_tp.items():
+        if len(layers) != num_layers:
+            continue
+        rows = [layers[str(i)] for i in range(num_layers)]
+        out[int(tp)] = LayerMemory(
+            tuple(int(r["params_floats"]) for r in rows),
+            tuple(FP32_BYTES * float(r["act_mem_floats"]) for r in rows),
+            tuple(FP32_BYTES * float(r["act_output_floats"]) for r in rows),
+        )
+    measured = sorted(out)
+    if len(measured) >= 2:
+        for tp in (1, 2, 4, 8):
+            if tp not in out:
+                out[tp] = LayerMemory(
+                    tuple(round(_replicated_plus_sharded([(t, out[t].params[i]) for t in measured], tp))
+                          for i in range(num_layers)),
+                    tuple(_replicated_plus_sharded([(t, out[t].activation_bytes[i]) for t in measured], tp)
+                          for i in range(num_layers)),
+                    out[measured[0]].output_bytes,
+                )
+    return out
+
+
+def _replicated_plus_sharded(points: list[tuple[int, float]], tp: int) -> float:
+    """Least-squares fit of x(t) = a + b/t through measured (t, x); value at tp."""
+    us = [1.0 / t for t, _ in points]
+    xs = [x for _, x in points]
+    mu, mx = statistics.fmean(us), statistics.fmean(xs)
+    var = sum((u - mu) ** 2 for u in us)
+    b = sum((u - mu) * (x - mx) for u, x in zip(us, xs)) / var if var else 0.0
+    return max(mx - b * mu + b / tp, 0.0)
+
+
+def _profile(model, gpu: str, data: dict, memory: dict[int, LayerMemory]) -> Profile | None:
+    n = model.num_layers
+    times, per_param = {}, []
+    for mbs, by_tp in data.items():
+        for tp, layers in by_tp.items():
+            if len(layers) != n:
+                continue  # a profile of another model (the GPT-Neo/GH-96 copy) or a partial run
+            rows = [layers[str(i)] for i in range(n)]
+            times[(int(mbs), int(tp))] = LayerTimes(tuple(float(r[0]) for r in rows), tuple(float(r[1]) for r in rows))
+            update = float(rows[1][2])
+            mem = memory.get(int(tp))
+            if update > 0 and mem is not None:
+                profiled = mem.params[0] + 2 * mem.params[1] + mem.params[-1]  # embedding, 2 blocks, head
+                per_param.append(update / profiled)
+    if not times:
+        return None
+    return Profile(
+        model=canonical_name(model.name), gpu=gpu, num_layers=n, precision="fp32", source=MEASURED, times=times,
+        optimizer_s_per_param=statistics.median(per_param) if per_param else 0.0,
+        memory=memory, meta={"origin": "sailor-data"},
+    )

@@ -1,0 +1,41 @@
+"""Human-readable tables for the CLI (rich); JSON output lives in the commands."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+GB = 1e9
+
+
+def _gpus(d: dict[str, int]) -> str:
+    return ", ".join(f"{n}x {k}" for k, n in d.items())
+
+
+def console() -> Console:
+    import sys
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 150)
+
+
+def print_estimate(est, title: str = "") -> None:
+    out = console()
+    t = Table(title=title or None, title_justify="left")
+    for col in ("stage", "layers", "GPUs", "TP", "compute/mb", "grad sync", "memory / capacity", "fits"):
+        t.add_column(col, justify="right" if col not in ("GPUs", "TP") else "left")
+    for s in est.stages:
+        tps = sorted(set(s.tp))
+        t.add_row(str(s.index), f"{s.layers[0]}-{s.layers[1]}", _gpus(s.gpus), ",".join(map(str, tps)),
+                  f"{s.compute_s * 1e3:.1f} ms", f"{s.sync_s * 1e3:.1f} ms",
+                  f"{s.memory_bytes / GB:.1f} / {s.capacity_bytes / GB:.1f} GB", "yes" if s.fits else "[red]NO[/]")
+    out.print(t)
+    out.print(f"iteration time   {est.iteration_time_s:.3f} s  ({est.throughput_iters_per_s:.3f} it/s, "
+              f"{est.tokens_per_s:,.0f} tokens/s; pipeline {est.pipeline_time_s:.3f} s + sync/step "
+              f"{est.sync_time_s:.3f} s)")
+    out.print(f"peak memory      {est.peak_memory_bytes / GB:.2f} GB per GPU"
+              + ("" if est.fits_in_memory else "  [red]does not fit[/]"))
+    out.print(f"cost             ${est.cost_per_iteration_usd:.4f}/iteration (egress "
+              f"${est.egress_cost_per_iteration_usd:.4f}), ${est.cost_per_hour_usd:.2f}/hour, "
+              f"${est.cost_per_million_tokens_usd:.3f}/1M tokens")
+    out.print(f"GPUs             {_gpus(est.gpus_used)}")
+    for what, src in est.sources.items():
+        out.print(f"[dim]{what}: {src}[/]")

@@ -1,0 +1,31 @@
+"""Peak memory of one GPU of a replica (bytes).
+
+    M = R_gpu                                   runtime overhead: CUDA context, cuBLAS, NCCL buffers
+      + S * P_stage(t)                          persistent state: S bytes per parameter (runtime_model)
+      + f * b * (n_inflight * A_stage(t)        activations of the microbatches in flight
+                 + A_max(t))                    + backward workspace of the largest layer
+    n_inflight = min(pp - s, num_microbatches)  1F1B keeps at most pp - s forward passes open on stage s
+
+P_stage(t): parameters of the stage's layers on one GPU of a TP-t group (plus a
+copy of the word embedding on the last stage when embeddings are tied and the
+head is not on the embedding's stage). A_stage(t): activation bytes the stage
+keeps per sample; A_max(t) the largest single layer's, as the temporaries of a
+layer's backward are about as large as what it stored. f is the allocator
+factor (runtime_model), b the microbatch size, s the 0-based stage index.
+"""
+from __future__ import annotations
+
+from planner.profiles.profile import LayerMemory
+
+
+def replica_memory(mem: LayerMemory, first: int, last: int, *, mbs: int, inflight: int,
+                   state_bytes_per_param: float, allocator_factor: float, overhead_bytes: float,
+                   extra_params: int = 0) -> float:
+    params = mem.stage_params(first, last) + extra_params
+    acts = mem.stage_activation_bytes(first, last)
+    workspace = max(mem.activation_bytes[first:last + 1])
+    return overhead_bytes + state_bytes_per_param * params + allocator_factor * mbs * (inflight * acts + workspace)
+
+
+def inflight_microbatches(stage: int, num_stages: int, num_microbatches: int) -> int:
+    return min(num_stages - stage, num_microbatches)

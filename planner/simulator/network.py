@@ -1,0 +1,129 @@
+"""Time of point-to-point transfers and ring all-reduces over mixed links.
+
+An endpoint is one replica's side of a transfer: its GPU type, zone, node, and
+how many of its GPUs move data in parallel. Between two endpoints the link is
+
+  * intra-node  (same node): NVLink/PCIe, per-GPU bandwidth x GPUs taking part;
+  * inter-node  (same zone), inter-zone (same region), inter-region (WAN).
+
+Bandwidth comes from a measured fit where one exists (Sailor's providers/ or
+`sailor profile network`, keyed by zone, GPU type and GPU count on each side),
+else from the catalog: the node NIC shared in proportion to the GPUs taking
+part, capped for WAN links. Measured fits already contain latency effects;
+default links add a per-message latency.
+
+    p2p(x)        = latency + x / BW(x)                                      [s]
+    allreduce(G)  = max over ring edges e of 2(D-1)/D * G / (BW_e * AR_EFF)
+                    + 2(D-1) * latency                                        [s]
+
+G is the gradient bytes of one replica (all its TP shards), D the replicas in
+the ring; the ring visits replicas in plan order, and every edge carries
+2(D-1)/D * G bytes, split over the GPUs of the smaller side.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.profiles.network_fits import NetworkFits
+from planner.specs.hardware import Cluster
+
+# Ring all-reduce reaches this fraction of the measured p2p bandwidth: each NIC
+# sends and receives at once, and NCCL's ring adds a reduction kernel per step.
+# 0.45 is the median ratio of modelled to measured gradient-reduction time
+# (field `red_grads`, not the iteration time) of the Clariden runs with D > 1
+# in sailor-data/validation; see bench/simulator_accuracy.py --calibration.
+AR_EFFICIENCY = 0.5
+BUCKET_BYTES = 5e8  # gradients are reduced in buckets of this size (DeepSpeed's default)
+
+LATENCY_S = {"intra": 5e-6, "zone": 2e-5, "region": 2e-4, "continent": 2e-2, "world": 7e-2}
+WAN_GBPS = {"continent": 1.0, "world": 0.3}  # node-to-node WAN throughput without a measured fit
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    gpu: str
+    zone: str
+    node: int
+    gpus: int  # GPUs of this replica that move data in parallel
+
+
+class Network:
+    def __init__(self, cluster: Cluster, fits: NetworkFits):
+        self.cluster = cluster
+        self.fits = fits
+        self._cache: dict = {}
+
+    def link_class(self, a: Endpoint, b: Endpoint) -> str:
+        if a.node == b.node:
+            return "intra"
+        if a.zone == b.zone:
+            return "zone"
+        za, zb = self.cluster.zone(a.zone), self.cluster.zone(b.zone)
+        if za.region == zb.region:
+            return "region"
+        return "continent" if za.region.split("-")[0] == zb.region.split("-")[0] else "world"
+
+    def bytes_per_s(self, nbytes: float, a: Endpoint, b: Endpoint) -> float:
+        """Bandwidth for moving `nbytes` in total, split evenly over the GPUs taking part."""
+        kind = self.link_class(a, b)
+        n = min(a.gpus, b.gpus)
+        per_gpu_message = nbytes / n  # fits are indexed by the message each GPU sends
+        if kind == "intra":
+            fit = self.fits.intra_fit(a.gpu, 2)
+            per_gpu = fit.bytes_per_s(per_gpu_message) if fit else self.cluster.gpu(a.gpu).intra_node_gbps * 1e9
+            return per_gpu * n
+        fit = self._inter_fit(a, b)
+        if fit is not None:
+            return fit.bytes_per_s(per_gpu_message)
+        ga, gb = self.cluster.gpu(a.gpu), self.cluster.gpu(b.gpu)
+        share = min(ga.node_nic_gbps * a.gpus / ga.gpus_per_node, gb.node_nic_gbps * b.gpus / gb.gpus_per_node)
+        if kind in WAN_GBPS:
+            share = min(share, WAN_GBPS[kind])
+        return share * 1e9
+
+    def _inter_fit(self, a: Endpoint, b: Endpoint):
+        key = (a.gpu, a.zone, a.gpus, b.gpu, b.zone, b.gpus)
+        if key not in self._cache:
+            fit = self.fits.inter_fit(a.zone, a.gpu, a.gpus, b.zone, b.gpu, b.gpus)
+            if fit is None and (a.gpus > 1 or b.gpus > 1):
+                # GPU counts beyond the measured ones (e.g. 8 on a 4-GPU fit): the largest measured.
+                counts = [k[2] for k in self.fits.inter if k[0] == a.zone and k[1] == a.gpu and k[3] == b.zone
+                          and k[4] == b.gpu and k[2] == k[5]]
+                if counts:
+                    n = max(c for c in counts if c <= max(a.gpus, b.gpus)) if min(counts) <= max(a.gpus, b.gpus) \
+                        else min(counts)
+                    fit = self.fits.inter_fit(a.zone, a.gpu, n, b.zone, b.gpu, n)
+            self._cache[key] = fit
+        return self._cache[key]
+
+    def latency(self, a: Endpoint, b: Endpoint) -> float:
+        kind = self.link_class(a, b)
+        if kind != "intra" and self._inter_fit(a, b) is not None:
+            return 0.0  # the fit was measured end to end
+        return LATENCY_S[kind]
+
+    def p2p_time(self, nbytes: float, a: Endpoint, b: Endpoint) -> float:
+        """Seconds to move `nbytes` from a to b, spread over their GPUs."""
+        if nbytes <= 0:
+            return 0.0
+        return self.latency(a, b) + nbytes / self.bytes_per_s(nbytes, a, b)
+
+    def allreduce_time(self, nbytes: float, ring: list[Endpoint]) -> float:
+        """Ring all-reduce of `nbytes` (per member, all its GPUs) over `ring`."""
+        D = len(ring)
+        if D < 2 or nbytes <= 0:
+            return 0.0
+        volume = 2 * (D - 1) / D * nbytes
+        worst, lat, seen = 0.0, 0.0, set()
+        for i, a in enumerate(ring):
+            b = ring[(i + 1) % D]
+            edge = (a.gpu, a.zone, a.gpus, b.gpu, b.zone, b.gpus, a.node == b.node)
+            if edge in seen:  # rings of many identical replicas repeat the same few edges
+                continue
+            seen.add(edge)
+            n = min(a.gpus, b.gpus)
+            step = min(nbytes, BUCKET_BYTES * n) / D  # what the edge moves in one ring step
+            bw = self.bytes_per_s(step, a, b) * (AR_EFFICIENCY if a.node != b.node else 1.0)
+            worst = max(worst, volume / bw)
+            lat = max(lat, self.latency(a, b))
+        return worst + 2 * (D - 1) * lat

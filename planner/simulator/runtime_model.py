@@ -1,0 +1,53 @@
+"""What the simulator assumes about the framework that executes a plan.
+
+Two frameworks run plans: Megatron-DeepSpeed (the runs behind Sailor's
+published measurements, and so any plan read in Sailor's format) and our own
+runtime, `sailor_ext`. They keep different state per parameter and move
+activations differently; everything else (the 1F1B schedule, blocking p2p,
+gradient sync after the last backward, no recomputation) they share.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import SailorError
+
+
+@dataclass(frozen=True)
+class RuntimeModel:
+    name: str
+    # Bytes of persistent state per parameter, by precision:
+    #   fp32: weights 4 + gradients 4 + Adam moments 8 = 16, plus framework buffers;
+    #   bf16: bf16 weights 2 + fp32 main gradients 4 + fp32 master weights 4 + Adam 8 = 18.
+    state_bytes_fp32: float
+    state_bytes_bf16: float
+    # False: the whole activation crosses one GPU's link (Megatron-DeepSpeed:
+    # each TP rank sends its full copy to its peer over its own link; the
+    # Clariden runs, one NIC per GPU, take exactly one link's time for the whole
+    # tensor, and the MIT runs, one NIC per node, show no TP-fold slowdown).
+    # True: the activation is split over the TP ranks' links and all-gathered
+    # on the receiving side (sailor_ext).
+    p2p_split_over_tp: bool
+    # PyTorch's caching allocator holds more than the live tensors: segments are
+    # rounded and fragment. Measured peak / live activation bytes.
+    allocator_factor: float = 1.10
+
+    def state_bytes(self, precision: str) -> float:
+        return self.state_bytes_fp32 if precision == "fp32" else self.state_bytes_bf16
+
+
+RUNTIMES = {
+    # DeepSpeed fp32 keeps a flat gradient buffer for its all-reduce and a
+    # second fp32 copy of the weights next to 16 B of weights, grads and Adam
+    # state: 24 B/parameter (also Sailor's own accounting).
+    "megatron-deepspeed": RuntimeModel("megatron-deepspeed", 24.0, 26.0, p2p_split_over_tp=False),
+    # sailor_ext: gradients live in one flat buffer per stage (no extra copy).
+    "sailor": RuntimeModel("sailor", 16.0, 18.0, p2p_split_over_tp=True),
+}
+
+
+def runtime_model(name: str) -> RuntimeModel:
+    try:
+        return RUNTIMES[name]
+    except KeyError:
+        raise SailorError(f"unknown runtime {name!r}: use one of {', '.join(RUNTIMES)}") from None

@@ -1,0 +1,236 @@
+"""Iteration time, memory and cost of a plan.
+
+Time, per pipeline k (replica k of every stage; microbatch size b, m microbatches):
+
+    F_s, B_s  forward/backward seconds of stage s for one microbatch (profile, GPU and TP of replica k)
+    c_s       seconds to move one microbatch's activation (and, back, its gradient)
+              across the boundary s -> s+1 (network.p2p_time)
+    slot_s    = F_s + B_s + 2 c_{s-1} + 2 c_s       a stage's busy time per microbatch in the
+                                                    1F1B steady state; p2p blocks both ends
+    T_pp      = sum_s (F_s + B_s) + 2 sum_s c_s     first microbatch in and last one out...
+              + (m - 1) * max_s slot_s              ...and the bottleneck stage in between
+    end_s     = T_pp - sum_{j<s} (B_j + c_j)        stage s finishes its last backward
+                                                    (later stages finish first: the cool-down)
+
+Then every stage syncs its gradients across its D replicas once all of them
+are done, and steps its optimizer:
+
+    T_iter = max_s ( max_k end_s,k + allreduce_s + max_k update_s,k )
+
+allreduce_s is the ring all-reduce of the stage's fp32 gradients over its
+replicas' links (network.allreduce_time); update_s,k = optimizer seconds per
+parameter (profile) * parameters on one GPU. No recomputation, no overlap of
+the gradient sync with backward (as in the frameworks we model).
+
+Cost per iteration:
+
+    compute = T_iter * sum over GPUs of price [USD/h] / 3600
+    egress  = sum of bytes that cross zones per iteration * USD/GB of that route
+              (activations and gradients between stages in different zones;
+               every ring edge of a gradient all-reduce carries 2(D-1)/D * G bytes)
+
+Memory per GPU: see memory.py.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from planner.errors import SailorError
+from planner.profiles.estimate import DTYPE_BYTES
+from planner.profiles.store import ProfileStore
+from planner.simulator.memory import inflight_microbatches, replica_memory
+from planner.simulator.network import Endpoint, Network
+from planner.simulator.placement import place
+from planner.simulator.runtime_model import RuntimeModel, runtime_model
+from planner.specs.hardware import Cluster
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
+
+GRAD_BYTES = 4  # gradients are all-reduced in fp32
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    index: int
+    layers: tuple[int, int]
+    gpus: dict[str, int]  # "TYPE@ZONE" -> GPUs
+    tp: list[int]  # TP degree of each replica
+    compute_s: float  # forward+backward of one microbatch, slowest replica
+    sync_s: float  # gradient all-reduce across replicas
+    memory_bytes: float  # peak of one GPU, worst replica
+    capacity_bytes: int  # memory of that replica's GPU
+    fits: bool
+
+
+@dataclass(frozen=True)
+class Estimate:
+    iteration_time_s: float
+    pipeline_time_s: float  # slowest pipeline's 1F1B schedule
+    sync_time_s: float  # what gradient sync and optimizer add after the pipelines
+    throughput_iters_per_s: float
+    tokens_per_s: float
+    peak_memory_bytes: float
+    memory_per_stage_bytes: list[float]
+    fits_in_memory: bool
+    cost_per_iteration_usd: float
+    compute_cost_per_iteration_usd: float
+    egress_cost_per_iteration_usd: float
+    cost_per_hour_usd: float
+    cost_per_million_tokens_usd: float
+    gpus_used: dict[str, int]
+    stages: list[StageEstimate]
+    sources: dict[str, str] = field(default_factory=dict)  # what was measured, what estimated
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Simulator:
+    """Simulates plans of one model on one cluster with one set of profiles."""
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, profiles: ProfileStore, precision: str = "fp32"):
+        self.model = model
+        self.cluster = cluster
+        self.profiles = profiles
+        self.precision = precision
+        self.network = Network(cluster, profiles.network)
+        self._profile_cache: dict = {}
+
+    def profile(self, gpu: str):
+        if gpu not in self._profile_cache:
+            self._profile_cache[gpu] = self.profiles.get(self.model, self.cluster.gpu(gpu), self.precision)
+        return self._profile_cache[gpu]
+
+    # -- the three models --------------------------------------------------
+    def simulate(self, plan: Plan, runtime: RuntimeModel | None = None) -> Estimate:
+        plan.check(self.model.num_layers, self.cluster)
+        rt = runtime or runtime_model(plan.runtime)
+        P, D = plan.pp, plan.dp
+        nodes = place(plan, self.cluster)
+        ends = [[0.0] * D for _ in range(P)]
+        compute = [[0.0] * D for _ in range(P)]
+        pipeline_time = 0.0
+        egress = 0.0
+        done: dict = {}  # identical pipelines (same replicas, links and batch share) are simulated once
+        for k, pipe in enumerate(plan.pipelines):
+            b, m = pipe.microbatch_size, pipe.num_microbatches
+            reps = [st.replicas[k] for st in plan.stages]
+            key = (tuple(reps), b, m, tuple(nodes[s][k] == nodes[s + 1][k] for s in range(P - 1)))
+            if key not in done:
+                done[key] = self._pipeline(plan, k, reps, nodes, b, m, rt)
+            ends_k, comp_k, t_pp, wire = done[key]
+            pipeline_time = max(pipeline_time, t_pp)
+            for s in range(P):
+                ends[s][k], compute[s][k] = ends_k[s], comp_k[s]
+            for s, nbytes in enumerate(wire):  # activations forward, gradients back
+                a, c = reps[s].zone, reps[s + 1].zone
+                if a != c:
+                    egress += m * nbytes * (self.cluster.egress_per_gb(a, c) + self.cluster.egress_per_gb(c, a)) / 1e9
+        stages, finish, peak, fits = [], 0.0, 0.0, True
+        for s, st in enumerate(plan.stages):
+            sync, sync_egress = self._sync(st, nodes[s])
+            egress += sync_egress
+            update = max(self.profile(r.gpu).optimizer_s_per_param * self._stage_params(r.gpu, r.tp, st)
+                         for r in st.replicas)
+            finish = max(finish, max(ends[s]) + sync + update)
+            mem, cap, ok = self._stage_memory(plan, s, rt)
+            peak, fits = max(peak, mem), fits and ok
+            used = Counter()
+            for r in st.replicas:
+                used[f"{r.gpu}@{r.zone}"] += r.tp
+            stages.append(StageEstimate(s, (st.first, st.last), dict(used), [r.tp for r in st.replicas],
+                                        max(compute[s]), sync, mem, cap, ok))
+        gpus_used = Counter()
+        usd_per_s = 0.0
+        for (gpu, zone), n in plan.gpus_used().items():
+            gpus_used[f"{gpu}@{zone}"] += n
+            usd_per_s += n * self.cluster.price_per_hour(gpu, zone, self.cluster.is_spot(gpu, zone)) / 3600
+        compute_usd = finish * usd_per_s
+        total_usd = compute_usd + egress
+        tokens = plan.global_batch_size * self.model.seq_len
+        return Estimate(
+            iteration_time_s=finish, pipeline_time_s=pipeline_time, sync_time_s=finish - pipeline_time,
+            throughput_iters_per_s=1.0 / finish, tokens_per_s=tokens / finish, peak_memory_bytes=peak,
+            memory_per_stage_bytes=[st.memory_bytes for st in stages], fits_in_memory=fits,
+            cost_per_iteration_usd=total_usd, compute_cost_per_iteration_usd=compute_usd,
+            egress_cost_per_iteration_usd=egress, cost_per_hour_usd=total_usd * 3600 / finish,
+            cost_per_million_tokens_usd=total_usd / tokens * 1e6, gpus_used=dict(gpus_used), stages=stages,
+            sources=self._sources(plan),
+        )
+
+    def _pipeline(self, plan: Plan, k: int, reps, nodes, b: int, m: int, rt: RuntimeModel):
+        """1F1B time of pipeline k; per stage: when it ends and its F+B; bytes it sends per microbatch."""
+        P = plan.pp
+        F, B, c, wire = [], [], [], []
+        for s, st in enumerate(plan.stages):
+            f, bw = self.profile(reps[s].gpu).layer_times(b, reps[s].tp).stage(st.first, st.last)
+            F.append(f)
+            B.append(bw)
+        for s in range(P - 1):
+            src, dst = reps[s], reps[s + 1]
+            x = b * self.profile(src.gpu).layer_memory(1).output_bytes[plan.stages[s].last]
+            links = (src.tp, dst.tp) if rt.p2p_split_over_tp else (1, 1)
+            a = Endpoint(src.gpu, src.zone, nodes[s][k], links[0])
+            z = Endpoint(dst.gpu, dst.zone, nodes[s + 1][k], links[1])
+            c.append(self.network.p2p_time(x, a, z))
+            wire.append(x)
+        slot = max(F[s] + B[s] + 2 * (c[s - 1] if s else 0.0) + 2 * (c[s] if s < P - 1 else 0.0) for s in range(P))
+        t_pp = sum(F) + sum(B) + 2 * sum(c) + (m - 1) * slot
+        ends, drained = [], 0.0
+        for s in range(P):
+            ends.append(t_pp - drained)
+            drained += B[s] + (c[s] if s < P - 1 else 0.0)
+        return ends, [F[s] + B[s] for s in range(P)], t_pp, wire
+
+    def _stage_params(self, gpu: str, tp: int, st) -> int:
+        return self.profile(gpu).layer_memory(tp).stage_params(st.first, st.last)
+
+    def _sync(self, st, stage_nodes: list[int]) -> tuple[float, float]:
+        """Seconds of the stage's gradient all-reduce, and its egress USD."""
+        D = len(st.replicas)
+        if D < 2:
+            return 0.0, 0.0
+        grads = GRAD_BYTES * self.profile(st.replicas[0].gpu).layer_memory(1).stage_params(st.first, st.last)
+        ring = [Endpoint(r.gpu, r.zone, stage_nodes[k], r.tp) for k, r in enumerate(st.replicas)]
+        per_edge = 2 * (D - 1) / D * grads
+        egress = sum(per_edge * self.cluster.egress_per_gb(ring[i].zone, ring[(i + 1) % D].zone) / 1e9
+                     for i in range(D))
+        return self.network.allreduce_time(grads, ring), egress
+
+    def _stage_memory(self, plan: Plan, s: int, rt: RuntimeModel) -> tuple[float, int, bool]:
+        """Worst GPU of the stage: (bytes, capacity of its GPU, every replica fits)."""
+        st = plan.stages[s]
+        worst, cap, ok = -1.0, 0, True
+        tied_copy = self.model.tied_embeddings and st.last == self.model.num_layers - 1 and st.first > 0
+        seen = set()
+        for k, r in enumerate(st.replicas):
+            pipe = plan.pipelines[k]
+            inflight = inflight_microbatches(s, plan.pp, pipe.num_microbatches)
+            if (r.gpu, r.tp, pipe.microbatch_size, inflight) in seen:
+                continue
+            seen.add((r.gpu, r.tp, pipe.microbatch_size, inflight))
+            gpu = self.cluster.gpu(r.gpu)
+            extra = self.profile(r.gpu).layer_memory(r.tp).params[0] if tied_copy else 0
+            mem = replica_memory(
+                self.profile(r.gpu).layer_memory(r.tp), st.first, st.last, mbs=pipe.microbatch_size,
+                inflight=inflight, state_bytes_per_param=rt.state_bytes(self.precision),
+                allocator_factor=rt.allocator_factor, overhead_bytes=gpu.runtime_overhead_bytes, extra_params=extra)
+            ok = ok and mem <= gpu.memory_bytes
+            if mem / gpu.memory_bytes > worst / max(cap, 1):
+                worst, cap = mem, gpu.memory_bytes
+        return worst, cap, ok
+
+    def _sources(self, plan: Plan) -> dict[str, str]:
+        out = {}
+        for gpu in sorted({r.gpu for st in plan.stages for r in st.replicas}):
+            out[f"profile {self.model.name} on {gpu}"] = self.profile(gpu).source
+        fitted = self.profiles.network.sources
+        out["network"] = "measured fits where available" if fitted else "estimated from the catalog"
+        return out
+
+
+def check_precision(precision: str) -> str:
+    if precision not in DTYPE_BYTES:
+        raise SailorError(f"unknown precision {precision!r}: use fp32 or bf16")
+    return precision

@@ -1,0 +1,112 @@
+"""Simulator formulas on small hand-checked cases."""
+import math
+
+import pytest
+
+from planner.errors import SailorError
+from planner.profiles.profile import MEASURED, LayerMemory, LayerTimes, Profile
+from planner.profiles.store import ProfileStore
+from planner.simulator.network import AR_EFFICIENCY, LATENCY_S, WAN_GBPS
+from planner.simulator.simulate import Simulator
+from planner.specs.hardware import CATALOG, GIB, Cluster
+from planner.specs.model import get_model
+from planner.specs.plan import Pipeline, Plan, Replica, Stage
+
+MODEL = get_model("tiny")  # 6 layers
+N = MODEL.num_layers
+PARAMS, ACT, OUT = 1000, 1e5, 1e6  # per layer: parameters, activation bytes/sample, output bytes/sample
+
+
+def store(gpu="A100-40", fwd=1e-3, bwd=2e-3, mbs=(2,), tps=(1, 4)):
+    times = {(b, t): LayerTimes((fwd,) * N, (bwd,) * N) for b in mbs for t in tps}
+    mem = {t: LayerMemory((PARAMS,) * N, (ACT,) * N, (OUT,) * N) for t in tps}
+    p = Profile("tiny", gpu, N, "fp32", MEASURED, times, 1e-9, mem)
+    return ProfileStore({("tiny", gpu): p})
+
+
+def sim(s=None):
+    return Simulator(MODEL, Cluster(), s or store())
+
+
+def two_stage_plan(zone1="us-central1-a", m=4):
+    r0, r1 = Replica("A100-40", 1, "us-central1-a"), Replica("A100-40", 1, zone1)
+    return Plan("tiny", 2 * m, (Stage(0, 2, (r0,)), Stage(3, 5, (r1,))), (Pipeline(2, m),))
+
+
+def test_pipeline_time_by_hand():
+    est = sim().simulate(two_stage_plan())
+    # both stages on one node (placement), so the boundary is NVLink: 5 us + 2 MB / 300 GB/s
+    c = LATENCY_S["intra"] + 2 * OUT / (CATALOG["A100-40"].intra_node_gbps * 1e9)
+    F, B = 3e-3, 6e-3
+    t_pp = 2 * (F + B) + 2 * c + (4 - 1) * (F + B + 2 * c)
+    assert est.pipeline_time_s == pytest.approx(t_pp, rel=1e-12)
+    assert est.iteration_time_s == pytest.approx(t_pp + 3 * PARAMS * 1e-9, rel=1e-12)  # + optimizer step
+    price = CATALOG["A100-40"].price_per_hour
+    assert est.cost_per_iteration_usd == pytest.approx(est.iteration_time_s * 2 * price / 3600)
+    assert est.egress_cost_per_iteration_usd == 0
+
+
+def test_memory_by_hand():
+    est = sim().simulate(two_stage_plan())
+    overhead = CATALOG["A100-40"].runtime_overhead_bytes
+    state, alloc, mbs = 16.0, 1.10, 2  # sailor runtime, fp32
+    stage0 = overhead + state * 3 * PARAMS + alloc * mbs * (2 * 3 * ACT + ACT)  # 2 microbatches in flight
+    stage1 = overhead + state * 3 * PARAMS + alloc * mbs * (1 * 3 * ACT + ACT)
+    assert est.memory_per_stage_bytes == pytest.approx([stage0, stage1])
+    assert est.peak_memory_bytes == pytest.approx(stage0) and est.fits_in_memory
+
+
+def test_cross_region_pipeline_pays_wan_and_egress():
+    est = sim().simulate(two_stage_plan(zone1="us-west1-b", m=4))
+    c = LATENCY_S["continent"] + 2 * OUT / (WAN_GBPS["continent"] * 1e9)
+    F, B = 3e-3, 6e-3
+    assert est.pipeline_time_s == pytest.approx(2 * (F + B) + 2 * c + 3 * (F + B + 2 * c))
+    # 4 microbatches x 2 MB each way, 0.02 $/GB each way between us-central1 and us-west1
+    assert est.egress_cost_per_iteration_usd == pytest.approx(4 * 2 * OUT * 2 * 0.02 / 1e9)
+
+
+def test_data_parallel_ring_allreduce_by_hand():
+    r = Replica("A100-40", 4, "us-central1-a")  # a whole 4-GPU node each, so two nodes
+    plan = Plan("tiny", 4, (Stage(0, 5, (r, r)),), (Pipeline(2, 1),) * 2)
+    est = sim().simulate(plan)
+    grads = 4 * N * PARAMS  # fp32 gradients of the whole (TP 1) model
+    bw = CATALOG["A100-40"].node_nic_gbps * 1e9 * AR_EFFICIENCY  # no measured fit: the node NIC
+    ring = 2 * (2 - 1) / 2 * grads / bw + 2 * (2 - 1) * LATENCY_S["zone"]
+    assert est.stages[0].sync_s == pytest.approx(ring)
+    assert est.iteration_time_s == pytest.approx(N * 3e-3 + ring + N * PARAMS * 1e-9)
+
+
+def test_slowest_pipeline_dominates_and_more_samples_cost_more():
+    s = store()
+    fast = sim(s).simulate(two_stage_plan(m=4))
+    slow = sim(s).simulate(two_stage_plan(m=8))
+    assert slow.iteration_time_s > fast.iteration_time_s
+    # per-replica microbatch counts: the pipeline with more microbatches sets the pace
+    r = Replica("A100-40", 1, "us-central1-a")
+    uneven = Plan("tiny", 24, (Stage(0, 5, (r, r)),), (Pipeline(2, 8), Pipeline(2, 4)))
+    even = Plan("tiny", 24, (Stage(0, 5, (r, r)),), (Pipeline(2, 6), Pipeline(2, 6)))
+    assert sim(s).simulate(uneven).pipeline_time_s > sim(s).simulate(even).pipeline_time_s
+
+
+def test_missing_microbatch_size_is_a_clear_error():
+    plan = two_stage_plan()
+    bad = Plan(plan.model, 16, plan.stages, (Pipeline(4, 4),))
+    with pytest.raises(SailorError, match="no microbatch size 4 at TP 1"):
+        sim().simulate(bad)
+
+
+def test_unprofiled_gpu_falls_back_to_an_estimate():
+    r = Replica("H100-80", 1, "us-central1-a")
+    plan = Plan("tiny", 4, (Stage(0, 5, (r,)),), (Pipeline(2, 2),))
+    est = sim().simulate(plan)
+    assert est.sources["profile tiny on H100-80"] == "estimated"
+    assert est.iteration_time_s > 0 and math.isfinite(est.iteration_time_s)
+
+
+def test_oom_is_reported():
+    r = Replica("A100-40", 1, "us-central1-a")
+    plan = Plan("tiny", 2, (Stage(0, 5, (r,)),), (Pipeline(2, 1),))
+    huge = store()
+    huge.measured[("tiny", "A100-40")].memory[1] = LayerMemory((PARAMS,) * N, (10 * GIB,) * N, (OUT,) * N)
+    est = sim(huge).simulate(plan)
+    assert not est.fits_in_memory and not est.stages[0].fits
