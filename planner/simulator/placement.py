@@ -1,13 +1,19 @@
 """Which node each replica runs on.
 
-Replicas of one GPU type in one zone share nodes: walking pipeline by
-pipeline (replica k of stage 0, 1, ...), each replica's `tp` GPUs go on the
-current node of its (GPU type, zone) if they fit, else on a new node. A TP
-group never spans nodes, and consecutive stages of one pipeline share a node
-where they can, so the per-microbatch activation traffic stays on NVLink.
-The launcher assigns ranks to hosts with this same function.
+Per pool (one GPU type in one zone), with n GPUs per node:
+  * if every pipeline needs at most n GPUs in the pool, pipelines are packed
+    whole, first fit in pipeline order: a pipeline's stages share one node,
+    so its activations stay on NVLink;
+  * otherwise replicas are packed stage by stage (replicas of one stage share
+    nodes, first fit in pipeline order), so a stage's gradient ring is partly
+    on NVLink; stages then talk over the network.
+A TP group never spans nodes. Identical pipelines get identical layouts,
+which the planner relies on. The launcher assigns ranks to hosts with this
+same function.
 """
 from __future__ import annotations
+
+from collections import defaultdict
 
 from planner.specs.hardware import Cluster
 from planner.specs.plan import Plan
@@ -16,16 +22,40 @@ from planner.specs.plan import Plan
 def place(plan: Plan, cluster: Cluster) -> list[list[int]]:
     """nodes[s][k]: node id of replica k of stage s (ids are 0, 1, 2, ...)."""
     nodes = [[-1] * plan.dp for _ in plan.stages]
-    current: dict[tuple[str, str], tuple[int, int]] = {}  # (gpu, zone) -> (node, free GPUs)
-    next_id = 0
+    by_pool: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)  # pool -> [(s, k)]
     for k in range(plan.dp):
-        for s, stage in enumerate(plan.stages):
-            r = stage.replicas[k]
-            per_node = cluster.gpu(r.gpu).gpus_per_node
-            node, free = current.get((r.gpu, r.zone), (-1, 0))
-            if free < r.tp:
-                node, free = next_id, per_node
-                next_id += 1
-            nodes[s][k] = node
-            current[(r.gpu, r.zone)] = (node, free - r.tp)
+        for s, st in enumerate(plan.stages):
+            r = st.replicas[k]
+            by_pool[(r.gpu, r.zone)].append((s, k))
+    next_id = 0
+    for (gpu, _), members in by_pool.items():
+        per_node = cluster.gpu(gpu).gpus_per_node
+        need: dict[int, int] = defaultdict(int)
+        for s, k in members:
+            need[k] += plan.stages[s].replicas[k].tp
+        if max(need.values()) <= per_node:  # whole pipelines per node
+            free: list[int] = []  # free GPUs of this pool's nodes, by node index
+            first_id = next_id
+            for k in sorted(need):
+                slot = next((i for i, f in enumerate(free) if f >= need[k]), None)
+                if slot is None:
+                    free.append(per_node)
+                    slot = len(free) - 1
+                free[slot] -= need[k]
+                for s, kk in members:
+                    if kk == k:
+                        nodes[s][k] = first_id + slot
+            next_id = first_id + len(free)
+        else:  # stage by stage
+            for s in sorted({s for s, _ in members}):
+                free = 0
+                for ss, k in members:
+                    if ss != s:
+                        continue
+                    tp = plan.stages[s].replicas[k].tp
+                    if free < tp:
+                        next_id += 1
+                        free = per_node
+                    nodes[s][k] = next_id - 1
+                    free -= tp
     return nodes
