@@ -32,7 +32,7 @@ def _context(args, model_name: str):
 
     cluster = load_cluster(args.cluster)
     model = get_model(model_name)
-    store = load_profiles(args.profiles, dict(cluster.gpus))
+    store = load_profiles(args.profiles, dict(cluster.gpus), model.name)
     return cluster, model, Simulator(model, cluster, store, args.precision)
 
 
@@ -57,6 +57,66 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+# -- plan --------------------------------------------------------------------
+EXAMPLE_CLUSTER = "A100-40@us-central1-a=32,V100-16@us-central1-a=32,A100-40@us-west1-b=16"
+
+
+def cmd_plan(args) -> int:
+    from planner.search.goal import Goal
+    from planner.search.planner import Planner
+    from planner.specs.hardware import parse_gpus
+    from planner.specs.plan import plan_to_dict, save_plan
+
+    cluster, model, sim = _context(args, args.model)
+    if args.gpus or not cluster.available:
+        cluster = cluster.with_available(parse_gpus(args.gpus or EXAMPLE_CLUSTER, cluster))
+        sim.cluster = cluster
+    goal = Goal(args.objective, args.max_cost_per_iter, args.max_cost_per_hour, args.min_throughput, args.max_gpus)
+    planner = Planner(sim, args.global_batch, goal, args.runtime, args.max_stages,
+                      [int(b) for b in args.microbatch_sizes.split(",")] if args.microbatch_sizes else None)
+    result = planner.run(top=args.top, pareto=args.pareto)
+    if not result.plans:
+        from planner.search.explain import explain_infeasible
+
+        raise SailorError(explain_infeasible(planner, goal))
+    best_plan, best = result.plans[0]
+    if args.output:
+        save_plan(best_plan, args.output, "sailor" if args.format == "sailor" else "sailor-plan")
+    if args.json:
+        out = {
+            "plan": plan_to_dict(best_plan),
+            "iteration_time_s": best.iteration_time_s,
+            "throughput_iters_per_s": best.throughput_iters_per_s,
+            "cost_per_iteration_usd": best.cost_per_iteration_usd,
+            "cost_per_hour_usd": best.cost_per_hour_usd,
+            "gpus_used": best.gpus_used,
+            "peak_memory_bytes": best.peak_memory_bytes,
+            "search_time_s": result.search_time_s,
+            "plans_evaluated": result.evaluated,
+            "top": [_summary(p, e) for p, e in result.plans],
+        }
+        if args.pareto:
+            out["pareto"] = [_summary(p, e) for p, e in result.pareto]
+        print(json.dumps(out, indent=1))
+        return 0
+    from planner.report import print_plans
+
+    print_plans(result.pareto if args.pareto else result.plans, title=f"{model.name}, global batch "
+                f"{args.global_batch}, objective {args.objective}" + (" (Pareto front)" if args.pareto else ""))
+    print(f"search: {result.search_time_s:.2f} s CPU, {result.evaluated} candidate plans evaluated"
+          + (f"; best plan written to {args.output}" if args.output else ""))
+    return 0
+
+
+def _summary(plan, est) -> dict:
+    return {"stages": plan.pp, "replicas": plan.dp, "tp": sorted({r.tp for s in plan.stages for r in s.replicas}),
+            "microbatch_size": plan.pipelines[0].microbatch_size, "iteration_time_s": est.iteration_time_s,
+            "throughput_iters_per_s": est.throughput_iters_per_s, "cost_per_iteration_usd": est.cost_per_iteration_usd,
+            "cost_per_hour_usd": est.cost_per_hour_usd, "gpus_used": est.gpus_used,
+            "peak_memory_bytes": est.peak_memory_bytes,
+            "layers_per_stage": [[s.first, s.last] for s in plan.stages]}
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="sailor", description="Plan, simulate and run transformer training on "
                                  "heterogeneous, geo-distributed GPUs.")
@@ -69,6 +129,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="framework that runs the plan (default: the plan's; Sailor-format plans: megatron-deepspeed)")
     _common(p)
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("plan", help="find the best GPU allocation and parallelization plan")
+    p.add_argument("--model", required=True, help="model preset, Sailor name or config.json")
+    p.add_argument("--gpus", metavar="TYPE@ZONE=N,...",
+                   help=f"available GPUs (default: the cluster file's, else {EXAMPLE_CLUSTER})")
+    p.add_argument("--global-batch", type=int, default=1024, help="samples per iteration (default 1024)")
+    p.add_argument("--objective", default="throughput", choices=["throughput", "cost", "cost-per-token"])
+    p.add_argument("--max-cost-per-iter", type=float, metavar="USD")
+    p.add_argument("--max-cost-per-hour", type=float, metavar="USD")
+    p.add_argument("--min-throughput", type=float, metavar="ITERS_PER_S")
+    p.add_argument("--max-gpus", type=int)
+    p.add_argument("--top", type=int, default=3, help="how many plans to list (default 3)")
+    p.add_argument("--pareto", action="store_true", help="list the throughput-vs-cost frontier instead")
+    p.add_argument("-o", "--output", default="plan.json", help="where to write the best plan (default plan.json)")
+    p.add_argument("--format", default="sailor-plan", choices=["sailor-plan", "sailor"],
+                   help="plan file format: ours, or Sailor's plan_config")
+    p.add_argument("--runtime", default="sailor", choices=["sailor", "megatron-deepspeed"],
+                   help="framework the plan is for (default: sailor's own runtime)")
+    p.add_argument("--max-stages", type=int, help="deepest pipeline to consider (default: one layer per stage)")
+    p.add_argument("--microbatch-sizes", help="only these microbatch sizes, e.g. 1,2,4")
+    _common(p)
+    p.set_defaults(func=cmd_plan)
     return ap
 
 

@@ -39,3 +39,21 @@ def print_estimate(est, title: str = "") -> None:
     out.print(f"GPUs             {_gpus(est.gpus_used)}")
     for what, src in est.sources.items():
         out.print(f"[dim]{what}: {src}[/]")
+
+
+def print_plans(plans, title: str = "") -> None:
+    """The top plans (or a Pareto front), one row each."""
+    out = console()
+    t = Table(title=title or None, title_justify="left")
+    for col in ("#", "it/s", "iter time", "$/iter", "$/hour", "GPUs", "stages x TP x replicas", "mbs",
+                "peak mem / cap"):
+        t.add_column(col, justify="left" if col in ("GPUs", "stages x TP x replicas") else "right")
+    for i, (plan, est) in enumerate(plans, 1):
+        shape = " | ".join(f"{s.last - s.first + 1}L tp{'/'.join(map(str, sorted({r.tp for r in s.replicas})))} "
+                           f"x{len(s.replicas)}" for s in plan.stages)
+        worst = max(est.stages, key=lambda s: s.memory_bytes / s.capacity_bytes)
+        t.add_row(str(i), f"{est.throughput_iters_per_s:.3f}", f"{est.iteration_time_s:.3f} s",
+                  f"{est.cost_per_iteration_usd:.4f}", f"{est.cost_per_hour_usd:.2f}", _gpus(est.gpus_used), shape,
+                  ",".join(sorted({str(p.microbatch_size) for p in plan.pipelines})),
+                  f"{worst.memory_bytes / GB:.1f} / {worst.capacity_bytes / GB:.1f} GB")
+    out.print(t)

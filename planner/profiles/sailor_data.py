@@ -38,24 +38,30 @@ def _gpu_name(name: str) -> str:
     return canonical_gpu(name) or name
 
 
-def load_sailor_dir(root: Path) -> tuple[dict, NetworkFits]:
-    """Profiles keyed by (our model name, our GPU name), and the network fits."""
+def load_sailor_dir(root: Path, model: str | None = None) -> tuple[dict, NetworkFits]:
+    """Profiles keyed by (our model name, our GPU name), and the network fits.
+
+    With `model`, only that model's profiles are read (a planner run needs no others).
+    """
     info = json.loads((root / "llm_info.json").read_text())
+    wanted = (lambda name: canonical_name(name) == canonical_name(model)) if model else (lambda name: True)
     raw: dict[tuple[str, str], dict] = {}
     for f in sorted((root / "profiles").glob("*/*/profile.json")):
-        raw[(f.parent.parent.name, f.parent.name)] = json.loads(f.read_text())
+        if wanted(f.parent.parent.name):
+            raw[(f.parent.parent.name, f.parent.name)] = json.loads(f.read_text())
     merged = root / "profiles" / "profiles_tmp.json"
     if merged.exists():
-        for model, by_gpu in json.loads(merged.read_text()).items():
-            for gpu, data in by_gpu.items():
-                raw[(model, gpu)] = data  # the merged file wins
+        for name, by_gpu in json.loads(merged.read_text()).items():
+            if wanted(name):
+                for gpu, data in by_gpu.items():
+                    raw[(name, gpu)] = data  # the merged file wins
     profiles = {}
     for (model_name, gpu_name), data in raw.items():
         if model_name not in info:
             continue
-        model = get_model(model_name)
-        memory = memory_facts(info[model_name], model.num_layers)
-        profile = _profile(model, _gpu_name(gpu_name), data, memory)
+        spec = get_model(model_name)
+        memory = memory_facts(info[model_name], spec.num_layers)
+        profile = _profile(spec, _gpu_name(gpu_name), data, memory)
         if profile is not None:
             profiles[(profile.model, profile.gpu)] = profile
     network = load_sailor_network(root / "providers", _gpu_name) if (root / "providers").is_dir() else NetworkFits()

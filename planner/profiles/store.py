@@ -68,7 +68,9 @@ def profile_dirs(cli_dirs: list[str] | None) -> list[str]:
     return [d for d in env.split(os.pathsep) if d]
 
 
-def load_profiles(dirs: list[str] | None = None, gpus: dict[str, GPUSpec] | None = None) -> ProfileStore:
+def load_profiles(dirs: list[str] | None = None, gpus: dict[str, GPUSpec] | None = None,
+                  model: str | None = None) -> ProfileStore:
+    """Every profile in `dirs` (or only those of `model`), and the network fits."""
     measured: dict[tuple[str, str], Profile] = {}
     network = NetworkFits()
     for d in profile_dirs(dirs):
@@ -77,11 +79,11 @@ def load_profiles(dirs: list[str] | None = None, gpus: dict[str, GPUSpec] | None
             raise SailorError(f"profiles directory {d} not found; give a directory laid out like sailor-data "
                               "or written by `sailor profile`")
         if is_sailor_dir(root):
-            profiles, fits = load_sailor_dir(root)
+            profiles, fits = load_sailor_dir(root, model)
             measured.update(profiles)
             network.merge(fits)
             continue
-        files = sorted(root.glob("*/*/profile.json"))
+        files = sorted(root.glob(f"{canonical_name(model) if model else '*'}/*/profile.json"))
         for f in files:
             p = load_profile_file(f)
             measured[(canonical_name(p.model), p.gpu)] = p

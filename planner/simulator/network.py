@@ -108,22 +108,33 @@ class Network:
             return 0.0
         return self.latency(a, b) + nbytes / self.bytes_per_s(nbytes, a, b)
 
-    def allreduce_time(self, nbytes: float, ring: list[Endpoint]) -> float:
-        """Ring all-reduce of `nbytes` (per member, all its GPUs) over `ring`."""
-        D = len(ring)
+    def allreduce_time(self, nbytes: float, members: int, edges: list[tuple[Endpoint, Endpoint, int]]) -> float:
+        """Ring all-reduce of `nbytes` (per member, all its GPUs) over a ring of `members`
+        replicas whose distinct edges are `edges` (see ring_edges)."""
+        D = members
         if D < 2 or nbytes <= 0:
             return 0.0
         volume = 2 * (D - 1) / D * nbytes
-        worst, lat, seen = 0.0, 0.0, set()
-        for i, a in enumerate(ring):
-            b = ring[(i + 1) % D]
-            edge = (a.gpu, a.zone, a.gpus, b.gpu, b.zone, b.gpus, a.node == b.node)
-            if edge in seen:  # rings of many identical replicas repeat the same few edges
-                continue
-            seen.add(edge)
+        worst, lat = 0.0, 0.0
+        for a, b, _ in edges:
             n = min(a.gpus, b.gpus)
             step = min(nbytes, BUCKET_BYTES * n) / D  # what the edge moves in one ring step
             bw = self.bytes_per_s(step, a, b) * (AR_EFFICIENCY if a.node != b.node else 1.0)
             worst = max(worst, volume / bw)
             lat = max(lat, self.latency(a, b))
         return worst + 2 * (D - 1) * lat
+
+
+def ring_edges(ring: list[Endpoint]) -> list[tuple[Endpoint, Endpoint, int]]:
+    """The distinct edges of a ring (replica k -> k+1, last -> first) and how often each occurs.
+
+    Rings of many identical replicas repeat a few edges; only whether the two
+    ends share a node matters, so edges are normalised to nodes 0/0 or 0/1.
+    """
+    D = len(ring)
+    counts: dict[tuple, int] = {}
+    for i, a in enumerate(ring):
+        b = ring[(i + 1) % D]
+        key = (Endpoint(a.gpu, a.zone, 0, a.gpus), Endpoint(b.gpu, b.zone, 0 if a.node == b.node else 1, b.gpus))
+        counts[key] = counts.get(key, 0) + 1
+    return [(a, b, n) for (a, b), n in counts.items()]

@@ -43,7 +43,7 @@ from planner.errors import SailorError
 from planner.profiles.estimate import DTYPE_BYTES
 from planner.profiles.store import ProfileStore
 from planner.simulator.memory import inflight_microbatches, replica_memory
-from planner.simulator.network import Endpoint, Network
+from planner.simulator.network import Endpoint, Network, ring_edges
 from planner.simulator.placement import place
 from planner.simulator.runtime_model import RuntimeModel, runtime_model
 from planner.specs.hardware import Cluster
@@ -183,16 +183,21 @@ class Simulator:
         return [F[s] + B[s] for s in range(P)], t_pp, wire
 
     def _sync(self, st, stage_nodes: list[int]) -> tuple[float, float]:
-        """Seconds of the stage's gradient all-reduce, and its egress USD."""
-        D = len(st.replicas)
-        if D < 2:
-            return 0.0, 0.0
-        grads = GRAD_BYTES * self.profile(st.replicas[0].gpu).layer_memory(1).stage_params(st.first, st.last)
+        params = self.profile(st.replicas[0].gpu).layer_memory(1).stage_params(st.first, st.last)
         ring = [Endpoint(r.gpu, r.zone, stage_nodes[k], r.tp) for k, r in enumerate(st.replicas)]
-        per_edge = 2 * (D - 1) / D * grads
-        egress = sum(per_edge * self.cluster.egress_per_gb(ring[i].zone, ring[(i + 1) % D].zone) / 1e9
-                     for i in range(D))
-        return self.network.allreduce_time(grads, ring), egress
+        return self.ring_sync(params, ring)
+
+    def ring_sync(self, params: int, ring: list[Endpoint]) -> tuple[float, float]:
+        """Seconds to all-reduce the gradients of `params` parameters over `ring`, and its egress USD."""
+        return self.edges_sync(params, len(ring), ring_edges(ring)) if len(ring) > 1 else (0.0, 0.0)
+
+    def edges_sync(self, params: int, members: int, edges) -> tuple[float, float]:
+        """ring_sync for a ring given by its distinct edges (network.ring_edges)."""
+        grads = GRAD_BYTES * params
+        per_edge = 2 * (members - 1) / members * grads
+        egress = sum(n * per_edge * self.cluster.egress_per_gb(a.zone, b.zone) / 1e9
+                     for a, b, n in edges if a.zone != b.zone)
+        return self.network.allreduce_time(grads, members, edges), egress
 
     def _stage_memory(self, plan: Plan, s: int, rt: RuntimeModel) -> tuple[float, int, bool]:
         """Worst GPU of the stage: (bytes, capacity of its GPU, every replica fits)."""

@@ -1,0 +1,1 @@
+"""Search: co-optimize GPU allocation and the parallelization plan."""

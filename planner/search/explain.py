@@ -1,0 +1,41 @@
+"""Why no plan was found: one line that names the binding limit and what to do."""
+from __future__ import annotations
+
+from planner.search.goal import Goal
+
+
+def explain_infeasible(planner, goal: Goal) -> str:
+    sim, model = planner.sim, planner.model
+    shapes = planner.shapes()
+    if not shapes:
+        return (f"no usable microbatch size: none of the profiled sizes divides the global batch {planner.gbs}, "
+                "or no profile covers the GPUs given; change --global-batch or profile more sizes")
+    # Memory: even the largest TP degree cannot hold one layer of the model.
+    smallest = min(min(sh.costs.memory(i, i, 1) for i in range(planner.L)) for sh in shapes)
+    fits_one = [sh for sh in shapes if any(sh.costs.last_fit(1)[i] >= i for i in range(planner.L))]
+    largest_gpu = max(sim.cluster.gpu(sh.gpu).memory_bytes for sh in shapes)
+    if not fits_one:
+        return (f"{model.name} does not fit: its smallest layer needs {smallest / 1e9:.1f} GB per GPU at the "
+                f"highest TP degree and microbatch size 1, but the largest GPU given has {largest_gpu / 1e9:.1f} GB; "
+                "add GPUs with more memory")
+    relaxed = type(planner)(sim, planner.gbs, Goal(goal.objective), planner.runtime, planner.max_stages)
+    result = relaxed.run(top=1)
+    if not result.plans:
+        total = sum(p.count for p in sim.cluster.available)
+        return (f"no placement of {model.name} fits in memory on the {total} GPUs given (stages must hold their "
+                "layers and in-flight activations); add GPUs, larger GPUs, or allow deeper pipelines")
+    _, best = result.plans[0]
+    fastest = type(planner)(sim, planner.gbs, Goal("throughput"), planner.runtime, planner.max_stages).run(top=1)
+    cheapest = type(planner)(sim, planner.gbs, Goal("cost"), planner.runtime, planner.max_stages).run(top=1)
+    f, c = fastest.plans[0][1], cheapest.plans[0][1]
+    if goal.min_throughput and f.throughput_iters_per_s < goal.min_throughput:
+        return (f"--min-throughput {goal.min_throughput:g} it/s is out of reach: the fastest plan on these GPUs "
+                f"does {f.throughput_iters_per_s:.4g} it/s; add GPUs or lower the floor")
+    if goal.max_cost_per_iteration and c.cost_per_iteration_usd > goal.max_cost_per_iteration:
+        return (f"--max-cost-per-iter ${goal.max_cost_per_iteration:g} is below the cheapest feasible plan "
+                f"(${c.cost_per_iteration_usd:.4g}/iteration); raise the budget")
+    if goal.max_cost_per_hour:
+        return (f"no plan meets --max-cost-per-hour ${goal.max_cost_per_hour:g} together with the other limits "
+                f"(the fastest plan costs ${f.cost_per_hour_usd:.4g}/hour); raise the budget or relax the limits")
+    return ("no plan meets all the limits together (each can be met alone); relax --min-throughput, "
+            "--max-cost-per-iter, --max-cost-per-hour or --max-gpus")

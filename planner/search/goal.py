@@ -1,0 +1,57 @@
+"""What the user optimizes, and the limits every returned plan must respect."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import SailorError
+
+OBJECTIVES = ("throughput", "cost", "cost-per-token")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The numbers a goal looks at, for one candidate plan."""
+
+    iteration_time_s: float
+    cost_per_iteration_usd: float
+    gpus: int
+    zone_gpus: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def throughput(self) -> float:
+        return 1.0 / self.iteration_time_s
+
+    @property
+    def cost_per_hour_usd(self) -> float:
+        return self.cost_per_iteration_usd * 3600.0 / self.iteration_time_s
+
+
+@dataclass(frozen=True)
+class Goal:
+    objective: str = "throughput"
+    max_cost_per_iteration: float | None = None  # USD
+    max_cost_per_hour: float | None = None  # USD
+    min_throughput: float | None = None  # iterations/s
+    max_gpus: int | None = None
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise SailorError(f"unknown objective {self.objective!r}: use one of {', '.join(OBJECTIVES)}")
+        for name in ("max_cost_per_iteration", "max_cost_per_hour", "min_throughput", "max_gpus"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise SailorError(f"--{name.replace('_', '-')} must be positive (got {v})")
+
+    def score(self, o: Outcome) -> float:
+        """Lower is better. Cost per token ranks like cost per iteration (the batch is fixed)."""
+        if self.objective == "throughput":
+            return o.iteration_time_s
+        return o.cost_per_iteration_usd
+
+    def admits(self, o: Outcome) -> bool:
+        return not (
+            (self.max_gpus is not None and o.gpus > self.max_gpus)
+            or (self.min_throughput is not None and o.throughput < self.min_throughput * (1 - 1e-12))
+            or (self.max_cost_per_iteration is not None and o.cost_per_iteration_usd > self.max_cost_per_iteration)
+            or (self.max_cost_per_hour is not None and o.cost_per_hour_usd > self.max_cost_per_hour)
+        )

@@ -1,0 +1,124 @@
+"""Exact layer partitioning: the Pareto frontier of splits into stages.
+
+For pipelines whose stages all run on one GPU type with one TP degree, the
+simulator's time depends on the split only through
+
+    slot  = max_s (F_s + B_s + 2 c * neighbours_s)    the 1F1B bottleneck, and
+    G     = max_s params_s                             the largest gradient all-reduce
+                                                       (and optimizer step);
+
+sum_s (F_s + B_s) is the same for every split. Both enter the iteration time
+monotonically, so for any replica count the best split lies on the Pareto
+frontier of (slot, G). A stage is admissible only if it fits in GPU memory
+with its 1F1B in-flight count min(stages after it + 1, microbatches).
+
+`SplitTable` computes, right to left, cell[j][r]: the frontier of splits of
+layers j..L-1 into r+1 stages whose first stage has a stage before it;
+`frontier(P)` closes it with the model's first stage. The cost is
+O(L^2 * P * |frontier|); frontiers hold a handful of points.
+"""
+from __future__ import annotations
+
+from itertools import accumulate
+
+from planner.profiles.profile import LayerMemory, LayerTimes
+from planner.simulator.memory import replica_memory
+
+# A split: (slot seconds, params of the largest stage, first layer of every stage after the first)
+Split = tuple[float, int, tuple[int, ...]]
+
+
+def pareto(labels: list[Split]) -> list[Split]:
+    """Keep the splits no other split beats in both slot and params."""
+    labels.sort()
+    out, best = [], None
+    for x in labels:
+        if best is None or x[1] < best:
+            out.append(x)
+            best = x[1]
+    return out
+
+
+class StageCosts:
+    """Facts of any layer range on one GPU type, TP degree and microbatch size."""
+
+    def __init__(self, times: LayerTimes, mem: LayerMemory, logical: LayerMemory, *, mbs: int,
+                 state_bytes: float, allocator: float, overhead: float, capacity: int, tied_params: int):
+        self.mem, self.mbs, self.state_bytes, self.allocator = mem, mbs, state_bytes, allocator
+        self.overhead, self.capacity, self.tied_params = overhead, capacity, tied_params
+        self.num_layers = L = len(mem.params)
+        self.fb = (0.0, *accumulate(f + b for f, b in zip(times.fwd, times.bwd)))  # prefix sums
+        self.params_prefix = (0, *accumulate(logical.params))
+        self._last_fit: dict[int, list[int]] = {}
+        self.L = L
+
+    def compute(self, first: int, last: int) -> float:
+        return self.fb[last + 1] - self.fb[first]
+
+    def params(self, first: int, last: int) -> int:
+        return self.params_prefix[last + 1] - self.params_prefix[first]
+
+    def memory(self, first: int, last: int, inflight: int) -> float:
+        """Bytes on one GPU of a replica holding layers first..last (the simulator's formula)."""
+        extra = self.tied_params if (last == self.L - 1 and first > 0) else 0
+        return replica_memory(self.mem, first, last, mbs=self.mbs, inflight=inflight,
+                              state_bytes_per_param=self.state_bytes, allocator_factor=self.allocator,
+                              overhead_bytes=self.overhead, extra_params=extra)
+
+    def last_fit(self, inflight: int) -> list[int]:
+        """For each first layer j, the last layer a stage starting at j may end at (j-1 if none)."""
+        if inflight not in self._last_fit:
+            out = []
+            for j in range(self.L):
+                last = j - 1
+                while last + 1 < self.L and self.memory(j, last + 1, inflight) <= self.capacity:
+                    last += 1  # memory only grows with more layers
+                out.append(last)
+            self._last_fit[inflight] = out
+        return self._last_fit[inflight]
+
+
+class SplitTable:
+    """Pareto frontiers of splits of layers j..L-1, for every j and stage count."""
+
+    def __init__(self, costs: StageCosts, comm: float, microbatches: int, max_stages: int):
+        self.costs, self.comm, self.m = costs, comm, microbatches
+        L = costs.L
+        self.max_stages = min(max_stages, L)
+        fb, pp = costs.fb, costs.params_prefix
+        table: list[list[list[Split]]] = [[[] for _ in range(self.max_stages)] for _ in range(L + 1)]
+        c2, c4 = 2 * comm, 4 * comm
+        for r in range(self.max_stages - 1):  # the table's stages always have a stage before them
+            fit = costs.last_fit(min(r + 1, microbatches))
+            for j in range(L - 1, 0, -1):
+                if r == 0:
+                    if fit[j] >= L - 1:
+                        table[j][0] = [(fb[L] - fb[j] + c2, pp[L] - pp[j], (j,))]
+                    continue
+                cell = []
+                for i in range(j + 1, min(L - r, fit[j] + 1) + 1):  # this stage is j..i-1
+                    nxt = table[i][r - 1]
+                    if not nxt:
+                        continue
+                    slot = fb[i] - fb[j] + c4
+                    params = pp[i] - pp[j]
+                    for s2, p2, b2 in nxt:
+                        cell.append((slot if slot > s2 else s2, params if params > p2 else p2, (j, *b2)))
+                table[j][r] = pareto(cell) if len(cell) > 1 else cell
+        self.table = table
+
+    def frontier(self, stages: int) -> list[Split]:
+        """Pareto-optimal splits of the whole model into `stages` stages."""
+        costs, L = self.costs, self.costs.L
+        fit = costs.last_fit(min(stages, self.m))
+        fb, pp = costs.fb, costs.params_prefix
+        if stages == 1:
+            return [(fb[L], pp[L], ())] if fit[0] >= L - 1 else []
+        if stages > self.max_stages:
+            return []
+        cell = []
+        for i in range(1, min(L - stages + 1, fit[0] + 1) + 1):
+            slot, params = fb[i] + 2 * self.comm, pp[i]
+            for s2, p2, b2 in self.table[i][stages - 2]:
+                cell.append((slot if slot > s2 else s2, params if params > p2 else p2, b2))
+        return pareto(cell)

@@ -1,0 +1,523 @@
+"""The planner: co-optimize which GPUs to use and how to parallelize over them.
+
+Search space (every plan in it is one the runtime can execute):
+
+  * a microbatch size b shared by all pipelines (b divides the global batch;
+    its M = gbs/b microbatches are spread over the D pipelines as evenly as
+    possible, so a pipeline runs ceil(M/D) or one fewer);
+  * P pipeline stages and any contiguous split of the layers into them;
+  * a GPU type and a TP degree for the stages (see designs.py for designs that
+    give the first stages another pool);
+  * the number of pipelines D, spread over the zones that have the GPU type:
+    cheapest zones first, then those with most GPUs, each zone filled before
+    the next; zone quotas and GPU counts are respected;
+  * placement on nodes by the simulator's rule (simulator/placement.py).
+
+Exactness. For such a plan the simulator's iteration time is
+
+    T = max_zones [ sum(F+B) + 2 (P-1) c_z + (m_z - 1) * slot(split, c_z) ] + sync(D, G(split)) + u * G(split)
+
+with m = ceil(M/D). For a fixed m the smallest D is best for every objective
+(more replicas only add sync time, GPUs and egress), and for fixed (P, m, D)
+the best split is on the (slot, G) Pareto frontier that partition.SplitTable
+computes exactly. The search enumerates every (type, b, TP, P, m), orders them
+by a lower bound of their objective (perfect balance, the smallest possible
+largest stage), and evaluates them best-first until the bound cannot beat the
+K-th best plan found: branch and bound, so the result is the optimum of the
+space. Every returned plan is re-simulated and must agree with the search to
+1e-9; tests/planner/test_search.py compares with brute force on small clusters.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+from planner.errors import SailorError
+from planner.profiles.profile import Profile
+from planner.search.goal import Goal, Outcome
+from planner.search.partition import SplitTable, StageCosts, pareto as pareto_front
+from planner.simulator.network import Endpoint
+from planner.simulator.runtime_model import RuntimeModel, runtime_model
+from planner.simulator.simulate import Estimate, Simulator
+from planner.specs.plan import Pipeline, Plan, Replica, Stage
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive stages that run on one GPU type with one TP degree."""
+
+    gpu: str
+    tp: int
+    stages: int
+    zones: tuple[str, ...]  # the segment's zone in each pipeline
+
+
+@dataclass(frozen=True)
+class Design:
+    """Everything needed to write down one candidate plan."""
+
+    mbs: int
+    segments: tuple[Segment, ...]
+    bounds: tuple[int, ...]  # first layer of stages 1..P-1
+    microbatches: tuple[int, ...]  # per pipeline
+
+    def to_plan(self, model: str, num_layers: int, gbs: int, runtime: str) -> Plan:
+        firsts = (0, *self.bounds)
+        lasts = (*(b - 1 for b in self.bounds), num_layers - 1)
+        kinds = [seg for seg in self.segments for _ in range(seg.stages)]
+        stages = tuple(Stage(f, last, tuple(Replica(seg.gpu, seg.tp, z) for z in seg.zones))
+                       for f, last, seg in zip(firsts, lasts, kinds))
+        return Plan(model, gbs, stages, tuple(Pipeline(self.mbs, m) for m in self.microbatches), runtime)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    score: float
+    outcome: Outcome
+    design: Design
+
+
+@dataclass
+class Result:
+    plans: list[tuple[Plan, Estimate]]  # best first
+    search_time_s: float
+    evaluated: int
+    pareto: list[tuple[Plan, Estimate]] = field(default_factory=list)
+
+
+@dataclass
+class Shape:
+    """One GPU type, microbatch size and TP degree: what every stage of a design runs on."""
+
+    gpu: str
+    mbs: int
+    tp: int
+    per_node: int
+    zones: list[tuple[str, int]]  # (zone, usable GPUs), in fill order
+    costs: StageCosts
+    comm: dict  # (zone, same node) -> seconds per boundary
+    u: float  # optimizer seconds per logical parameter on one GPU
+    prices: dict  # zone -> USD per GPU-second
+    tables: dict = field(default_factory=dict)
+
+
+FAMILY, CONFIG, REFINE, EVALUATE = 0, 1, 2, 3  # what a queue entry asks for
+
+
+def spread(total: int, parts: int) -> tuple[int, ...]:
+    """`total` microbatches over `parts` pipelines, as evenly as possible (largest first)."""
+    q, r = divmod(total, parts)
+    return tuple(q + 1 if k < r else q for k in range(parts))
+
+
+def capacity(count: int, per_node: int, stages: int, tp: int) -> int:
+    """Pipelines of `stages` x `tp` GPUs that `count` GPUs of a zone hold under the placement rule."""
+    need = stages * tp
+    if need <= per_node:  # whole pipelines per node
+        return (count // per_node) * (per_node // need) + (count % per_node) // need
+    return (count // per_node // stages) * (per_node // tp)  # stage by stage, whole nodes
+
+
+def ring_edges_of(gpu: str, tp: int, placed: list[tuple[str, int]], per_node_replicas: int):
+    """Distinct edges of a stage's gradient ring (as network.ring_edges of the placed plan)."""
+    counts: dict = {}
+
+    def add(za, zb, same, n=1):
+        if n > 0:
+            key = (Endpoint(gpu, za, 0, tp), Endpoint(gpu, zb, 0 if same else 1, tp))
+            counts[key] = counts.get(key, 0) + n
+
+    q = per_node_replicas
+    for i, (z, k) in enumerate(placed):
+        nodes = math.ceil(k / q)
+        add(z, z, True, k - nodes)  # neighbours on one node
+        add(z, z, False, nodes - 1)  # the next node of the zone
+        if i + 1 < len(placed):
+            add(z, placed[i + 1][0], False)
+    z0, zl = placed[0][0], placed[-1][0]
+    if len(placed) > 1:
+        add(zl, z0, False)  # back to the first zone
+    else:
+        add(z0, z0, math.ceil(placed[0][1] / q) == 1)
+    return [(a, b, n) for (a, b), n in counts.items()]
+
+
+class Planner:
+    def __init__(self, sim: Simulator, global_batch: int, goal: Goal, runtime: str = "sailor",
+                 max_stages: int | None = None, microbatch_sizes: list[int] | None = None):
+        if global_batch < 1:
+            raise SailorError("--global-batch must be positive")
+        if not sim.cluster.available:
+            raise SailorError("no GPUs to plan on: give --gpus TYPE@ZONE=COUNT,... or a cluster file with 'available'")
+        self.sim, self.gbs, self.goal = sim, global_batch, goal
+        self.rt: RuntimeModel = runtime_model(runtime)
+        self.runtime = runtime
+        self.model = sim.model
+        self.L = self.model.num_layers
+        self.max_stages = min(max_stages or self.L, self.L)
+        self.mbs_filter = set(microbatch_sizes) if microbatch_sizes else None
+        self.evaluated = 0
+        self._sync_cache: dict = {}
+
+    # -- setting up ---------------------------------------------------------
+    def _zones(self, gpu: str) -> list[tuple[str, int]]:
+        """(zone, usable GPUs) of a type, in fill order: cheapest, then largest."""
+        cluster = self.sim.cluster
+        merged: dict[str, int] = {}
+        for p in cluster.available:
+            if p.gpu == gpu:
+                merged[p.zone] = merged.get(p.zone, 0) + p.count
+        for z in merged:
+            if z in cluster.quotas:
+                merged[z] = min(merged[z], cluster.quotas[z])
+        zones = [(z, n) for z, n in merged.items() if n > 0]
+        return sorted(zones, key=lambda zn: (cluster.price_per_hour(gpu, zn[0], cluster.is_spot(gpu, zn[0])),
+                                             -zn[1], zn[0]))
+
+    def shapes(self) -> list[Shape]:
+        sim, model, out = self.sim, self.model, []
+        for gpu in sorted({p.gpu for p in sim.cluster.available}):
+            zones = self._zones(gpu)
+            if not zones:
+                continue
+            spec = sim.cluster.gpu(gpu)
+            profile: Profile = sim.profile(gpu)
+            prices = {z: sim.cluster.price_per_hour(gpu, z, sim.cluster.is_spot(gpu, z)) / 3600 for z, _ in zones}
+            for mbs in profile.microbatch_sizes():
+                if self.gbs % mbs or (self.mbs_filter and mbs not in self.mbs_filter):
+                    continue
+                for tp in profile.tp_degrees():
+                    if tp > spec.gpus_per_node or (mbs, tp) not in profile.times or tp not in profile.memory:
+                        continue
+                    mem = profile.layer_memory(tp)
+                    costs = StageCosts(profile.times[(mbs, tp)], mem, profile.layer_memory(1), mbs=mbs,
+                                       state_bytes=self.rt.state_bytes(sim.precision),
+                                       allocator=self.rt.allocator_factor, overhead=spec.runtime_overhead_bytes,
+                                       capacity=spec.memory_bytes,
+                                       tied_params=mem.params[0] if model.tied_embeddings else 0)
+                    comm = {(z, same): self._boundary(gpu, z, tp, mbs, profile, same)
+                            for z, _ in zones for same in (True, False)}
+                    out.append(Shape(gpu, mbs, tp, spec.gpus_per_node, zones, costs, comm,
+                                     profile.optimizer_s_per_param / tp, prices))
+        return out
+
+    def _boundary(self, gpu: str, zone: str, tp: int, mbs: int, profile: Profile, same_node: bool) -> float:
+        """p2p seconds of one stage boundary in `zone` (every boundary carries one h-sized activation)."""
+        x = mbs * profile.layer_memory(1).output_bytes[1]
+        links = tp if self.rt.p2p_split_over_tp else 1
+        return self.sim.network.p2p_time(x, Endpoint(gpu, zone, 0, links),
+                                         Endpoint(gpu, zone, 0 if same_node else 1, links))
+
+    # -- search -------------------------------------------------------------
+    def run(self, top: int = 1, pareto: bool = False) -> Result:
+        """Best-first branch and bound over families of configurations.
+
+        A family (shape and stage count; or two pools, TP degrees and stage
+        counts) expands into one configuration per distinct microbatch count;
+        both carry a lower bound of their objective. Popping in bound order,
+        the search stops once a bound cannot beat the K-th best plan found.
+        """
+        t0 = time.process_time()
+        best: list = []  # heap of (-score, seq, candidate): the K best so far
+        front: list[Candidate] = []
+        queue: list = []  # (bound, seq, step, function, args)
+        seq = itertools.count()
+        shapes = self.shapes()
+        for shape in shapes:
+            for P in range(1, min(self.max_stages, sum(c for _, c in shape.zones) // shape.tp) + 1):
+                fam = self._single_family(shape, P)
+                if fam is not None:
+                    heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._single_configs, fam[1]))
+        for a, b in self._pool_pairs(shapes):
+            for fam in self._two_pool_families(a, b):
+                heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._two_pool_configs, fam[1]))
+        while queue:
+            bound, _, step, fn, args = heapq.heappop(queue)
+            if not pareto and len(best) == top and bound >= -best[0][0]:
+                break  # nothing left can enter the top K
+            if step == FAMILY:  # expand into configurations, bounded cheaply
+                configs = iter(sorted(fn(*args), key=lambda c: c[0]))
+                nxt = next(configs, None)
+                if nxt is not None:
+                    heapq.heappush(queue, (nxt[0], next(seq), CONFIG, nxt, configs))
+            elif step == CONFIG:  # a configuration; the rest of its family waits behind it
+                cfg_bound, refine, cfg = fn
+                heapq.heappush(queue, (cfg_bound, next(seq), REFINE, refine, cfg))
+                nxt = next(args, None)
+                if nxt is not None:
+                    heapq.heappush(queue, (nxt[0], next(seq), CONFIG, nxt, args))
+            elif step == REFINE:  # add a lower bound of the gradient sync, then queue again
+                sync, evaluate, cfg = fn(*args)
+                t_extra = sync if self.goal.objective == "throughput" else 0.0
+                heapq.heappush(queue, (bound + t_extra, next(seq), EVALUATE, evaluate, cfg))
+            else:
+                fn(*args, best, front, top, pareto)
+        ranked = sorted((entry[2] for entry in best), key=lambda c: c.score)
+        plans = [self._materialize(c) for c in ranked]
+        frontier = [self._materialize(c) for c in sorted(front, key=lambda c: c.outcome.iteration_time_s)]
+        return Result(plans, time.process_time() - t0, self.evaluated, frontier)
+
+    def _bound(self, t_lb: float, usd_per_s: float) -> float:
+        return t_lb if self.goal.objective == "throughput" else t_lb * usd_per_s
+
+    def _microbatch_counts(self, M: int, d_cap: int):
+        """(m, D): every distinct per-pipeline microbatch count with the fewest pipelines giving it."""
+        last_D = None
+        for m in range(math.ceil(M / d_cap), M + 1):
+            D = math.ceil(M / m)
+            if D != last_D:
+                last_D = D
+                yield m, D
+
+    # -- designs on one GPU type --------------------------------------------
+    def _single_family(self, shape: Shape, P: int):
+        costs, tp, n = shape.costs, shape.tp, shape.per_node
+        M = self.gbs // shape.mbs
+        caps = [capacity(cnt, n, P, tp) for _, cnt in shape.zones]
+        d_cap = min(sum(caps), M)
+        if self.goal.max_gpus is not None:
+            d_cap = min(d_cap, self.goal.max_gpus // (P * tp))
+        if d_cap < 1:
+            return None
+        same_node = P * tp <= n
+        c_min = min(shape.comm[(z, same_node)] for z, _ in shape.zones) if P > 1 else 0.0
+        fb_total, params_total = costs.compute(0, self.L - 1), costs.params(0, self.L - 1)
+        fill = fb_total + 2 * (P - 1) * c_min
+        slot_lb = (fb_total + 4 * (P - 1) * c_min) / P  # the bottleneck is at least the average stage
+        upd = shape.u * params_total / P
+        price = min(shape.prices.values()) * P * tp
+        m_min = math.ceil(M / d_cap)
+        if self.goal.objective == "throughput":
+            # with D >= 2 pipelines there is a ring to sync, and it is at least as slow as a ring of two
+            per = n // (P * tp) if same_node else n // tp
+            two = self._sync(math.ceil(params_total / P), 2, shape.gpu, tp, ((shape.zones[0][0], 2),), per)[0]
+            bound = min(fill + (M - 1) * slot_lb + upd, fill + (m_min - 1) * slot_lb + upd + two)
+        else:
+            bound = min(self._bound(fill + (m - 1) * slot_lb + upd, price * math.ceil(M / m)) for m in (m_min, M))
+        return bound, (shape, P, caps, d_cap, fill, slot_lb, upd)
+
+    def _single_configs(self, shape, P, caps, d_cap, fill, slot_lb, upd):
+        tp = shape.tp
+        for m, D in self._microbatch_counts(self.gbs // shape.mbs, d_cap):
+            placed, left = [], D
+            for (z, _), cap in zip(shape.zones, caps):
+                k = min(cap, left)
+                if k:
+                    placed.append((z, k))
+                    left -= k
+            usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
+            yield self._bound(fill + (m - 1) * slot_lb + upd, usd), self._refine_single, (shape, P, D, m, placed)
+
+    def _refine_single(self, shape: Shape, P: int, D: int, m: int, placed):
+        """A tighter bound: the largest stage holds at least the average number of parameters."""
+        n, tp = shape.per_node, shape.tp
+        sync = self._sync(math.ceil(shape.costs.params(0, self.L - 1) / P), D, shape.gpu, tp, tuple(placed),
+                          n // (P * tp) if P * tp <= n else n // tp)[0]
+        return sync, self._evaluate_single, (shape, P, D, m, placed)
+
+    def _table(self, shape: Shape, comm: float, m: int, P: int) -> SplitTable:
+        key = (comm, m if m < P else None)
+        if key not in shape.tables:
+            shape.tables[key] = SplitTable(shape.costs, comm, m if m < P else self.max_stages, self.max_stages)
+        return shape.tables[key]
+
+    def _evaluate_single(self, shape: Shape, P: int, D: int, m: int, placed, best, front, top, pareto) -> None:
+        costs, tp, n = shape.costs, shape.tp, shape.per_node
+        same_node = P * tp <= n
+        c = {z: (shape.comm[(z, same_node)] if P > 1 else 0.0) for z, _ in placed}
+        splits = self._table(shape, max(c.values()), m, P).frontier(P)
+        if not splits:
+            return  # no split fits in memory
+        micro = spread(self.gbs // shape.mbs, D)
+        per = n // (P * tp) if same_node else n // tp
+        gpus_per_zone = tuple((z, k * P * tp) for z, k in placed)
+        usd_per_s = sum(g * shape.prices[z] for z, g in gpus_per_zone)
+        busiest, k0 = [], 0  # (c, microbatches) of the busiest pipeline in each zone
+        for z, k in placed:
+            busiest.append((c[z], micro[k0]))
+            k0 += k
+        fb_total = costs.compute(0, self.L - 1)
+        zones_k = tuple(z for z, k in placed for _ in range(k))
+        for _, params, bounds in splits:
+            t_pp = max(fb_total + 2 * (P - 1) * cz + (mz - 1) * self._slot(costs, bounds, cz) for cz, mz in busiest)
+            sync, egress = self._sync(params, D, shape.gpu, tp, tuple(placed), per)
+            T = t_pp + sync + shape.u * params
+            design = Design(shape.mbs, (Segment(shape.gpu, tp, P, zones_k),), bounds, micro)
+            self._consider(Outcome(T, T * usd_per_s + egress, D * P * tp, gpus_per_zone), design,
+                           best, front, top, pareto)
+
+    # -- designs whose first one or two stages run on another pool ------------
+    def _pool_pairs(self, shapes: list[Shape]):
+        """(A, B): pool shapes with the same microbatch size on different pools (type or zone)."""
+        pools = [replace(sh, zones=[zone], tables=sh.tables) for sh in shapes for zone in sh.zones]
+        for a in pools:
+            for b in pools:
+                if a.mbs == b.mbs and (a.gpu, a.zones[0][0]) != (b.gpu, b.zones[0][0]):
+                    yield a, b
+
+    def _two_pool_families(self, a: Shape, b: Shape):
+        """(bound, args) of every (P1, P2) design on pools A then B."""
+        L, M = self.L, self.gbs // a.mbs
+        (za, na), (zb, nb) = a.zones[0], b.zones[0]
+        fa, fb = a.costs.fb, b.costs.fb
+        c_ab = self._cross(a, b)
+        params_total = a.costs.params(0, L - 1)
+        u = min(a.u, b.u)
+        quota = self.sim.cluster.quotas.get(za) if za == zb else None
+        throughput = self.goal.objective == "throughput"
+        for P1 in (1, 2):
+            cap_a = capacity(na, a.per_node, P1, a.tp)
+            c_a = a.comm[(za, P1 * a.tp <= a.per_node)] if P1 > 1 else 0.0
+            least, run = {}, math.inf  # least compute of one microbatch over where pool B starts
+            for q in range(P1, L):
+                run = min(run, fa[q] + fb[L] - fb[q])
+                least[q] = run
+            for P2 in range(1, min(self.max_stages - P1, L - P1) + 1):
+                per_pipe = P1 * a.tp + P2 * b.tp
+                d_cap = min(cap_a, capacity(nb, b.per_node, P2, b.tp), M)
+                if quota is not None:
+                    d_cap = min(d_cap, quota // per_pipe)
+                if self.goal.max_gpus is not None:
+                    d_cap = min(d_cap, self.goal.max_gpus // per_pipe)
+                if d_cap < 1:
+                    continue
+                c_b = b.comm[(zb, P2 * b.tp <= b.per_node)] if P2 > 1 else 0.0
+                comm = (P1 - 1) * c_a + c_ab + (P2 - 1) * c_b
+                P, fb_min = P1 + P2, least[L - P2]
+                fill, slot_lb, upd = fb_min + 2 * comm, (fb_min + 4 * comm) / P, u * params_total / P
+                usd = P1 * a.tp * a.prices[za] + P2 * b.tp * b.prices[zb]
+                m_min = math.ceil(M / d_cap)
+                if throughput:
+                    bound = fill + (m_min - 1) * slot_lb + upd
+                else:
+                    bound = min((fill + (m - 1) * slot_lb + upd) * usd * math.ceil(M / m) for m in (m_min, M))
+                yield bound, (a, b, P1, P2, d_cap, (c_a, c_ab, c_b), fill, slot_lb, upd, usd)
+
+    def _cross(self, a: Shape, b: Shape) -> float:
+        """p2p seconds of the boundary between the two pools (never on one node)."""
+        x = a.mbs * self.sim.profile(a.gpu).layer_memory(1).output_bytes[1]
+        la, lb = (a.tp, b.tp) if self.rt.p2p_split_over_tp else (1, 1)
+        return self.sim.network.p2p_time(x, Endpoint(a.gpu, a.zones[0][0], 0, la), Endpoint(b.gpu, b.zones[0][0], 1, lb))
+
+    def _two_pool_configs(self, a, b, P1, P2, d_cap, comms, fill, slot_lb, upd, usd):
+        for m, D in self._microbatch_counts(self.gbs // a.mbs, d_cap):
+            yield (self._bound(fill + (m - 1) * slot_lb + upd, usd * D), self._refine_two_pool,
+                   (a, b, P1, P2, D, m, comms))
+
+    def _refine_two_pool(self, a: Shape, b: Shape, P1, P2, D, m, comms):
+        """A tighter bound: some stage, on A or on B, holds at least the average number of parameters."""
+        avg = math.ceil(a.costs.params(0, self.L - 1) / (P1 + P2))
+        sync = min(self._pool_sync(avg, a, P1, D)[0], self._pool_sync(avg, b, P2, D)[0])
+        return sync, self._evaluate_two_pool, (a, b, P1, P2, D, m, comms, sync)
+
+    def _pool_sync(self, params: int, shape: Shape, stages: int, D: int) -> tuple:
+        return self._sync(params, D, shape.gpu, shape.tp, ((shape.zones[0][0], D),), self._per_node(shape, stages))
+
+    def _evaluate_two_pool(self, a: Shape, b: Shape, P1, P2, D, m, comms, sync_lb, best, front, top,
+                           pareto) -> None:
+        L, P = self.L, P1 + P2
+        c_a, c_ab, c_b = comms
+        (za, _), (zb, _) = a.zones[0], b.zones[0]
+        ca, cb = a.costs, b.costs
+        fit_first = ca.last_fit(min(P, m))
+        fit_second = ca.last_fit(min(P - 1, m))
+        table = self._table(b, c_b, m, P2) if P2 > 1 else None
+        fit_b = cb.last_fit(min(P2, m))
+        micro = spread(self.gbs // a.mbs, D)
+        upd_lb = min(a.u, b.u) * a.costs.params(0, L - 1) / P
+        x = a.mbs * self.sim.profile(a.gpu).layer_memory(1).output_bytes[1]
+        egress = 0.0 if za == zb else self.gbs // a.mbs * x * (
+            self.sim.cluster.egress_per_gb(za, zb) + self.sim.cluster.egress_per_gb(zb, za)) / 1e9
+        usd_per_s = D * (P1 * a.tp * a.prices[za] + P2 * b.tp * b.prices[zb])
+        used: dict[str, int] = {}
+        for z, g in ((za, D * P1 * a.tp), (zb, D * P2 * b.tp)):
+            used[z] = used.get(z, 0) + g
+        gpus_per_zone = tuple(used.items())
+        zones_a, zones_b = (za,) * D, (zb,) * D
+        for q in range(P1, L - P2 + 1):  # the first layer of the second pool
+            # splits of layers 0..q-1 into P1 stages on pool A: (slot, params, bounds)
+            if P1 == 1:
+                front_a = [(ca.compute(0, q - 1) + 2 * c_ab, ca.params(0, q - 1), ())] if fit_first[0] >= q - 1 else []
+            else:
+                front_a = pareto_front([(max(ca.compute(0, i - 1) + 2 * c_a, ca.compute(i, q - 1) + 2 * (c_a + c_ab)),
+                                   max(ca.params(0, i - 1), ca.params(i, q - 1)), (i,))
+                                  for i in range(1, q) if fit_first[0] >= i - 1 and fit_second[i] >= q - 1])
+            if not front_a:
+                continue
+            fill = ca.compute(0, q - 1) + cb.compute(q, L - 1) + 2 * ((P1 - 1) * c_a + c_ab + (P2 - 1) * c_b)
+            if not pareto and len(best) == top:  # bound for this q: the best possible slot on A alone
+                t_lb = fill + (micro[0] - 1) * front_a[0][0] + sync_lb + upd_lb
+                if self._bound(t_lb, usd_per_s) >= -best[0][0]:
+                    continue
+            # splits of layers q..L-1 into P2 stages on pool B
+            if P2 == 1:
+                front_b = [(cb.compute(q, L - 1) + 2 * c_ab, cb.params(q, L - 1), (q,))] if \
+                    cb.last_fit(1)[q] >= L - 1 else []
+            else:
+                cell = []
+                for i in range(q + 1, min(L - P2 + 1, fit_b[q] + 1) + 1):
+                    slot, params = cb.compute(q, i - 1) + 2 * (c_ab + c_b), cb.params(q, i - 1)
+                    cell += [(max(slot, s2), max(params, p2), (q, *b2)) for s2, p2, b2 in table.table[i][P2 - 2]]
+                front_b = pareto_front(cell)
+            for slot_a, params_a, bounds_a in front_a:
+                sync_a = self._pool_sync(params_a, a, P1, D)
+                for slot_b, params_b, bounds_b in front_b:
+                    sync_b = self._pool_sync(params_b, b, P2, D)
+                    T = (fill + (micro[0] - 1) * max(slot_a, slot_b) + max(sync_a[0], sync_b[0])
+                         + max(a.u * params_a, b.u * params_b))
+                    cost = T * usd_per_s + egress + sync_a[1] + sync_b[1]
+                    design = Design(a.mbs, (Segment(a.gpu, a.tp, P1, zones_a), Segment(b.gpu, b.tp, P2, zones_b)),
+                                    (*bounds_a, *bounds_b), micro)
+                    self._consider(Outcome(T, cost, D * (P1 * a.tp + P2 * b.tp), gpus_per_zone), design,
+                                   best, front, top, pareto)
+
+    def _sync(self, params: int, D: int, gpu: str, tp: int, placed: tuple, per_node_replicas: int) -> tuple:
+        """(seconds, egress USD) of one stage's gradient ring; cached, the search asks again and again."""
+        key = (params, D, gpu, tp, placed, per_node_replicas)
+        if key not in self._sync_cache:
+            edges = ring_edges_of(gpu, tp, list(placed), per_node_replicas)
+            self._sync_cache[key] = self.sim.edges_sync(params, D, edges) if D > 1 else (0.0, 0.0)
+        return self._sync_cache[key]
+
+    @staticmethod
+    def _per_node(shape: Shape, stages: int) -> int:
+        """Replicas of one stage that share a node under the placement rule."""
+        need = stages * shape.tp
+        return shape.per_node // need if need <= shape.per_node else shape.per_node // shape.tp
+
+    def _consider(self, outcome: Outcome, design: Design, best, front, top, pareto) -> None:
+        self.evaluated += 1
+        if self.goal.admits(outcome):
+            self._offer(Candidate(self.goal.score(outcome), outcome, design), best, front, top, pareto)
+
+    def _slot(self, costs: StageCosts, bounds: tuple[int, ...], c: float) -> float:
+        """1F1B bottleneck of a split when each boundary costs c seconds."""
+        edges = (0, *bounds, self.L)
+        P = len(edges) - 1
+        return max(costs.compute(edges[s], edges[s + 1] - 1) + 2 * c * ((s > 0) + (s < P - 1)) for s in range(P))
+
+    def _offer(self, cand: Candidate, best: list, front: list, top: int, pareto: bool) -> None:
+        entry = (-cand.score, self.evaluated, cand)
+        if len(best) < top:
+            heapq.heappush(best, entry)
+        elif cand.score < -best[0][0]:
+            heapq.heapreplace(best, entry)
+        if pareto:
+            o = cand.outcome
+            if any(f.outcome.iteration_time_s <= o.iteration_time_s and
+                   f.outcome.cost_per_iteration_usd <= o.cost_per_iteration_usd for f in front):
+                return
+            front[:] = [f for f in front if not (o.iteration_time_s <= f.outcome.iteration_time_s and
+                                                 o.cost_per_iteration_usd <= f.outcome.cost_per_iteration_usd)]
+            front.append(cand)
+
+    def _materialize(self, c: Candidate) -> tuple[Plan, Estimate]:
+        plan = c.design.to_plan(self.model.name, self.L, self.gbs, self.runtime)
+        est = self.sim.simulate(plan, self.rt)
+        if not math.isclose(est.iteration_time_s, c.outcome.iteration_time_s, rel_tol=1e-9):
+            raise AssertionError(f"planner and simulator disagree: {c.outcome.iteration_time_s} vs "
+                                 f"{est.iteration_time_s} for {plan}")
+        return plan, est
