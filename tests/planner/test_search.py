@@ -1,0 +1,242 @@
+"""The planner against brute force, and the limits every returned plan respects."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import replace
+from itertools import combinations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.errors import SailorError
+from planner.profiles.store import ProfileStore
+from planner.search.goal import Goal
+from planner.search.planner import Planner, ring_edges_of
+from planner.simulator.network import Endpoint, ring_edges
+from planner.simulator.placement import place
+from planner.simulator.simulate import Simulator
+from planner.specs.hardware import GIB, Cluster, GPUSpec, Pool, load_cluster
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Pipeline, Plan, Replica, Stage
+
+# A small model on two made-up GPU types whose profiles make every choice matter:
+# memory forces pipelining at larger microbatches, TP scales poorly, the
+# embedding is cheap to compute but heavy in parameters, the network is slow
+# enough that gradient sync competes with the pipeline bubble.
+MODEL = ModelSpec("small", "opt", hidden=512, num_blocks=4, heads=8, ffn_hidden=2048, vocab=8192, seq_len=512)
+MB = 1e6
+SMALL_A = GPUSpec("small-a", int(0.5 * GIB), 1, 1, 100, 2.0, 4, 0.4, 2.0, 0.6, int(0.02 * GIB))
+SMALL_B = GPUSpec("small-b", int(0.4 * GIB), 1, 1, 100, 2.0, 4, 0.2, 0.7, 0.3, int(0.02 * GIB))
+BASE = (0.002, 0.010, 0.010, 0.010, 0.010, 0.016)  # forward seconds per layer, one sample, TP 1
+PARAMS = (6_000_000, 3_000_000, 3_000_000, 3_000_000, 3_000_000, 4_000_000)
+ACT = (1 * MB, 12 * MB, 12 * MB, 12 * MB, 12 * MB, 16 * MB)  # bytes kept per sample
+
+
+def synthetic_profile(gpu: str, slowdown: float):
+    from planner.profiles.profile import MEASURED, LayerMemory, LayerTimes, Profile
+
+    times = {(b, t): LayerTimes(tuple(slowdown * f * b / t ** 0.6 for f in BASE),
+                                tuple(2 * slowdown * f * b / t ** 0.6 for f in BASE))
+             for b in (1, 2, 4, 8) for t in (1, 2, 4)}
+    memory = {t: LayerMemory(tuple(p // t for p in PARAMS), tuple(a / t ** 0.7 for a in ACT), (1 * MB,) * 5 + (4,))
+              for t in (1, 2, 4)}
+    return Profile("small", gpu, 6, "fp32", MEASURED, times, 2e-9, memory)
+
+
+def cluster(pools, quotas=None) -> Cluster:
+    c = Cluster(gpus={"small-a": SMALL_A, "small-b": SMALL_B})
+    return replace(c, available=tuple(Pool(g, z, n) for g, z, n in pools), quotas=quotas or {})
+
+
+def simulator(c: Cluster) -> Simulator:
+    store = ProfileStore({("small", "small-a"): synthetic_profile("small-a", 1.0),
+                          ("small", "small-b"): synthetic_profile("small-b", 1.8)}, gpus=dict(c.gpus))
+    return Simulator(MODEL, c, store)
+
+
+# -- brute force over the planner's search space, written independently ------
+def _splits(L: int, P: int):
+    for cut in combinations(range(1, L), P - 1):
+        yield cut
+
+
+def _fits_pools(plan: Plan, c: Cluster) -> bool:
+    """Does the plan's node layout fit in the GPUs available per pool (and zone quotas)?"""
+    nodes = place(plan, c)
+    usage: dict = defaultdict(lambda: defaultdict(int))  # pool -> node -> GPUs
+    for s, st_ in enumerate(plan.stages):
+        for k, r in enumerate(st_.replicas):
+            usage[(r.gpu, r.zone)][nodes[s][k]] += r.tp
+    per_zone: dict = defaultdict(int)
+    for (gpu, zone), by_node in usage.items():
+        have = sum(p.count for p in c.available if (p.gpu, p.zone) == (gpu, zone))
+        n = c.gpu(gpu).gpus_per_node
+        used = sorted(by_node.values(), reverse=True)
+        full, partial = divmod(have, n)
+        if len(used) > full + (1 if partial else 0) or (len(used) > full and used[full] > partial):
+            return False
+        per_zone[zone] += sum(used)
+    return all(per_zone[z] <= q for z, q in c.quotas.items())
+
+
+def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6):
+    """Best score over every plan of the space (see planner.search.planner), by simulation."""
+    c, L = sim.cluster, MODEL.num_layers
+    pools = sorted({(p.gpu, p.zone) for p in c.available})
+    best = math.inf
+
+    def consider(stages, mbs, D):
+        nonlocal best
+        M = gbs // mbs
+        q, r = divmod(M, D)
+        plan = Plan(MODEL.name, gbs, stages, tuple(Pipeline(mbs, q + 1 if k < r else q) for k in range(D)))
+        if not _fits_pools(plan, c):
+            return
+        est = sim.simulate(plan)
+        if not est.fits_in_memory:
+            return
+        from planner.search.goal import Outcome
+
+        o = Outcome(est.iteration_time_s, est.cost_per_iteration_usd, plan.num_gpus)
+        if goal.admits(o):
+            best = min(best, goal.score(o))
+
+    for mbs in (1, 2, 4, 8):
+        if gbs % mbs:
+            continue
+        M = gbs // mbs
+        # one GPU type; pipelines fill the type's zones cheapest first, then largest
+        for gpu in sorted({g for g, _ in pools}):
+            zones = sorted(((z, sum(p.count for p in c.available if (p.gpu, p.zone) == (gpu, z))) for g, z in pools
+                            if g == gpu), key=lambda zn: (c.price_per_hour(gpu, zn[0]), -zn[1], zn[0]))
+            for tp in (1, 2, 4):
+                for P in range(1, max_stages + 1):
+                    cut0 = next(_splits(L, P), None)
+                    if cut0 is None:
+                        continue
+                    for D in range(1, M + 1):
+                        # the zone of each pipeline: fill zones in order, each with as many as fit
+                        zs, left = [], D
+                        for z, _ in zones:
+                            k = 0
+                            while k < left:
+                                trial = [[Replica(gpu, tp, z)] * (k + 1)] * P
+                                plan = Plan(MODEL.name, gbs, _stages(L, cut0, trial), (Pipeline(mbs, 1),) * (k + 1))
+                                if not _fits_pools(plan, c):
+                                    break
+                                k += 1
+                            zs += [z] * k
+                            left -= k
+                        if left:
+                            break  # D pipelines do not fit, nor will more
+                        for cut in _splits(L, P):
+                            consider(_stages(L, cut, [[Replica(gpu, tp, z) for z in zs]] * P), mbs, D)
+        # two pools: the first one or two stages on pool A, the rest on pool B
+        for (ga, za) in pools:
+            for (gb, zb) in pools:
+                if (ga, za) == (gb, zb):
+                    continue
+                for ta in (1, 2, 4):
+                    for tb in (1, 2, 4):
+                        for P1 in (1, 2):
+                            for P2 in range(1, max_stages - P1 + 1):
+                                for D in range(1, M + 1):
+                                    kinds = [[Replica(ga, ta, za)] * D] * P1 + [[Replica(gb, tb, zb)] * D] * P2
+                                    for cut in _splits(L, P1 + P2):
+                                        consider(_stages(L, cut, kinds), mbs, D)
+    return best
+
+
+def _stages(L, cut, replicas_per_stage):
+    firsts, lasts = (0, *cut), (*(x - 1 for x in cut), L - 1)
+    return tuple(Stage(f, l, tuple(r)) for f, l, r in zip(firsts, lasts, replicas_per_stage))
+
+
+CASES = [
+    # (pools, quotas, global batch)
+    ([("small-a", "z1", 8), ("small-b", "z2", 8)], None, 16),
+    ([("small-a", "z1", 6), ("small-a", "z2", 4), ("small-b", "z2", 6)], {"z2": 8}, 8),
+    ([("small-b", "z1", 16)], None, 32),
+    ([("small-b", "z1", 6), ("small-b", "z2", 6), ("small-a", "z1", 4)], None, 32),
+]
+
+
+@pytest.mark.parametrize("pools, quotas, gbs", CASES)
+@pytest.mark.parametrize("goal", [Goal("throughput"), Goal("cost"), Goal("cost", min_throughput=None),
+                                  Goal("throughput", max_gpus=6)], ids=["throughput", "cost", "cost2", "max6"])
+def test_planner_matches_brute_force(pools, quotas, gbs, goal):
+    c = cluster(pools, quotas)
+    sim = simulator(c)
+    result = Planner(sim, gbs, goal, max_stages=6).run(top=1)
+    exhaustive = brute_force(sim, gbs, goal)
+    if math.isinf(exhaustive):
+        assert not result.plans
+        return
+    assert result.plans, "brute force found a plan, the planner none"
+    plan, est = result.plans[0]
+    found = est.iteration_time_s if goal.objective == "throughput" else est.cost_per_iteration_usd
+    assert found == pytest.approx(exhaustive, rel=1e-9)
+
+
+def test_min_throughput_floor_matches_brute_force():
+    c = cluster(CASES[0][0])
+    sim = simulator(c)
+    fastest = Planner(sim, 16, Goal("throughput"), max_stages=6).run(top=1).plans[0][1]
+    goal = Goal("cost", min_throughput=0.6 * fastest.throughput_iters_per_s)
+    plan, est = Planner(sim, 16, goal, max_stages=6).run(top=1).plans[0]
+    assert est.throughput_iters_per_s >= goal.min_throughput
+    assert est.cost_per_iteration_usd == pytest.approx(brute_force(sim, 16, goal), rel=1e-9)
+
+
+def test_ring_edges_shortcut_matches_the_placed_ring():
+    c = cluster([("small-a", "z1", 12), ("small-a", "z2", 8)])
+    for P, tp, placed in [(1, 1, [("z1", 7), ("z2", 3)]), (2, 1, [("z1", 5)]), (3, 2, [("z1", 2), ("z2", 1)]),
+                          (1, 4, [("z1", 3), ("z2", 2)]), (2, 2, [("z1", 1)])]:
+        zones = [z for z, k in placed for _ in range(k)]
+        plan = Plan("small", len(zones), tuple(Stage(i, i, tuple(Replica("small-a", tp, z) for z in zones))
+                                               for i in range(P)), (Pipeline(1, 1),) * len(zones))
+        nodes = place(plan, c)
+        ring = [Endpoint("small-a", z, nodes[0][k], tp) for k, z in enumerate(zones)]
+        per = 4 // (P * tp) if P * tp <= 4 else 4 // tp
+        assert sorted(map(repr, ring_edges(ring))) == sorted(map(repr, ring_edges_of("small-a", tp, placed, per)))
+
+
+# -- properties over random clusters ------------------------------------------
+GPU_TYPES = ["A100-40", "V100-16", "A100-80", "T4", "L4"]
+ZONES = ["us-central1-a", "us-central1-b", "us-west1-b"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pools=st.lists(st.tuples(st.sampled_from(GPU_TYPES), st.sampled_from(ZONES), st.integers(1, 40)),
+                      min_size=1, max_size=4),
+       quota=st.one_of(st.none(), st.integers(4, 48)),
+       gbs=st.sampled_from([32, 64, 128, 256]),
+       objective=st.sampled_from(["throughput", "cost"]),
+       max_gpus=st.one_of(st.none(), st.integers(2, 64)),
+       floor=st.one_of(st.none(), st.floats(0.01, 2.0)))
+def test_every_returned_plan_respects_memory_and_limits(pools, quota, gbs, objective, max_gpus, floor):
+    c = load_cluster(None)
+    quotas = {ZONES[0]: quota} if quota else {}
+    c = replace(c, available=tuple(Pool(g, z, n) for g, z, n in pools), quotas=quotas)
+    from planner.specs.model import get_model
+
+    sim = Simulator(get_model("opt-125m"), c, ProfileStore())
+    goal = Goal(objective, min_throughput=floor, max_gpus=max_gpus)
+    result = Planner(sim, gbs, goal).run(top=3)
+    for plan, est in result.plans:
+        assert est.fits_in_memory
+        assert plan.global_batch_size == gbs and sum(p.samples for p in plan.pipelines) == gbs
+        assert _fits_pools(plan, c)
+        if max_gpus:
+            assert plan.num_gpus <= max_gpus
+        if floor:
+            assert est.throughput_iters_per_s >= floor * (1 - 1e-12)
+    scores = [e.iteration_time_s if objective == "throughput" else e.cost_per_iteration_usd for _, e in result.plans]
+    assert scores == sorted(scores)
+
+
+def test_no_gpus_is_a_clear_error():
+    with pytest.raises(SailorError, match="no GPUs to plan on"):
+        Planner(simulator(cluster([])), 8, Goal())
