@@ -77,7 +77,7 @@ class Design:
 class Candidate:
     score: float
     outcome: Outcome
-    design: Design
+    design: tuple  # arguments of Planner._design
 
 
 @dataclass
@@ -161,6 +161,7 @@ class Planner:
         self.mbs_filter = set(microbatch_sizes) if microbatch_sizes else None
         self.evaluated = 0
         self._sync_cache: dict = {}
+        self._front_cache: dict = {}
 
     # -- setting up ---------------------------------------------------------
     def _zones(self, gpu: str) -> list[tuple[str, int]]:
@@ -250,9 +251,8 @@ class Planner:
                 if nxt is not None:
                     heapq.heappush(queue, (nxt[0], next(seq), CONFIG, nxt, args))
             elif step == REFINE:  # add a lower bound of the gradient sync, then queue again
-                sync, evaluate, cfg = fn(*args)
-                t_extra = sync if self.goal.objective == "throughput" else 0.0
-                heapq.heappush(queue, (bound + t_extra, next(seq), EVALUATE, evaluate, cfg))
+                extra, evaluate, cfg = fn(*args)
+                heapq.heappush(queue, (bound + extra, next(seq), EVALUATE, evaluate, cfg))
             else:
                 fn(*args, best, front, top, pareto)
         ranked = sorted((entry[2] for entry in best), key=lambda c: c.score)
@@ -262,6 +262,13 @@ class Planner:
 
     def _bound(self, t_lb: float, usd_per_s: float) -> float:
         return t_lb if self.goal.objective == "throughput" else t_lb * usd_per_s
+
+    def _could_admit(self, t_lb: float, usd_per_s: float) -> bool:
+        """False if lower bounds of time and price already break a limit of the goal."""
+        g = self.goal
+        return not ((g.min_throughput and t_lb * g.min_throughput > 1 + 1e-12)
+                    or (g.max_cost_per_iteration and t_lb * usd_per_s > g.max_cost_per_iteration)
+                    or (g.max_cost_per_hour and usd_per_s * 3600 > g.max_cost_per_hour))
 
     def _microbatch_counts(self, M: int, d_cap: int):
         """(m, D): every distinct per-pipeline microbatch count with the fewest pipelines giving it."""
@@ -290,6 +297,8 @@ class Planner:
         upd = shape.u * params_total / P
         price = min(shape.prices.values()) * P * tp
         m_min = math.ceil(M / d_cap)
+        if not self._could_admit(fill + (m_min - 1) * slot_lb + upd, 0.0):
+            return None
         if self.goal.objective == "throughput":
             # with D >= 2 pipelines there is a ring to sync, and it is at least as slow as a ring of two
             per = n // (P * tp) if same_node else n // tp
@@ -309,14 +318,17 @@ class Planner:
                     placed.append((z, k))
                     left -= k
             usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
-            yield self._bound(fill + (m - 1) * slot_lb + upd, usd), self._refine_single, (shape, P, D, m, placed)
+            t_lb = fill + (m - 1) * slot_lb + upd
+            if self._could_admit(t_lb, usd):
+                yield self._bound(t_lb, usd), self._refine_single, (shape, P, D, m, placed)
 
     def _refine_single(self, shape: Shape, P: int, D: int, m: int, placed):
-        """A tighter bound: the largest stage holds at least the average number of parameters."""
+        """What a tighter bound adds: the largest stage holds at least the average number of parameters."""
         n, tp = shape.per_node, shape.tp
         sync = self._sync(math.ceil(shape.costs.params(0, self.L - 1) / P), D, shape.gpu, tp, tuple(placed),
                           n // (P * tp) if P * tp <= n else n // tp)[0]
-        return sync, self._evaluate_single, (shape, P, D, m, placed)
+        usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
+        return self._bound(sync, usd), self._evaluate_single, (shape, P, D, m, placed)
 
     def _table(self, shape: Shape, comm: float, m: int, P: int) -> SplitTable:
         key = (comm, m if m < P else None)
@@ -340,14 +352,13 @@ class Planner:
             busiest.append((c[z], micro[k0]))
             k0 += k
         fb_total = costs.compute(0, self.L - 1)
-        zones_k = tuple(z for z, k in placed for _ in range(k))
+        zones_k = tuple(z for z, k in placed for _ in range(k))  # the zone of each pipeline
         for _, params, bounds in splits:
             t_pp = max(fb_total + 2 * (P - 1) * cz + (mz - 1) * self._slot(costs, bounds, cz) for cz, mz in busiest)
             sync, egress = self._sync(params, D, shape.gpu, tp, tuple(placed), per)
             T = t_pp + sync + shape.u * params
-            design = Design(shape.mbs, (Segment(shape.gpu, tp, P, zones_k),), bounds, micro)
-            self._consider(Outcome(T, T * usd_per_s + egress, D * P * tp, gpus_per_zone), design,
-                           best, front, top, pareto)
+            self._consider(Outcome(T, T * usd_per_s + egress, D * P * tp, gpus_per_zone),
+                           (shape.mbs, ((shape.gpu, tp, P, zones_k),), bounds, D), best, front, top, pareto)
 
     # -- designs whose first one or two stages run on another pool ------------
     def _pool_pairs(self, shapes: list[Shape]):
@@ -390,6 +401,8 @@ class Planner:
                 fill, slot_lb, upd = fb_min + 2 * comm, (fb_min + 4 * comm) / P, u * params_total / P
                 usd = P1 * a.tp * a.prices[za] + P2 * b.tp * b.prices[zb]
                 m_min = math.ceil(M / d_cap)
+                if not self._could_admit(fill + (m_min - 1) * slot_lb + upd, 0.0):
+                    continue
                 if throughput:
                     bound = fill + (m_min - 1) * slot_lb + upd
                 else:
@@ -404,14 +417,16 @@ class Planner:
 
     def _two_pool_configs(self, a, b, P1, P2, d_cap, comms, fill, slot_lb, upd, usd):
         for m, D in self._microbatch_counts(self.gbs // a.mbs, d_cap):
-            yield (self._bound(fill + (m - 1) * slot_lb + upd, usd * D), self._refine_two_pool,
-                   (a, b, P1, P2, D, m, comms))
+            t_lb = fill + (m - 1) * slot_lb + upd
+            if self._could_admit(t_lb, usd * D):
+                yield self._bound(t_lb, usd * D), self._refine_two_pool, (a, b, P1, P2, D, m, comms)
 
     def _refine_two_pool(self, a: Shape, b: Shape, P1, P2, D, m, comms):
         """A tighter bound: some stage, on A or on B, holds at least the average number of parameters."""
         avg = math.ceil(a.costs.params(0, self.L - 1) / (P1 + P2))
         sync = min(self._pool_sync(avg, a, P1, D)[0], self._pool_sync(avg, b, P2, D)[0])
-        return sync, self._evaluate_two_pool, (a, b, P1, P2, D, m, comms, sync)
+        usd = D * (P1 * a.tp * a.prices[a.zones[0][0]] + P2 * b.tp * b.prices[b.zones[0][0]])
+        return self._bound(sync, usd), self._evaluate_two_pool, (a, b, P1, P2, D, m, comms, sync)
 
     def _pool_sync(self, params: int, shape: Shape, stages: int, D: int) -> tuple:
         return self._sync(params, D, shape.gpu, shape.tp, ((shape.zones[0][0], D),), self._per_node(shape, stages))
@@ -422,12 +437,10 @@ class Planner:
         c_a, c_ab, c_b = comms
         (za, _), (zb, _) = a.zones[0], b.zones[0]
         ca, cb = a.costs, b.costs
-        fit_first = ca.last_fit(min(P, m))
-        fit_second = ca.last_fit(min(P - 1, m))
-        table = self._table(b, c_b, m, P2) if P2 > 1 else None
-        fit_b = cb.last_fit(min(P2, m))
+        fronts_a = self._fronts_first(a, P1, c_a, c_ab, min(P, m), min(P - 1, m))
+        fronts_b = self._fronts_rest(b, P2, c_ab, c_b, m)
         micro = spread(self.gbs // a.mbs, D)
-        upd_lb = min(a.u, b.u) * a.costs.params(0, L - 1) / P
+        upd_lb = min(a.u, b.u) * ca.params(0, L - 1) / P
         x = a.mbs * self.sim.profile(a.gpu).layer_memory(1).output_bytes[1]
         egress = 0.0 if za == zb else self.gbs // a.mbs * x * (
             self.sim.cluster.egress_per_gb(za, zb) + self.sim.cluster.egress_per_gb(zb, za)) / 1e9
@@ -435,44 +448,67 @@ class Planner:
         used: dict[str, int] = {}
         for z, g in ((za, D * P1 * a.tp), (zb, D * P2 * b.tp)):
             used[z] = used.get(z, 0) + g
-        gpus_per_zone = tuple(used.items())
-        zones_a, zones_b = (za,) * D, (zb,) * D
+        gpus_per_zone, gpus = tuple(used.items()), D * (P1 * a.tp + P2 * b.tp)
+        bubbles = micro[0] - 1
         for q in range(P1, L - P2 + 1):  # the first layer of the second pool
-            # splits of layers 0..q-1 into P1 stages on pool A: (slot, params, bounds)
-            if P1 == 1:
-                front_a = [(ca.compute(0, q - 1) + 2 * c_ab, ca.params(0, q - 1), ())] if fit_first[0] >= q - 1 else []
-            else:
-                front_a = pareto_front([(max(ca.compute(0, i - 1) + 2 * c_a, ca.compute(i, q - 1) + 2 * (c_a + c_ab)),
-                                   max(ca.params(0, i - 1), ca.params(i, q - 1)), (i,))
-                                  for i in range(1, q) if fit_first[0] >= i - 1 and fit_second[i] >= q - 1])
-            if not front_a:
+            front_a, front_b = fronts_a[q], fronts_b.get(q)
+            if not front_a or not front_b:
                 continue
             fill = ca.compute(0, q - 1) + cb.compute(q, L - 1) + 2 * ((P1 - 1) * c_a + c_ab + (P2 - 1) * c_b)
-            if not pareto and len(best) == top:  # bound for this q: the best possible slot on A alone
-                t_lb = fill + (micro[0] - 1) * front_a[0][0] + sync_lb + upd_lb
-                if self._bound(t_lb, usd_per_s) >= -best[0][0]:
-                    continue
-            # splits of layers q..L-1 into P2 stages on pool B
-            if P2 == 1:
-                front_b = [(cb.compute(q, L - 1) + 2 * c_ab, cb.params(q, L - 1), (q,))] if \
-                    cb.last_fit(1)[q] >= L - 1 else []
-            else:
-                cell = []
-                for i in range(q + 1, min(L - P2 + 1, fit_b[q] + 1) + 1):
-                    slot, params = cb.compute(q, i - 1) + 2 * (c_ab + c_b), cb.params(q, i - 1)
-                    cell += [(max(slot, s2), max(params, p2), (q, *b2)) for s2, p2, b2 in table.table[i][P2 - 2]]
-                front_b = pareto_front(cell)
+            full = not pareto and len(best) == top
             for slot_a, params_a, bounds_a in front_a:
                 sync_a = self._pool_sync(params_a, a, P1, D)
                 for slot_b, params_b, bounds_b in front_b:
+                    t_pp = fill + bubbles * (slot_a if slot_a > slot_b else slot_b)
+                    if full and self._bound(t_pp + sync_lb + upd_lb, usd_per_s) >= -best[0][0]:
+                        continue  # cannot enter the top K, whatever its sync
                     sync_b = self._pool_sync(params_b, b, P2, D)
-                    T = (fill + (micro[0] - 1) * max(slot_a, slot_b) + max(sync_a[0], sync_b[0])
-                         + max(a.u * params_a, b.u * params_b))
+                    T = t_pp + max(sync_a[0], sync_b[0]) + max(a.u * params_a, b.u * params_b)
                     cost = T * usd_per_s + egress + sync_a[1] + sync_b[1]
-                    design = Design(a.mbs, (Segment(a.gpu, a.tp, P1, zones_a), Segment(b.gpu, b.tp, P2, zones_b)),
-                                    (*bounds_a, *bounds_b), micro)
-                    self._consider(Outcome(T, cost, D * (P1 * a.tp + P2 * b.tp), gpus_per_zone), design,
+                    self._consider(Outcome(T, cost, gpus, gpus_per_zone),
+                                   (a.mbs, ((a.gpu, a.tp, P1, za), (b.gpu, b.tp, P2, zb)), (*bounds_a, *bounds_b), D),
                                    best, front, top, pareto)
+
+    def _fronts_first(self, a: Shape, P1: int, c_a: float, c_ab: float, inflight0: int, inflight1: int) -> list:
+        """For each first layer q of pool B: the (slot, params) frontier of layers 0..q-1 in P1 stages on A."""
+        key = ("first", id(a.costs), P1, c_a, c_ab, inflight0, inflight1)
+        if key not in self._front_cache:
+            ca, L = a.costs, self.L
+            fit0, fit1 = ca.last_fit(inflight0), ca.last_fit(inflight1)
+            out = [[] for _ in range(L + 1)]
+            for q in range(P1, L):
+                if P1 == 1:
+                    if fit0[0] >= q - 1:
+                        out[q] = [(ca.compute(0, q - 1) + 2 * c_ab, ca.params(0, q - 1), ())]
+                else:
+                    out[q] = pareto_front([(max(ca.compute(0, i - 1) + 2 * c_a, ca.compute(i, q - 1) + 2 * (c_a + c_ab)),
+                                            max(ca.params(0, i - 1), ca.params(i, q - 1)), (i,))
+                                           for i in range(1, q) if fit0[0] >= i - 1 and fit1[i] >= q - 1])
+            self._front_cache[key] = out
+        return self._front_cache[key]
+
+    def _fronts_rest(self, b: Shape, P2: int, c_ab: float, c_b: float, m: int) -> dict:
+        """For each first layer q of pool B: the frontier of layers q..L-1 in P2 stages on B."""
+        key = ("rest", id(b.costs), P2, c_ab, c_b, min(m, P2))
+        if key not in self._front_cache:
+            cb, L = b.costs, self.L
+            out = {}
+            if P2 == 1:
+                fit = cb.last_fit(1)
+                for q in range(1, L):
+                    if fit[q] >= L - 1:
+                        out[q] = [(cb.compute(q, L - 1) + 2 * c_ab, cb.params(q, L - 1), (q,))]
+            else:
+                table, fit = self._table(b, c_b, m, P2), cb.last_fit(min(P2, m))
+                for q in range(1, L - P2 + 1):
+                    cell = []
+                    for i in range(q + 1, min(L - P2 + 1, fit[q] + 1) + 1):
+                        slot, params = cb.compute(q, i - 1) + 2 * (c_ab + c_b), cb.params(q, i - 1)
+                        cell += [(max(slot, s2), max(params, p2), (q, *b2)) for s2, p2, b2 in table.table[i][P2 - 2]]
+                    if cell:
+                        out[q] = pareto_front(cell)
+            self._front_cache[key] = out
+        return self._front_cache[key]
 
     def _sync(self, params: int, D: int, gpu: str, tp: int, placed: tuple, per_node_replicas: int) -> tuple:
         """(seconds, egress USD) of one stage's gradient ring; cached, the search asks again and again."""
@@ -488,10 +524,17 @@ class Planner:
         need = stages * shape.tp
         return shape.per_node // need if need <= shape.per_node else shape.per_node // shape.tp
 
-    def _consider(self, outcome: Outcome, design: Design, best, front, top, pareto) -> None:
+    def _consider(self, outcome: Outcome, design: tuple, best, front, top, pareto) -> None:
+        """`design` = (mbs, segments as (gpu, tp, stages, zone or zones), bounds, D): built only if kept."""
         self.evaluated += 1
         if self.goal.admits(outcome):
             self._offer(Candidate(self.goal.score(outcome), outcome, design), best, front, top, pareto)
+
+    def _design(self, args: tuple) -> Design:
+        mbs, segments, bounds, D = args
+        segs = tuple(Segment(g, tp, n, (zones,) * D if isinstance(zones, str) else zones)
+                     for g, tp, n, zones in segments)
+        return Design(mbs, segs, bounds, spread(self.gbs // mbs, D))
 
     def _slot(self, costs: StageCosts, bounds: tuple[int, ...], c: float) -> float:
         """1F1B bottleneck of a split when each boundary costs c seconds."""
@@ -515,7 +558,7 @@ class Planner:
             front.append(cand)
 
     def _materialize(self, c: Candidate) -> tuple[Plan, Estimate]:
-        plan = c.design.to_plan(self.model.name, self.L, self.gbs, self.runtime)
+        plan = self._design(c.design).to_plan(self.model.name, self.L, self.gbs, self.runtime)
         est = self.sim.simulate(plan, self.rt)
         if not est.fits_in_memory or not math.isclose(est.iteration_time_s, c.outcome.iteration_time_s,
                                                       rel_tol=1e-9):
