@@ -104,7 +104,7 @@ class Shape:
     tables: dict = field(default_factory=dict)
 
 
-FAMILY, CONFIG, REFINE, EVALUATE = 0, 1, 2, 3  # what a queue entry asks for
+GROUP, FAMILY, CONFIG, REFINE, EVALUATE = 0, 1, 2, 3, 4  # what a queue entry asks for
 
 
 def spread(total: int, parts: int) -> tuple[int, ...]:
@@ -233,14 +233,18 @@ class Planner:
                 if fam is not None:
                     heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._single_configs, fam[1]))
         for a, b in self._pool_pairs(shapes):
-            for fam in self._two_pool_families(a, b):
-                heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._two_pool_configs, fam[1]))
+            heapq.heappush(queue, (self._two_pool_bound(a, b), next(seq), GROUP, self._two_pool_families, (a, b)))
         while queue:
             bound, _, step, fn, args = heapq.heappop(queue)
             if not pareto and len(best) == top and bound >= -best[0][0]:
                 break  # nothing left can enter the top K
-            if step == FAMILY:  # expand into configurations, bounded cheaply
-                configs = iter(sorted(fn(*args), key=lambda c: c[0]))
+            if step == GROUP:  # expand into families
+                for fam_bound, fam in fn(*args):
+                    heapq.heappush(queue, (fam_bound, next(seq), FAMILY, self._two_pool_configs, fam))
+            elif step == FAMILY:  # expand into configurations, bounded cheaply
+                configs = fn(*args)  # throughput bounds grow with m: already in order
+                if self.goal.objective != "throughput":
+                    configs = iter(sorted(configs, key=lambda c: c[0]))
                 nxt = next(configs, None)
                 if nxt is not None:
                     heapq.heappush(queue, (nxt[0], next(seq), CONFIG, nxt, configs))
@@ -368,6 +372,32 @@ class Planner:
             for b in pools:
                 if a.mbs == b.mbs and (a.gpu, a.zones[0][0]) != (b.gpu, b.zones[0][0]):
                     yield a, b
+
+    def _two_pool_bound(self, a: Shape, b: Shape) -> float:
+        """A lower bound over every (P1, P2) family of the pair (cheap: no family is built).
+
+        Any pipeline computes at least `least` seconds per microbatch; with P stages
+        its bottleneck is at least least/P; D pipelines fit pool A with P1 stages
+        (at most cap_a) and pool B with P2 stages (at most count_b / (P2 tp_b)), so
+        (m - 1)/P >= (M/min(cap_a, B/P2) - 1)/(P1 + P2), smallest at P2 = B/cap_a.
+        For cost, every pipeline pays at least M * least/P seconds of P GPUs.
+        """
+        L, M = self.L, self.gbs // a.mbs
+        fa, fb = a.costs.fb, b.costs.fb
+        least = min(fa[q] + fb[L] - fb[q] for q in range(1, L))
+        (za, na), (zb, nb) = a.zones[0], b.zones[0]
+        if self.goal.objective != "throughput":
+            return M * least * min(a.tp * a.prices[za], b.tp * b.prices[zb])
+        B = nb / b.tp
+        best = math.inf
+        for P1 in (1, 2):
+            cap_a = capacity(na, a.per_node, P1, a.tp)
+            if cap_a < 1:
+                continue
+            for P2 in {max(1, math.floor(B / cap_a)), max(1, math.ceil(B / cap_a))}:
+                d = min(cap_a, B / P2, M)
+                best = min(best, (max(M / d, 1) - 1) / (P1 + P2))
+        return least * (1 + best) if best < math.inf else math.inf
 
     def _two_pool_families(self, a: Shape, b: Shape):
         """(bound, args) of every (P1, P2) design on pools A then B."""
