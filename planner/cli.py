@@ -154,8 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+# Subcommands that live in their own modules: each has add_parser(subparsers) and sets args.func.
+COMMAND_MODULES: list[str] = []
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
+    if COMMAND_MODULES:
+        import importlib
+
+        sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+        for name in COMMAND_MODULES:
+            importlib.import_module(name).add_parser(sub)
     args = ap.parse_args(argv)
     try:
         return args.func(args)
