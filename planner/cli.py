@@ -8,6 +8,7 @@ Every user mistake ends in one line `sailor: error: ...` and exit code 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -117,6 +118,10 @@ def _summary(plan, est) -> dict:
             "layers_per_stage": [[s.first, s.last] for s in plan.stages]}
 
 
+# Each has add_parser(subparsers, add_common_options) and sets args.func on its parser.
+COMMAND_MODULES: list[str] = []
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="sailor", description="Plan, simulate and run transformer training on "
                                  "heterogeneous, geo-distributed GPUs.")
@@ -151,21 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatch-sizes", help="only these microbatch sizes, e.g. 1,2,4")
     _common(p)
     p.set_defaults(func=cmd_plan)
+    for name in COMMAND_MODULES:  # subcommands that live in their own (torch-free) modules
+        importlib.import_module(name).add_parser(sub, _common)
     return ap
-
-
-# Subcommands that live in their own modules: each has add_parser(subparsers) and sets args.func.
-COMMAND_MODULES: list[str] = []
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
-    if COMMAND_MODULES:
-        import importlib
-
-        sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
-        for name in COMMAND_MODULES:
-            importlib.import_module(name).add_parser(sub)
     args = ap.parse_args(argv)
     try:
         return args.func(args)
