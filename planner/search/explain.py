@@ -21,9 +21,11 @@ def explain_infeasible(planner, goal: Goal) -> str:
     relaxed = type(planner)(sim, planner.gbs, Goal(goal.objective), planner.runtime, planner.max_stages)
     result = relaxed.run(top=1)
     if not result.plans:
-        total = sum(p.count for p in sim.cluster.available)
-        return (f"no placement of {model.name} fits in memory on the {total} GPUs given (stages must hold their "
-                "layers and in-flight activations); add GPUs, larger GPUs, or allow deeper pipelines")
+        need, how, gpu = min(_least_memory(planner, sh) for sh in shapes)
+        have = sim.cluster.gpu(gpu).memory_bytes
+        return (f"{model.name} does not fit on the GPUs given: the best placement ({how}) still needs "
+                f"{need / 1e9:.1f} GB on a {gpu} with {have / 1e9:.1f} GB; add GPUs (deeper pipelines, more TP) or "
+                "larger GPUs")
     _, best = result.plans[0]
     fastest = type(planner)(sim, planner.gbs, Goal("throughput"), planner.runtime, planner.max_stages).run(top=1)
     cheapest = type(planner)(sim, planner.gbs, Goal("cost"), planner.runtime, planner.max_stages).run(top=1)
@@ -39,3 +41,24 @@ def explain_infeasible(planner, goal: Goal) -> str:
                 f"(the fastest plan costs ${f.cost_per_hour_usd:.4g}/hour); raise the budget or relax the limits")
     return ("no plan meets all the limits together (each can be met alone); relax --min-throughput, "
             "--max-cost-per-iter, --max-cost-per-hour or --max-gpus")
+
+
+def _least_memory(planner, shape) -> tuple[float, str, str]:
+    """The smallest peak memory per GPU any split of the model reaches on this shape's GPUs."""
+    costs, L = shape.costs, planner.L
+    gpus = sum(c for _, c in shape.zones)
+    best = (float("inf"), "", shape.gpu)
+    for P in range(1, min(L, gpus // shape.tp, planner.max_stages) + 1):
+        # worst[j][r]: least possible largest stage memory for layers j..L-1 in r+1 stages
+        worst = [[float("inf")] * P for _ in range(L + 1)]
+        for r in range(P):
+            for j in range(L - 1, -1, -1):
+                if r == 0:
+                    worst[j][0] = costs.memory(j, L - 1, 1)
+                else:
+                    worst[j][r] = min((max(costs.memory(j, i - 1, r + 1), worst[i][r - 1])
+                                       for i in range(j + 1, L - r + 1)), default=float("inf"))
+        if worst[0][P - 1] < best[0]:
+            best = (worst[0][P - 1], f"{P} stage{'s' if P > 1 else ''}, TP {shape.tp}, microbatch size {shape.mbs}",
+                    shape.gpu)
+    return best

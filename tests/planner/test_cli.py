@@ -64,3 +64,39 @@ def test_missing_microbatch_in_measured_profile(sailor_data, tmp_path):
                    pipelines=[{"microbatch_size": 3, "num_microbatches": 4}])
     out = sailor("simulate", str(f), "--profiles", str(sailor_data))
     assert out.returncode == 2 and "no microbatch size 3 at TP 1" in out.stderr
+
+
+def test_plan_on_the_built_in_cluster(tmp_path):
+    out = sailor("plan", "--model", "opt-125m", "--json", "-o", str(tmp_path / "best.json"))
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    for key in ("plan", "iteration_time_s", "throughput_iters_per_s", "cost_per_iteration_usd", "gpus_used",
+                "peak_memory_bytes", "search_time_s"):
+        assert key in d
+    # the written plan is one `sailor simulate` accepts, with the same prediction
+    sim = json.loads(sailor("simulate", str(tmp_path / "best.json"), "--json").stdout)
+    assert sim["iteration_time_s"] == pytest.approx(d["iteration_time_s"], rel=1e-9)
+
+
+def test_plan_in_sailor_format_and_pareto(tmp_path):
+    out = sailor("plan", "--model", "opt-125m", "--gpus", "A100-40@us-central1-a=16", "--format", "sailor",
+                 "-o", str(tmp_path / "s.json"), "--pareto", "--json")
+    assert out.returncode == 0, out.stderr
+    front = json.loads(out.stdout)["pareto"]
+    times = [p["iteration_time_s"] for p in front]
+    costs = [p["cost_per_iteration_usd"] for p in front]
+    assert times == sorted(times) and costs == sorted(costs, reverse=True)  # a real trade-off curve
+    assert "pipeline_list" in json.loads((tmp_path / "s.json").read_text())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "llama-3-8b", "--gpus", "T4@us-central1-a=1"], "does not fit on the GPUs given"),
+    (["--model", "llama-3-8b", "--gpus", "T4@us-central1-a=4", "--global-batch", "8"], "GB on a T4"),
+    (["--model", "opt-125m", "--gpus", "A100-40=8", "--max-cost-per-iter", "1e-9"], "cheapest feasible plan"),
+    (["--model", "opt-125m", "--gpus", "A100-40=8", "--min-throughput", "1e6"], "fastest plan"),
+    (["--model", "opt-125m", "--gpus", "A100-40=8", "--global-batch", "0"], "must be positive"),
+    (["--model", "opt-125m", "--gpus", "B300=8"], "unknown GPU type"),
+])
+def test_infeasible_plans_say_why(tmp_path, args, message):
+    out = sailor("plan", *args, "-o", str(tmp_path / "x.json"))
+    assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
