@@ -118,6 +118,39 @@ def _summary(plan, est) -> dict:
             "layers_per_stage": [[s.first, s.last] for s in plan.stages]}
 
 
+# -- replay ------------------------------------------------------------------
+def cmd_replay(args) -> int:
+    from planner.replay import load_trace, planner_for, replay
+    from planner.search.goal import Goal
+
+    cluster, model, sim = _context(args, args.model)
+    trace = load_trace(args.trace, args.gpu, args.zone)
+    for snap in trace:
+        for p in snap.pools:
+            cluster.gpu(p.gpu)  # unknown GPU types fail here, with the usual message
+
+    def sim_for(pools):
+        from planner.simulator.simulate import Simulator
+
+        return Simulator(model, cluster.with_available(pools), sim.profiles, args.precision)
+
+    plan_for = planner_for(sim_for, args.global_batch, Goal(args.objective), args.runtime)
+    runs = [replay(trace, plan_for, policy, args.restart_s) for policy in args.policies.split(",")]
+    if args.plot:
+        from planner.plots import plot_replay
+
+        plot_replay(runs, args.plot, title=f"{model.name} on {Path(args.trace).name}")
+    if args.json:
+        print(json.dumps({"trace": args.trace, "model": model.name, "restart_s": args.restart_s,
+                          "summary": [r.summary() for r in runs],
+                          "steps": {r.policy: [vars(s) for s in r.steps] for r in runs}}, indent=1))
+        return 0
+    from planner.report import print_replay
+
+    print_replay(runs, title=f"{model.name}: {Path(args.trace).name} ({len(trace)} snapshots, restart {args.restart_s:g} s)")
+    return 0
+
+
 # Each has add_parser(subparsers, add_common_options) and sets args.func on its parser.
 COMMAND_MODULES: list[str] = []
 
@@ -156,6 +189,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatch-sizes", help="only these microbatch sizes, e.g. 1,2,4")
     _common(p)
     p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("replay", help="replay a GPU-availability trace through planner and simulator")
+    p.add_argument("trace", help="Sailor's CSV (,Timestamp,GPU_zone,...) or JSON ([{Time, GPUs}]) trace")
+    p.add_argument("--model", required=True)
+    p.add_argument("--gpu", default="A100-40", help="GPU type of JSON traces (default A100-40)")
+    p.add_argument("--zone", default="us-central1-a", help="zone of JSON traces (default us-central1-a)")
+    p.add_argument("--global-batch", type=int, default=1024)
+    p.add_argument("--objective", default="throughput", choices=["throughput", "cost", "cost-per-token"])
+    p.add_argument("--restart-s", type=float, default=30.0,
+                   help="seconds without progress per reconfiguration (default 30)")
+    p.add_argument("--policies", default="sailor,homogeneous,static")
+    p.add_argument("--runtime", default="sailor", choices=["sailor", "megatron-deepspeed"])
+    p.add_argument("--plot", metavar="FILE", help="write throughput, iterations and cost over time (PNG/SVG)")
+    _common(p)
+    p.set_defaults(func=cmd_replay)
+
     for name in COMMAND_MODULES:  # subcommands that live in their own (torch-free) modules
         importlib.import_module(name).add_parser(sub, _common)
     return ap

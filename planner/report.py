@@ -57,3 +57,16 @@ def print_plans(plans, title: str = "") -> None:
                   ",".join(sorted({str(p.microbatch_size) for p in plan.pipelines})),
                   f"{worst.memory_bytes / GB:.1f} / {worst.capacity_bytes / GB:.1f} GB")
     out.print(t)
+
+
+def print_replay(runs, title: str = "") -> None:
+    out = console()
+    t = Table(title=title or None, title_justify="left")
+    for col in ("policy", "iterations", "cost $", "$ / iteration", "mean it/s", "restarts"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for r in runs:
+        s = r.summary()
+        t.add_row(s["policy"], f"{s['iterations']:.1f}", f"{s['cost_usd']:.2f}",
+                  f"{s['usd_per_iteration']:.4f}" if s["usd_per_iteration"] else "-",
+                  f"{s['mean_throughput_iters_per_s']:.4f}", str(s["restarts"]))
+    out.print(t)

@@ -48,6 +48,10 @@ class Goal:
             return o.iteration_time_s
         return o.cost_per_iteration_usd
 
+    def score_estimate(self, est) -> float:
+        """score() of a simulator Estimate."""
+        return self.score(Outcome(est.iteration_time_s, est.cost_per_iteration_usd, 0))
+
     def admits(self, o: Outcome) -> bool:
         return not (
             (self.max_gpus is not None and o.gpus > self.max_gpus)

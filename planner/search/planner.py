@@ -147,7 +147,7 @@ def ring_edges_of(gpu: str, tp: int, placed: list[tuple[str, int]], per_node_rep
 
 class Planner:
     def __init__(self, sim: Simulator, global_batch: int, goal: Goal, runtime: str = "sailor",
-                 max_stages: int | None = None, microbatch_sizes: list[int] | None = None):
+                 max_stages: int | None = None, microbatch_sizes: list[int] | None = None, two_pools: bool = True):
         if global_batch < 1:
             raise SailorError("--global-batch must be positive")
         if not sim.cluster.available:
@@ -159,6 +159,7 @@ class Planner:
         self.L = self.model.num_layers
         self.max_stages = min(max_stages or self.L, self.L)
         self.mbs_filter = set(microbatch_sizes) if microbatch_sizes else None
+        self.two_pools = two_pools  # also search designs whose first stages run on another pool
         self.evaluated = 0
         self._sync_cache: dict = {}
         self._front_cache: dict = {}
@@ -232,7 +233,7 @@ class Planner:
                 fam = self._single_family(shape, P)
                 if fam is not None:
                     heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._single_configs, fam[1]))
-        for a, b in self._pool_pairs(shapes):
+        for a, b in self._pool_pairs(shapes) if self.two_pools else ():
             heapq.heappush(queue, (self._two_pool_bound(a, b), next(seq), GROUP, self._two_pool_families, (a, b)))
         while queue:
             bound, _, step, fn, args = heapq.heappop(queue)

@@ -1,0 +1,187 @@
+"""What-if: replay a GPU-availability trace through the planner and the simulator.
+
+A trace is a list of snapshots (time, GPUs available per type and zone). Over
+each interval between snapshots a policy holds one plan; when availability
+changes it may re-plan, paying `restart_s` seconds of no progress (the GPUs
+are paid for all the same). Policies:
+
+  * sailor        re-plan with the full planner on every change; switch when
+                  the new plan is faster or the old one lost its GPUs;
+  * homogeneous   the same, but only plans on one GPU type in one zone
+                  (what a homogeneous framework can run);
+  * static        one plan for the GPUs available all the time (the minimum
+                  over the trace per pool); never restarts.
+
+Per interval of length dt with a plan of iteration time T:
+    iterations = max(0, dt - restart) / T
+    cost       = dt * GPUs used * price / 3600 + iterations * egress per iteration
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.errors import SailorError
+from planner.specs.hardware import Pool, canonical_gpu
+
+POLICIES = ("sailor", "homogeneous", "static")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time_s: float  # since the start of the trace
+    pools: tuple[Pool, ...]
+
+    @property
+    def gpus(self) -> int:
+        return sum(p.count for p in self.pools)
+
+
+def load_trace(path: str, gpu: str = "A100-40", zone: str = "us-central1-a") -> list[Snapshot]:
+    """Sailor's traces: CSV `,Timestamp,<GPU>_<zone>,...` or JSON `[{"Time": s, "GPUs": n}]`."""
+    p, gpu = Path(path), canonical_gpu(gpu) or gpu
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise SailorError(f"trace {path} not found") from None
+    snaps = []
+    try:
+        if p.suffix == ".json":
+            rows = json.loads(text)
+            for r in rows:
+                snaps.append(Snapshot(float(r["Time"]), (Pool(gpu, zone, int(r["GPUs"])),)))
+        else:
+            reader = csv.reader(text.splitlines())
+            header = next(reader)
+            cols = []
+            for name in header[2:]:
+                g, _, z = name.partition("_")
+                cols.append((canonical_gpu(g) or g, z or zone))
+            t0 = None
+            for row in reader:
+                if not row:
+                    continue
+                t = float(row[1])
+                t0 = t if t0 is None else t0
+                snaps.append(Snapshot(t - t0, tuple(Pool(g, z, int(float(n))) for (g, z), n in zip(cols, row[2:]))))
+    except (KeyError, ValueError, IndexError, StopIteration, json.JSONDecodeError) as e:
+        raise SailorError(f"trace {path} is malformed ({e}); expected Sailor's CSV or JSON trace format") from None
+    if not snaps:
+        raise SailorError(f"trace {path} has no snapshots")
+    return sorted(snaps, key=lambda s: s.time_s)
+
+
+@dataclass
+class Step:
+    start_s: float
+    end_s: float
+    gpus_available: int
+    gpus_used: int
+    iteration_time_s: float | None
+    iterations: float
+    cost_usd: float
+    restarted: bool
+    plan: str = ""
+
+
+@dataclass
+class Replay:
+    policy: str
+    steps: list[Step] = field(default_factory=list)
+
+    @property
+    def iterations(self) -> float:
+        return sum(s.iterations for s in self.steps)
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(s.cost_usd for s in self.steps)
+
+    def summary(self) -> dict:
+        duration = self.steps[-1].end_s - self.steps[0].start_s if self.steps else 0.0
+        return {"policy": self.policy, "iterations": round(self.iterations, 2), "cost_usd": round(self.cost_usd, 4),
+                "usd_per_iteration": round(self.cost_usd / self.iterations, 5) if self.iterations else None,
+                "mean_throughput_iters_per_s": round(self.iterations / duration, 5) if duration else 0.0,
+                "restarts": sum(s.restarted for s in self.steps)}
+
+
+def _describe(plan) -> str:
+    used = plan.gpus_used()
+    gpus = ", ".join(f"{n}x{g}@{z}" for (g, z), n in sorted(used.items()))
+    return f"pp{plan.pp} dp{plan.dp} mbs{plan.pipelines[0].microbatch_size}: {gpus}"
+
+
+def _fits(plan, pools: tuple[Pool, ...]) -> bool:
+    have = {(p.gpu, p.zone): p.count for p in pools}
+    return all(have.get(k, 0) >= n for k, n in plan.gpus_used().items())
+
+
+def replay(trace: list[Snapshot], plan_for, policy: str, restart_s: float, tail_s: float | None = None) -> Replay:
+    """Run one policy over the trace. `plan_for(pools, homogeneous)` -> (plan, estimate) or None."""
+    if policy not in POLICIES:
+        raise SailorError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
+    ends = [s.time_s for s in trace[1:]]
+    gaps = [b - a for a, b in zip([s.time_s for s in trace], ends)]
+    ends.append(trace[-1].time_s + (tail_s if tail_s is not None else (sum(gaps) / len(gaps) if gaps else 3600.0)))
+    out = Replay(policy)
+    current = None
+    if policy == "static":
+        floor = {}
+        for snap in trace:
+            for k in {(p.gpu, p.zone) for s in trace for p in s.pools}:
+                have = sum(p.count for p in snap.pools if (p.gpu, p.zone) == k)
+                floor[k] = min(floor.get(k, have), have)
+        current = plan_for(tuple(Pool(g, z, n) for (g, z), n in floor.items() if n > 0), False)
+    last_pools = None
+    for snap, end in zip(trace, ends):
+        restarted = False
+        if policy != "static" and snap.pools != last_pools:
+            best = plan_for(snap.pools, policy == "homogeneous")
+            lost = current is not None and not _fits(current[0], snap.pools)
+            faster = best is not None and (current is None or
+                                           best[1].iteration_time_s < current[1].iteration_time_s * 0.99)
+            if lost or faster:
+                restarted = current is not None or best is not None
+                current = best if (faster or lost) else current
+        last_pools = snap.pools
+        dt = end - snap.time_s
+        if current is None:
+            out.steps.append(Step(snap.time_s, end, snap.gpus, 0, None, 0.0, 0.0, restarted))
+            continue
+        plan, est = current
+        busy = max(0.0, dt - (restart_s if restarted else 0.0))
+        iters = busy / est.iteration_time_s
+        usd_per_s = est.compute_cost_per_iteration_usd / est.iteration_time_s
+        cost = dt * usd_per_s + iters * est.egress_cost_per_iteration_usd
+        out.steps.append(Step(snap.time_s, end, snap.gpus, plan.num_gpus, est.iteration_time_s, iters, cost,
+                              restarted, _describe(plan)))
+    return out
+
+
+def planner_for(sim_factory, global_batch: int, goal, runtime: str = "sailor"):
+    """plan_for(pools, homogeneous) backed by the planner, cached by availability."""
+    from planner.search.planner import Planner
+
+    cache: dict = {}
+
+    def plan_for(pools: tuple[Pool, ...], homogeneous: bool):
+        key = (tuple(sorted((p.gpu, p.zone, p.count) for p in pools if p.count > 0)), homogeneous)
+        if key in cache:
+            return cache[key]
+        candidates = [tuple(p for p in pools if p.count > 0)]
+        if homogeneous:  # one GPU type in one zone: the best such pool
+            candidates = [(p,) for p in pools if p.count > 0]
+        best = None
+        for cand in candidates:
+            if not cand:
+                continue
+            sim = sim_factory(cand)
+            result = Planner(sim, global_batch, goal, runtime, two_pools=not homogeneous).run(top=1)
+            if result.plans and (best is None or goal.score_estimate(result.plans[0][1]) < goal.score_estimate(best[1])):
+                best = result.plans[0]
+        cache[key] = best
+        return best
+
+    return plan_for
