@@ -122,3 +122,69 @@ class SplitTable:
             for s2, p2, b2 in self.table[i][stages - 2]:
                 cell.append((slot if slot > s2 else s2, params if params > p2 else p2, b2))
         return pareto(cell)
+
+
+# A joint split: (bottleneck seconds of each class, params of the largest stage, bounds)
+JointSplit = tuple[tuple[float, ...], int, tuple[int, ...]]
+
+
+def pareto_joint(labels: list[JointSplit]) -> list[JointSplit]:
+    """Keep the joint splits no other beats in every class's slot and in params."""
+    labels.sort()
+    out: list[JointSplit] = []
+    for x in labels:
+        if not any(all(a <= b for a, b in zip(y[0], x[0])) and y[1] <= x[1] for y in out):
+            out.append(x)
+    return out
+
+
+class JointSplitTable:
+    """Like SplitTable, for pipelines of several classes (GPU type, TP) sharing one split.
+
+    Data-parallel replicas of one stage may run on different GPU types with
+    different TP degrees; every class must fit each stage in memory (with its own
+    in-flight count), and each class has its own bottleneck. The frontier is over
+    (slot of every class, largest stage's parameters).
+    """
+
+    def __init__(self, costs: list[StageCosts], comms: list[float], microbatches: list[int], max_stages: int):
+        self.costs, self.comms, self.ms = costs, comms, microbatches
+        L = costs[0].L
+        self.L, self.max_stages = L, min(max_stages, L)
+        pp = costs[0].params_prefix
+        table: list[list[list[JointSplit]]] = [[[] for _ in range(self.max_stages)] for _ in range(L + 1)]
+        for r in range(self.max_stages - 1):
+            fits = [c.last_fit(min(r + 1, m)) for c, m in zip(costs, microbatches)]
+            for j in range(L - 1, 0, -1):
+                reach = min(f[j] for f in fits)  # the stage must fit every class
+                if r == 0:
+                    if reach >= L - 1:
+                        table[j][0] = [(tuple(c.compute(j, L - 1) + 2 * x for c, x in zip(costs, comms)),
+                                        pp[L] - pp[j], (j,))]
+                    continue
+                cell = []
+                for i in range(j + 1, min(L - r, reach + 1) + 1):
+                    nxt = table[i][r - 1]
+                    if not nxt:
+                        continue
+                    slots = tuple(c.compute(j, i - 1) + 4 * x for c, x in zip(costs, comms))
+                    params = pp[i] - pp[j]
+                    for s2, p2, b2 in nxt:
+                        cell.append((tuple(max(a, b) for a, b in zip(slots, s2)), max(params, p2), (j, *b2)))
+                table[j][r] = pareto_joint(cell) if len(cell) > 1 else cell
+        self.table = table
+
+    def frontier(self, stages: int) -> list[JointSplit]:
+        L, costs, pp = self.L, self.costs, self.costs[0].params_prefix
+        fits = [c.last_fit(min(stages, m)) for c, m in zip(costs, self.ms)]
+        reach = min(f[0] for f in fits)
+        if stages == 1:
+            return [(tuple(c.compute(0, L - 1) for c in costs), pp[L], ())] if reach >= L - 1 else []
+        if stages > self.max_stages:
+            return []
+        cell = []
+        for i in range(1, min(L - stages + 1, reach + 1) + 1):
+            slots = tuple(c.compute(0, i - 1) + 2 * x for c, x in zip(costs, self.comms))
+            for s2, p2, b2 in self.table[i][stages - 2]:
+                cell.append((tuple(max(a, b) for a, b in zip(slots, s2)), max(pp[i], p2), b2))
+        return pareto_joint(cell)

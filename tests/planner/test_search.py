@@ -45,8 +45,10 @@ def synthetic_profile(gpu: str, slowdown: float):
     return Profile("small", gpu, 6, "fp32", MEASURED, times, 2e-9, memory)
 
 
-def cluster(pools, quotas=None) -> Cluster:
-    c = Cluster(gpus={"small-a": SMALL_A, "small-b": SMALL_B})
+def cluster(pools, quotas=None, nic=None) -> Cluster:
+    """nic: a faster network (GB/s per node) where mixing both types in one stage pays off."""
+    a, b = (SMALL_A, SMALL_B) if nic is None else (replace(SMALL_A, node_nic_gbps=nic), replace(SMALL_B, node_nic_gbps=nic))
+    c = Cluster(gpus={"small-a": a, "small-b": b})
     return replace(c, available=tuple(Pool(g, z, n) for g, z, n in pools), quotas=quotas or {})
 
 
@@ -146,7 +148,67 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6):
                                     kinds = [[Replica(ga, ta, za)] * D] * P1 + [[Replica(gb, tb, zb)] * D] * P2
                                     for cut in _splits(L, P1 + P2):
                                         consider(_stages(L, cut, kinds), mbs, D)
+        # two GPU types side by side (throughput only): each type's pipelines fill its zones; both use
+        # as many pipelines as fit, or share M/P of them; every pipeline runs at least P microbatches
+        if goal.objective != "throughput":
+            continue
+        types = sorted({g for g, _ in pools})
+        for gx in types:
+            for gy in types:
+                if gx >= gy:
+                    continue
+                for tx in (1, 2, 4):
+                    for ty in (1, 2, 4):
+                        for P in range(1, max_stages + 1):
+                            cut0 = next(_splits(L, P), None)
+                            if cut0 is None:
+                                continue
+                            fill = {g: _zone_fill(c, gpu=g, tp=t, P=P, L=L, cut=cut0, mbs=mbs, gbs=gbs, pools=pools)
+                                    for g, t in ((gx, tx), (gy, ty))}
+                            cx, cy, most = len(fill[gx]), len(fill[gy]), M // P
+                            if cx + cy <= most:
+                                pairs = [(cx, cy)]
+                            else:
+                                pairs = [(dx, most - dx) for dx in range(max(1, most - cy), min(cx, most - 1) + 1)]
+                            for dx, dy in pairs:
+                                if dx < 1 or dy < 1:
+                                    continue
+                                reps = [Replica(gx, tx, z) for z in fill[gx][:dx]] + \
+                                    [Replica(gy, ty, z) for z in fill[gy][:dy]]
+                                for mx_total in range(dx, M - dy + 1):
+                                    qx, rx = divmod(mx_total, dx)
+                                    qy, ry = divmod(M - mx_total, dy)
+                                    micro = [qx + (k < rx) for k in range(dx)] + [qy + (k < ry) for k in range(dy)]
+                                    if micro[0] < P or micro[dx] < P:
+                                        continue
+                                    for cut in _splits(L, P):
+                                        plan = Plan(MODEL.name, gbs, _stages(L, cut, [reps] * P),
+                                                    tuple(Pipeline(mbs, m) for m in micro))
+                                        est = sim.simulate(plan)
+                                        if est.fits_in_memory and _fits_pools(plan, c):
+                                            from planner.search.goal import Outcome
+
+                                            o = Outcome(est.iteration_time_s, est.cost_per_iteration_usd,
+                                                        plan.num_gpus)
+                                            if goal.admits(o):
+                                                best = min(best, goal.score(o))
     return best
+
+
+def _zone_fill(c, gpu, tp, P, L, cut, mbs, gbs, pools) -> list[str]:
+    """The zone of each pipeline a type can hold: fill its zones in order, each with as many as fit."""
+    zones = sorted(((z, sum(p.count for p in c.available if (p.gpu, p.zone) == (gpu, z))) for g, z in pools
+                    if g == gpu), key=lambda zn: (c.price_per_hour(gpu, zn[0]), -zn[1], zn[0]))
+    out = []
+    for z, _ in zones:
+        k = 0
+        while True:
+            trial = [[Replica(gpu, tp, z)] * (k + 1)] * P
+            if not _fits_pools(Plan(MODEL.name, gbs, _stages(L, cut, trial), (Pipeline(mbs, 1),) * (k + 1)), c):
+                break
+            k += 1
+        out += [z] * k
+    return out
 
 
 def _stages(L, cut, replicas_per_stage):
@@ -155,19 +217,21 @@ def _stages(L, cut, replicas_per_stage):
 
 
 CASES = [
-    # (pools, quotas, global batch)
-    ([("small-a", "z1", 8), ("small-b", "z2", 8)], None, 16),
-    ([("small-a", "z1", 6), ("small-a", "z2", 4), ("small-b", "z2", 6)], {"z2": 8}, 8),
-    ([("small-b", "z1", 16)], None, 32),
-    ([("small-b", "z1", 6), ("small-b", "z2", 6), ("small-a", "z1", 4)], None, 32),
+    # (pools, quotas, global batch, faster network)
+    ([("small-a", "z1", 8), ("small-b", "z2", 8)], None, 16, None),
+    ([("small-a", "z1", 6), ("small-a", "z2", 4), ("small-b", "z2", 6)], {"z2": 8}, 8, None),
+    ([("small-b", "z1", 16)], None, 32, None),
+    ([("small-b", "z1", 6), ("small-b", "z2", 6), ("small-a", "z1", 4)], None, 32, None),
+    ([("small-a", "z1", 2), ("small-b", "z1", 6)], None, 32, 20.0),  # best: both types in one stage
+    ([("small-a", "z1", 4), ("small-b", "z2", 8)], None, 32, 20.0),
 ]
 
 
-@pytest.mark.parametrize("pools, quotas, gbs", CASES)
-@pytest.mark.parametrize("goal", [Goal("throughput"), Goal("cost"), Goal("cost", min_throughput=None),
-                                  Goal("throughput", max_gpus=6)], ids=["throughput", "cost", "cost2", "max6"])
-def test_planner_matches_brute_force(pools, quotas, gbs, goal):
-    c = cluster(pools, quotas)
+@pytest.mark.parametrize("pools, quotas, gbs, nic", CASES)
+@pytest.mark.parametrize("goal", [Goal("throughput"), Goal("cost"), Goal("throughput", max_gpus=6)],
+                         ids=["throughput", "cost", "max6"])
+def test_planner_matches_brute_force(pools, quotas, gbs, nic, goal):
+    c = cluster(pools, quotas, nic)
     sim = simulator(c)
     result = Planner(sim, gbs, goal, max_stages=6).run(top=1)
     exhaustive = brute_force(sim, gbs, goal)
@@ -240,3 +304,18 @@ def test_every_returned_plan_respects_memory_and_limits(pools, quota, gbs, objec
 def test_no_gpus_is_a_clear_error():
     with pytest.raises(SailorError, match="no GPUs to plan on"):
         Planner(simulator(cluster([])), 8, Goal())
+
+
+def test_two_class_ring_matches_the_placed_ring():
+    from types import SimpleNamespace
+
+    c = cluster([("small-a", "z1", 12), ("small-b", "z2", 8), ("small-b", "z1", 4)])
+    planner = Planner(simulator(c), 8, Goal())
+    for P, (ta, tb), placed in [(1, (1, 2), ([("z1", 5)], [("z2", 3), ("z1", 2)])), (2, (2, 1), ([("z1", 2)], [("z2", 1)])),
+                                (1, (4, 4), ([("z1", 3)], [("z2", 2)]))]:
+        shapes = (SimpleNamespace(gpu="small-a", tp=ta, per_node=4), SimpleNamespace(gpu="small-b", tp=tb, per_node=4))
+        reps = [Replica(sh.gpu, sh.tp, z) for sh, pl in zip(shapes, placed) for z, k in pl for _ in range(k)]
+        plan = Plan("small", len(reps), tuple(Stage(i, i, tuple(reps)) for i in range(P)), (Pipeline(1, 1),) * len(reps))
+        nodes = place(plan, c)
+        ring = [Endpoint(r.gpu, r.zone, nodes[0][k], r.tp) for k, r in enumerate(reps)]
+        assert sorted(map(repr, ring_edges(ring))) == sorted(map(repr, planner._class_ring(shapes, P, placed)))
