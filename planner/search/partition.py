@@ -68,11 +68,12 @@ class StageCosts:
     def last_fit(self, inflight: int) -> list[int]:
         """For each first layer j, the last layer a stage starting at j may end at (j-1 if none)."""
         if inflight not in self._last_fit:
-            out = []
+            out, last = [], -1
             for j in range(self.L):
-                last = j - 1
+                # memory grows with more layers and shrinks with fewer: the reach never moves back
+                last = max(last, j - 1)
                 while last + 1 < self.L and self.memory(j, last + 1, inflight) <= self.capacity:
-                    last += 1  # memory only grows with more layers
+                    last += 1
                 out.append(last)
             self._last_fit[inflight] = out
         return self._last_fit[inflight]

@@ -129,6 +129,24 @@ def spread(total: int, parts: int) -> tuple[int, ...]:
     return tuple(q + 1 if k < r else q for k in range(parts))
 
 
+def crossing(lo: int, hi: int, times) -> tuple[float, int] | None:
+    """min over mx in [lo, hi] of max(times(mx)), where times(mx) = (rising, falling) or None
+    beyond some mx (the falling side ran out); the optimum is where the two cross."""
+    while hi >= lo and times(hi) is None:
+        hi -= 1
+    if hi < lo:
+        return None
+    a, b = lo, hi
+    while a < b:
+        mid = (a + b) // 2
+        rise, fall = times(mid)
+        if rise >= fall:
+            b = mid
+        else:
+            a = mid + 1
+    return min((max(times(mx)), mx) for mx in (a - 1, a) if lo <= mx <= hi)
+
+
 def capacity(count: int, per_node: int, stages: int, tp: int) -> int:
     """Pipelines of `stages` x `tp` GPUs that `count` GPUs of a zone hold under the placement rule."""
     need = stages * tp
@@ -592,18 +610,12 @@ class Planner:
         Returns (time, m of the first class) or None.
         """
         (dx, fx, sx), (dy, fy, sy) = classes
-        best = None
-        for mx in range(P, math.ceil((M - dy) / dx) + 1):
-            m_x_total = min(dx * mx, M - dy)  # give the first class all it can take at this count
-            if m_x_total < dx:
-                break
-            my = math.ceil((M - m_x_total) / dy)
-            if my < P:
-                break  # more for X only leaves Y with fewer
-            t = max(fx + (mx - 1) * sx, fy + (my - 1) * sy)
-            if best is None or t < best[0]:
-                best = (t, mx)
-        return best
+
+        def times(mx):  # (X's time, Y's time), or None if Y would run fewer than P microbatches
+            my = math.ceil((M - min(dx * mx, M - dy)) / dy)
+            return None if my < P else (fx + (mx - 1) * sx, fy + (my - 1) * sy)
+
+        return crossing(P, math.ceil((M - dy) / dx), times)
 
     def _two_class_family(self, x: Shape, y: Shape, P: int):
         M = self.gbs // x.mbs
@@ -707,17 +719,18 @@ class Planner:
             for sh, cz, pl in zip(shapes, comms, placed):
                 fb = sh.costs.compute(0, self.L - 1)
                 zone_times.append([(fb + 2 * (P - 1) * cz[z], self._slot(sh.costs, bounds, cz[z]), k) for z, k in pl])
-            best_split = None
-            for mx in range(P, math.ceil((M - dy) / dx) + 1):  # the busiest X pipeline's microbatches
+            def times(mx):  # exact (X's time, Y's time) when X's busiest pipeline runs mx microbatches
                 m_x_total = min(dx * mx, M - dy)
                 micro_x, micro_y = spread(m_x_total, dx), spread(M - m_x_total, dy)
                 if micro_y[0] < P:
-                    break
-                t_pp = max(self._class_time(zone_times[0], micro_x), self._class_time(zone_times[1], micro_y))
-                if best_split is None or t_pp < best_split[0]:
-                    best_split = (t_pp, micro_x, micro_y)
-            if best_split is None:
+                    return None
+                return self._class_time(zone_times[0], micro_x), self._class_time(zone_times[1], micro_y)
+
+            found = crossing(P, math.ceil((M - dy) / dx), times)
+            if found is None:
                 continue
+            m_x_total = min(dx * found[1], M - dy)
+            best_split = (found[0], spread(m_x_total, dx), spread(M - m_x_total, dy))
             t_pp, micro_x, micro_y = best_split
             sync, egress = self.sim.edges_sync(params, dx + dy, edges)
             T = t_pp + sync + u * params
