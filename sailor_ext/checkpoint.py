@@ -7,7 +7,7 @@ Layout of SAVE/:
     iter_0000010/rank00003.pt pieces this rank is the designated owner of
 
 A piece is a slice [start, stop) along one dimension (or the whole) of one
-logical tensor, with its AdamW moments. Each unique chunk is written once,
+logical tensor, with its optimizer state (AdamW moments). Each unique chunk is written once,
 by its designated owner (sharding.py), so no rank gathers whole tensors.
 Loading under any other plan reassembles each local slice from the pieces
 that overlap it (files are memory-mapped, only the needed bytes are read).
@@ -36,7 +36,6 @@ from sailor_ext.sharding import ParamShard, chunks_of
 from sailor_ext.topology import Topology
 
 FORMAT = "sailor-checkpoint"
-TENSORS = ("param", "exp_avg", "exp_avg_sq")
 
 
 @dataclass
@@ -45,7 +44,7 @@ class Piece:
     dim: int | None
     start: int
     stop: int
-    tensors: dict[str, torch.Tensor]  # param / exp_avg / exp_avg_sq, on CPU
+    tensors: dict[str, torch.Tensor]  # "param" and the optimizer's state (exp_avg, ...), on CPU
 
     def to_dict(self) -> dict:
         return {"name": self.name, "dim": self.dim, "start": self.start, "stop": self.stop, **self.tensors}
@@ -65,15 +64,12 @@ def snapshot(model, optimizer, shards: dict[str, ParamShard], topology: Topology
         if chunk.designated != topology.rank:
             continue
         shard = chunk.shard
-        state = optimizer.state_of(chunk.param_name)
-        local = {"param": params[chunk.param_name]}
-        for key in ("exp_avg", "exp_avg_sq"):
-            local[key] = state.get(key, torch.zeros_like(local["param"]))
+        local = {"param": params[chunk.param_name], **optimizer.state_of(chunk.param_name)}
         start, stop = shard.chunk_range(chunk.chunk) if shard.dim is not None else (0, 0)
         last = pieces[-1] if pieces else None
         if last and last.name == shard.name and shard.dim is not None and last.stop == start:
             views = {k: shard.chunk_view(v, chunk.chunk).cpu() for k, v in local.items()}
-            last.tensors = {k: torch.cat([last.tensors[k], views[k]], dim=shard.dim) for k in TENSORS}
+            last.tensors = {k: torch.cat([last.tensors[k], views[k]], dim=shard.dim) for k in views}
             last.stop = stop
         else:
             views = {k: shard.chunk_view(v, chunk.chunk).detach().to("cpu", copy=True) for k, v in local.items()}
@@ -101,7 +97,8 @@ def save(save_dir: str, step: int, consumed_samples: int, model, optimizer, shar
     dist.barrier()
     if topology.rank == 0:
         meta = {"format": FORMAT, "version": 1, "step": step, "consumed_samples": consumed_samples,
-                "optimizer_steps": optimizer.step_count, **(extra or {})}
+                "optimizer_steps": optimizer.step_count, "optimizer_state": list(optimizer.state_keys),
+                **(extra or {})}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         if final.exists():
             shutil.rmtree(final)
@@ -179,15 +176,21 @@ def open_checkpoint(load_dir: str) -> Checkpoint:
 
 @torch.no_grad()
 def load(load_dir: str, model, optimizer, shards: dict[str, ParamShard]) -> dict:
-    """Fill this rank's parameters and AdamW moments; returns the checkpoint's meta."""
+    """Fill this rank's parameters and optimizer state; returns the checkpoint's meta.
+
+    The optimizer state is restored when the checkpoint holds the same kind
+    (AdamW moments, SGD momentum); switching optimizers keeps only weights.
+    """
     ckpt = open_checkpoint(load_dir)
+    saved_state = tuple(ckpt.meta.get("optimizer_state", ()))
+    restore_state = saved_state == optimizer.state_keys
+    optimizer.step_count = ckpt.meta["optimizer_steps"]
     for pname, param in model.named_parameters():
         shard = shards[pname]
         where = (shard.dim, *shard.local_range(), shard.local_shape)
         param.copy_(ckpt.assemble(shard.name, "param", *where))
-        moments = [ckpt.assemble(shard.name, key, *where) for key in ("exp_avg", "exp_avg_sq")]
-        optimizer.set_state(pname, *moments, step=ckpt.meta["optimizer_steps"])
-    optimizer.step_count = ckpt.meta["optimizer_steps"]
+        if restore_state and saved_state:
+            optimizer.set_state(pname, {key: ckpt.assemble(shard.name, key, *where) for key in saved_state})
     return ckpt.meta
 
 

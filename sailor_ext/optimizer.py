@@ -1,4 +1,4 @@
-"""AdamW on fp32 master weights, clipped by the global gradient norm.
+"""AdamW (or SGD) on fp32 master weights, clipped by the global gradient norm.
 
 Parameters are kept in fp32 and are the master weights; on CUDA the forward
 and backward passes run in bf16 under autocast (schedule.py), on CPU in fp32.
@@ -24,12 +24,14 @@ from sailor_ext.topology import Topology
 
 @dataclass(frozen=True)
 class OptimizerConfig:
+    kind: str = "adam"  # adam (AdamW) | sgd (Megatron's --optimizer choices)
     lr: float = 1e-3
     min_lr: float = 0.0
     weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
+    sgd_momentum: float = 0.9
     clip_grad: float = 1.0  # 0 disables clipping
     warmup_iters: int = 0
     decay_iters: int = 0  # 0: no decay after warm-up
@@ -56,9 +58,14 @@ class Optimizer:
         self.params = named
         decay = [p for p in named.values() if p.dim() > 1]
         no_decay = [p for p in named.values() if p.dim() <= 1]
-        self.adam = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, foreach=True)
+        groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if config.kind == "sgd":
+            self.inner = torch.optim.SGD(groups, lr=config.lr, momentum=config.sgd_momentum, foreach=True)
+            self.state_keys: tuple[str, ...] = ("momentum_buffer",) if config.sgd_momentum else ()
+        else:
+            self.inner = torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
+                                           eps=config.eps, foreach=True)
+            self.state_keys = ("exp_avg", "exp_avg_sq")
         me = topology.rank
         # the chunks whose squares this rank adds to the global norm
         self._norm_views = [(named[ch.param_name], ch) for ch in chunks_of(shards, topology) if ch.designated == me]
@@ -75,15 +82,15 @@ class Optimizer:
 
     @torch.no_grad()
     def step(self, grad_norm: float) -> float:
-        """Clip to the global norm, take one AdamW step; returns the LR used."""
+        """Clip to the global norm, take one optimizer step; returns the LR used."""
         clip = self.config.clip_grad
         if clip > 0 and grad_norm > clip:
             coeff = clip / (grad_norm + 1e-6)
             torch._foreach_mul_([p.grad for p in self.params.values() if p.grad is not None], coeff)
         lr = self.config.lr_at(self.step_count)
-        for group in self.adam.param_groups:
+        for group in self.inner.param_groups:
             group["lr"] = lr
-        self.adam.step()
+        self.inner.step()
         self.step_count += 1
         return lr
 
@@ -93,12 +100,14 @@ class Optimizer:
 
     # -- state by local parameter name (checkpoint.py keys it by logical name) --
     def state_of(self, name: str) -> dict[str, torch.Tensor]:
-        return self.adam.state.get(self.params[name], {})
-
-    def set_state(self, name: str, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, step: int) -> None:
+        """The per-element state tensors (state_keys) of a local parameter."""
         param = self.params[name]
-        self.adam.state[param] = {
-            "step": torch.tensor(float(step)),
-            "exp_avg": exp_avg.to(param.device, param.dtype).clone(),
-            "exp_avg_sq": exp_avg_sq.to(param.device, param.dtype).clone(),
-        }
+        state = self.inner.state.get(param, {})
+        return {k: state[k] if state.get(k) is not None else torch.zeros_like(param) for k in self.state_keys}
+
+    def set_state(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        param = self.params[name]
+        state = {k: v.to(param.device, param.dtype).clone() for k, v in tensors.items()}
+        if isinstance(self.inner, torch.optim.AdamW):
+            state["step"] = torch.tensor(float(self.step_count))
+        self.inner.state[param] = state

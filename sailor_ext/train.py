@@ -46,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--micro-batch-size", type=int)
     g.add_argument("--train-iters", type=int, required=True)
     g = p.add_argument_group("optimizer")
+    g.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="adam is AdamW")
+    g.add_argument("--sgd-momentum", type=float, default=0.9)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--min-lr", type=float, default=0.0)
     g.add_argument("--lr-warmup-iters", type=int, default=0)
@@ -180,7 +182,7 @@ def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, lo
     schedule = OneFOneB(model, StageLinks(topology, compute_dtype), topology, shape, compute_dtype)
     grad_sync = GradSync(model, model.shards, topology, bucket_numel=args.grad_bucket_numel)
     optimizer = Optimizer(model, model.shards, topology, OptimizerConfig(
-        lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay, beta1=args.adam_beta1,
+        kind=args.optimizer, sgd_momentum=args.sgd_momentum, lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay, beta1=args.adam_beta1,
         beta2=args.adam_beta2, eps=args.adam_eps, clip_grad=args.clip_grad, warmup_iters=args.lr_warmup_iters,
         decay_iters=args.lr_decay_iters, decay_style=args.lr_decay_style))
 

@@ -1,0 +1,15 @@
+"""Fixtures of the runtime tests; helpers live in _runtime_helpers.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: multi-process training runs (seconds each)")
+
+
+@pytest.fixture(scope="session")
+def runs_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
