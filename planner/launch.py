@@ -4,13 +4,10 @@ The rank layout is a pure function of the plan (and the cluster's GPUs per
 node), so the launcher, every training rank and the simulator agree on it
 without talking to each other:
 
-  * nodes: walking pipeline by pipeline (replica k of stage 0, 1, ...), each
-    replica's `tp` GPUs go on the current node of its (GPU type, zone) if they
-    fit, else on a new node. A TP group never spans nodes, and consecutive
-    stages of one pipeline share a node where they can. This is the
-    simulator's placement rule.
-  * ranks: node by node, in the order the replicas were placed, then by TP
-    rank. torchrun numbers ranks the same way (node rank, then local rank), so
+  * nodes: the simulator's placement rule (planner.simulator.placement):
+    one GPU type and zone per node, a TP group never spans nodes, a
+    pipeline's stages share a node where they fit.
+  * ranks: node by node; inside a node by pipeline, then stage, then TP rank. torchrun numbers ranks the same way (node rank, then local rank), so
     `--nproc-per-node` may differ between nodes.
 
 Nothing here imports torch: `sailor launch` runs on the planner's machine.
@@ -25,6 +22,7 @@ import sys
 from dataclasses import dataclass
 
 from planner.errors import SailorError
+from planner.simulator.placement import place
 from planner.specs.hardware import Cluster, load_cluster
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Pipeline, Plan, Replica, Stage, load_plan
@@ -90,28 +88,10 @@ class Layout:
         return cached
 
 
-def place_replicas(plan: Plan, cluster: Cluster) -> list[list[int]]:
-    """nodes[s][k]: node id of replica k of stage s (the simulator's rule)."""
-    nodes = [[-1] * plan.dp for _ in plan.stages]
-    current: dict[tuple[str, str], tuple[int, int]] = {}  # (gpu, zone) -> (node, free GPUs)
-    next_id = 0
-    for k in range(plan.dp):
-        for s, stage in enumerate(plan.stages):
-            r = stage.replicas[k]
-            per_node = cluster.gpu(r.gpu).gpus_per_node
-            node, free = current.get((r.gpu, r.zone), (-1, 0))
-            if free < r.tp:
-                node, free = next_id, per_node
-                next_id += 1
-            nodes[s][k] = node
-            current[(r.gpu, r.zone)] = (node, free - r.tp)
-    return nodes
-
-
 def rank_layout(plan: Plan, cluster: Cluster | None = None) -> Layout:
     """The global rank, node and local rank of every (stage, replica, TP rank)."""
     cluster = cluster or Cluster()
-    placed = place_replicas(plan, cluster)
+    placed = place(plan, cluster)
     members: dict[int, list[tuple[int, int]]] = {}  # node -> [(stage, replica)] in placement order
     for k in range(plan.dp):
         for s in range(plan.pp):
@@ -190,18 +170,42 @@ def local_command(layout: Layout, plan_path: str, train_args: list[str], master_
             "-m", "sailor_ext.train", "--plan", plan_path, *train_args]
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "launch", help="print (or run) the torchrun command of every node for a plan",
-        description="Print the torchrun command line that starts each node of a plan; arguments after '--' "
-                    "go to sailor_ext.train (e.g. -- --train-iters 100 --save ckpt).")
-    p.add_argument("plan", help="plan file (sailor-plan JSON or Sailor's format)")
+def _launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", help="cluster file (GPUs per node of custom GPU types)")
     p.add_argument("--master-addr", default="$MASTER_ADDR", help="host of node 0 (default: $MASTER_ADDR)")
     p.add_argument("--master-port", type=int, default=29500)
     p.add_argument("--local", action="store_true", help="run every rank on this machine now")
-    p.add_argument("train_args", nargs=argparse.REMAINDER, help="arguments for sailor_ext.train, after '--'")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "launch", help="print (or run) the torchrun command of every node for a plan",
+        description="Print the torchrun command line that starts each node of a plan; arguments after '--' "
+                    "go to sailor_ext.train, e.g. sailor launch plan.json --local -- --train-iters 100.")
+    p.add_argument("plan", help="plan file (sailor-plan JSON or Sailor's format)")
+    _launch_options(p)
+    # argparse cannot put options after a positional followed by free arguments,
+    # so everything after the plan is collected here and split at '--' in run().
+    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="[options] -- TRAIN_ARGS",
+                   help="arguments for sailor_ext.train, after '--'")
     return p
+
+
+def _split_rest(args) -> list[str]:
+    """Apply launch options found after the plan; return the training arguments."""
+    rest = list(args.rest or [])
+    cut = rest.index("--") if "--" in rest else len(rest)
+    if cut:
+        options = argparse.ArgumentParser(prog="sailor launch", add_help=False)
+        _launch_options(options)
+        known, unknown = options.parse_known_args(rest[:cut])
+        if unknown:
+            raise SailorError(f"sailor launch: unknown option {unknown[0]!r}; put training arguments after '--'")
+        defaults = options.parse_args([])
+        for key, value in vars(known).items():
+            if value != getattr(defaults, key):
+                setattr(args, key, value)
+    return rest[cut + 1:]
 
 
 def run(args) -> int:
@@ -209,7 +213,7 @@ def run(args) -> int:
     cluster = load_cluster(args.cluster)
     check_runnable(plan, get_model(plan.model), cluster)
     layout = rank_layout(plan, cluster)
-    train_args = [a for a in (args.train_args or []) if a != "--"]
+    train_args = _split_rest(args)
     if args.local:
         env = dict(os.environ)
         if plan.stages[0].replicas[0].gpu == "CPU":
