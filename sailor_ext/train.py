@@ -15,10 +15,8 @@ intact.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from dataclasses import replace
 
 from planner.errors import SailorError
@@ -125,116 +123,15 @@ def check_placement(layout: Layout, rank: int) -> None:
                           f"--nproc-per-node={node.nproc} (see `sailor launch`)")
 
 
-def padded_vocab(model: ModelSpec, max_tp: int, divisor: int) -> int:
-    step = divisor * max_tp
-    return -(-model.vocab // step) * step
-
-
-# -- training --------------------------------------------------------------------
-class MetricsWriter:
-    def __init__(self, path: str | None, enabled: bool):
-        self.file = open(path, "a") if (path and enabled) else None
-
-    def write(self, record: dict) -> None:
-        if self.file:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
-
-
 def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, local_rank: int) -> int:
-    import datetime
-
-    import numpy as np
-    import torch
+    """Join the process group and run the steps (imports torch and megatron)."""
     import torch.distributed as dist
 
-    from sailor_ext import checkpoint, compat
-    from sailor_ext.data import BatchSlicer, SyntheticTokens, TokenFile, microbatches
-    from sailor_ext.grad_sync import GradSync
-    from sailor_ext.model import StageModel, StageSpec, init_from_seed
-    from sailor_ext.optimizer import Optimizer, OptimizerConfig
-    from sailor_ext.p2p import StageLinks
-    from sailor_ext.schedule import OneFOneB, PipelineShape
-    from sailor_ext.topology import Topology
+    from sailor_ext.trainer import Trainer, init_distributed
 
-    device = compat.pick_device(local_rank)
-    timeout = datetime.timedelta(seconds=args.dist_timeout)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=layout.world_size,
-                            timeout=timeout)
-    topology = Topology(layout, rank, device, tied_embeddings=model_spec.tied_embeddings, timeout=timeout)
-    compat.install(device, args.seed, topology.tp_rank)
-    stage = plan.stages[topology.stage]
-    embedding_stages = topology.tied_stages() if model_spec.tied_embeddings else (0,)
-    spec = StageSpec(
-        model=model_spec, first=stage.first, last=stage.last, tp=topology.tp, tp_rank=topology.tp_rank,
-        padded_vocab=padded_vocab(model_spec, topology.max_tp, args.make_vocab_size_divisible_by),
-        embedding_stages=embedding_stages, stage=topology.stage, num_stages=plan.pp,
-        stage_chunks=topology.stage_tp(topology.stage),
-        embedding_chunks=max(topology.stage_tp(s) for s in embedding_stages))
-    model = StageModel(spec, topology.tp_group, device)
-    init_from_seed(model, args.seed)
-
-    bf16 = args.bf16 if args.bf16 is not None else device.type == "cuda"
-    compute_dtype = torch.bfloat16 if bf16 else torch.float32
-    pipeline = plan.pipelines[topology.replica]
-    shape = PipelineShape(pipeline.microbatch_size, pipeline.num_microbatches, model_spec.seq_len,
-                          model_spec.hidden, plan.global_batch_size * model_spec.seq_len)
-    schedule = OneFOneB(model, StageLinks(topology, compute_dtype), topology, shape, compute_dtype)
-    grad_sync = GradSync(model, model.shards, topology, bucket_numel=args.grad_bucket_numel)
-    optimizer = Optimizer(model, model.shards, topology, OptimizerConfig(
-        kind=args.optimizer, sgd_momentum=args.sgd_momentum, lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay, beta1=args.adam_beta1,
-        beta2=args.adam_beta2, eps=args.adam_eps, clip_grad=args.clip_grad, warmup_iters=args.lr_warmup_iters,
-        decay_iters=args.lr_decay_iters, decay_style=args.lr_decay_style))
-
-    if args.data_path:
-        source = TokenFile(args.data_path, model_spec.vocab, model_spec.seq_len, args.seed)
-    else:
-        source = SyntheticTokens(model_spec.vocab, model_spec.seq_len, args.seed)
-    slicer = BatchSlicer(plan)
-    step, consumed = 0, 0
-    if args.load:
-        meta = checkpoint.load(args.load, model, optimizer, model.shards)
-        step, consumed = meta["step"], meta["consumed_samples"]
-    needs_data = topology.is_first_stage or topology.is_last_stage
-    counts_loss = topology.is_last_stage and topology.tp_rank == 0
-    metrics = MetricsWriter(args.metrics_file, rank == 0)
-    samples = [p.samples for p in plan.pipelines]
-    if rank == 0:
-        print(f"sailor: training {model_spec.name} on {layout.world_size} ranks ({plan.pp} stages x {plan.dp} "
-              f"replicas), global batch {plan.global_batch_size}, {'bf16' if bf16 else 'fp32'} on {device.type}, "
-              f"{grad_sync.num_collectives} gradient buckets on rank 0", flush=True)
-
-    def save_checkpoint(at_step: int) -> None:
-        checkpoint.save(args.save, at_step, consumed, model, optimizer, model.shards, topology,
-                        extra={"model": model_spec.name, "seq_len": model_spec.seq_len,
-                               "padded_vocab": spec.padded_vocab, "seed": args.seed,
-                               "plan_global_batch_size": plan.global_batch_size})
-
-    while step < args.train_iters:
-        start = time.perf_counter()
-        if needs_data:
-            batches = [torch.from_numpy(np.asarray(mb)).to(device)
-                       for mb in microbatches(source, slicer, consumed, topology.replica)]
-        else:
-            batches = [None] * pipeline.num_microbatches
-        loss_sum = schedule.run(batches)
-        grad_sync.sync()
-        stats = torch.stack([optimizer.local_grad_sumsq(),
-                             (loss_sum if counts_loss else torch.zeros_like(loss_sum)).double()])
-        dist.all_reduce(stats)
-        grad_norm, loss = float(stats[0].sqrt()), float(stats[1])
-        lr = optimizer.step(grad_norm)
-        optimizer.zero_grad()
-        step += 1
-        consumed += plan.global_batch_size
-        elapsed = time.perf_counter() - start
-        metrics.write({"step": step, "loss": loss, "tokens": plan.global_batch_size * model_spec.seq_len,
-                       "step_time_s": elapsed, "samples_per_replica": samples, "grad_norm": grad_norm, "lr": lr})
-        if rank == 0 and args.log_interval and step % args.log_interval == 0:
-            print(f"step {step}/{args.train_iters} | loss {loss:.6f} | grad norm {grad_norm:.4f} | lr {lr:.3g} | "
-                  f"{elapsed:.3f} s", flush=True)
-        if args.save and ((args.save_interval and step % args.save_interval == 0) or step == args.train_iters):
-            save_checkpoint(step)
+    device = init_distributed(layout, rank, local_rank, args.dist_timeout)
+    trainer = Trainer(args, plan, model_spec, layout, rank, device)
+    trainer.run()
     dist.barrier()
     dist.destroy_process_group()
     return 0
