@@ -8,7 +8,7 @@
 #   GPUs: the real OPT-350M (sequence 2048, bf16) on all local GPUs, with a
 #   generated plan (TP 2 where there are >= 2 GPUs, the rest data parallel).
 #
-# Environment: PYTHON (default .venv/bin/python or python3), OUT (out/train_opt),
+# Environment: DEVICE (auto, cpu or gpu), PYTHON (default .venv/bin/python or python3), OUT (out/train_opt),
 # ITERS (steps), MASTER_PORT (29500), DATA_TEXT (a text file to train on, tokenized byte-level;
 # default: synthetic sequences).
 set -euo pipefail
@@ -24,7 +24,8 @@ if [ -n "${DATA_TEXT:-}" ]; then
   DATA_ARGS=(--data-path "$OUT/corpus")
 fi
 
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+DEVICE=${DEVICE:-auto}
+if [ "$DEVICE" = gpu ] || { [ "$DEVICE" = auto ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
   NGPU=$(nvidia-smi -L | wc -l)
   "$PYTHON" - "$OUT/plan.json" "$NGPU" <<'PY'
 import sys

@@ -48,6 +48,12 @@ class Boundary:
         return [(c, self.senders[c % a]) for c in range(j, self.num_chunks, b)]
 
 
+def reassemble(gathered: torch.Tensor, num_receivers: int, num_chunks: int) -> torch.Tensor:
+    """Chunks in order from the receivers' all-gather: receiver j held chunks
+    j, j + b, j + 2b, ... so chunk c sits at [c % b, c // b]."""
+    return gathered.view(num_receivers, num_chunks // num_receivers, -1).transpose(0, 1).reshape(-1)
+
+
 def _flat_chunks(tensor: torch.Tensor, num_chunks: int) -> torch.Tensor:
     """[num_chunks, chunk] view of the flattened tensor, zero-padded to fit."""
     flat = tensor.reshape(-1)
@@ -76,13 +82,12 @@ class PendingRecv:
     def finish(self) -> torch.Tensor:
         b, L = len(self.boundary.receivers), self.boundary.num_chunks
         if b == 1:
-            whole = self.local
+            whole = self.local.reshape(-1)
         else:
             gathered = torch.empty(b * self.local.numel(), dtype=self.local.dtype, device=self.local.device)
             dist.all_gather_into_tensor(gathered, self.local.reshape(-1), group=self.tp_group)
-            # receiver j held chunks j, j+b, ...: put chunk c = (c // b) * b + c % b back in order
-            whole = gathered.view(b, L // b, -1).transpose(0, 1)
-        return whole.reshape(-1)[: self.numel].view(self.shape)
+            whole = reassemble(gathered, b, L)
+        return whole[: self.numel].view(self.shape)
 
 
 class StageLinks:

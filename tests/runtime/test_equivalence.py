@@ -41,8 +41,8 @@ PLANS = {
     "pp_only": plan_dict([((0, 1), [1]), ((2, 3), [1]), ((4, 5), [1])], [(2, 6)]),
     # 1 stage, 3 replicas with unequal microbatch sizes and counts
     "dp_unequal": plan_dict([((0, 5), [1, 1, 1])], [(4, 1), (2, 3), (1, 2)]),
-    # 2 stages with TP 1 and TP 4: activations resharded 1 -> 4 and gradients 4 -> 1
-    "tp_per_stage": plan_dict([((0, 2), [1]), ((3, 5), [4])], [(3, 4)]),
+    # 2 stages with TP 4 and TP 2: activations resharded 4 -> 2, gradients 2 -> 4
+    "tp_per_stage": plan_dict([((0, 2), [4]), ((3, 5), [2])], [(3, 4)]),
     # 1 stage, replicas with TP 4 and TP 2 (different shardings of every weight)
     "tp_per_replica": plan_dict([((0, 5), [4, 2])], [(3, 2), (2, 3)]),
     # everything: 2 stages x 2 replicas, TP 2/1 and 1/2, microbatch sizes 2 and 1

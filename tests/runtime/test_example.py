@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_example_trains_through_torchrun(tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path), "ITERS": "3",
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path), "ITERS": "3", "DEVICE": "cpu",
            "MASTER_PORT": str(free_port()), "PYTHONWARNINGS": "ignore"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     out = subprocess.run(["bash", str(ROOT / "examples" / "train_opt.sh")], env=env, capture_output=True,
