@@ -54,7 +54,6 @@ class StageSpec:
     # Stages holding the word embedding; (0, last stage) when the head reuses it.
     embedding_stages: tuple[int, ...] = (0,)
     stage: int = 0
-    num_stages: int = 1
     stage_chunks: int = 1  # finest common chunking of this stage's sharded weights
     embedding_chunks: int = 1  # finest common chunking of the word embedding
 

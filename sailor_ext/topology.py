@@ -127,9 +127,3 @@ class Topology:
         # TP groups of one rank are created too: megatron's layers ask their
         # group for .size() and .rank().
         return sorted(tp_groups | {r for r in sets if len(r) > 1})
-
-    def describe(self) -> str:
-        s = self.slot
-        return (f"rank {self.rank}: stage {s.stage}/{self.num_stages}, replica {s.replica}, TP rank {s.tp_rank}/{s.tp}, "
-                f"{s.gpu} in {s.zone}, node {s.node}")
-

@@ -36,6 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--cluster", help="cluster file (for GPU types not in the catalog)")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--gpu-type", default="CPU", help="GPU type of a plan built from the parallel sizes (a label; "
+                   "the node size comes from torchrun)")
     g.add_argument("--seq-length", type=int, help="sequence length (default: the model's)")
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                    help="pad the vocabulary to a multiple of this times the plan's largest TP degree")
@@ -93,11 +95,9 @@ def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:
         model = get_model(args.model, seq_len=args.seq_length)
         gbs = args.global_batch_size or world_size
         mbs = args.micro_batch_size or 1
-        gpu = "CPU"
+        # torchrun's nodes are the plan's nodes: GPUs per node = processes per node
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        if os.environ.get("SAILOR_GPU_TYPE"):
-            gpu = os.environ["SAILOR_GPU_TYPE"]
-        spec = cluster.gpu(gpu)
+        spec = cluster.gpu(args.gpu_type)
         cluster = replace(cluster, gpus={**cluster.gpus, spec.name: replace(spec, gpus_per_node=local)})
         plan = uniform_plan(model, world_size, args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
                             gbs, mbs, gpu=spec.name)

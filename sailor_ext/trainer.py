@@ -76,7 +76,7 @@ class Trainer:
         self.spec = StageSpec(
             model=model_spec, first=stage.first, last=stage.last, tp=topology.tp, tp_rank=topology.tp_rank,
             padded_vocab=padded_vocab(model_spec, topology.max_tp, args.make_vocab_size_divisible_by),
-            embedding_stages=embedding_stages, stage=topology.stage, num_stages=plan.pp,
+            embedding_stages=embedding_stages, stage=topology.stage,
             stage_chunks=topology.stage_tp(topology.stage),
             embedding_chunks=max(topology.stage_tp(s) for s in embedding_stages))
         self.model = StageModel(self.spec, topology.tp_group, device)
