@@ -8,6 +8,10 @@ import pytest
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: multi-process training runs (seconds each)")
+    # megatron-core's import-time notices about optional CUDA extensions
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:megatron")
+    config.addinivalue_line("filterwarnings", "ignore::UserWarning:megatron")
+    config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 
 
 @pytest.fixture(scope="session")
