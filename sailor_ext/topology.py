@@ -44,6 +44,9 @@ class Topology:
             group = dist.new_group(list(ranks), timeout=self.timeout)
             if self.rank in ranks:
                 self.groups[ranks] = group
+        # A first collective over the world before any point-to-point batch
+        # (NCCL requires it; for gloo it checks that every rank arrived).
+        dist.barrier()
 
     # -- who am I --------------------------------------------------------------
     @property

@@ -82,9 +82,9 @@ def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:
     if args.plan:
         plan = load_plan(args.plan)
         model = get_model(args.model or plan.model, seq_len=args.seq_length)
-        for flag, value, want in (("--global-batch-size", args.global_batch_size, plan.global_batch_size),):
-            if value is not None and value != want:
-                raise SailorError(f"{flag} {value} disagrees with the plan's global batch {want}; drop the flag")
+        if args.global_batch_size is not None and args.global_batch_size != plan.global_batch_size:
+            raise SailorError(f"--global-batch-size {args.global_batch_size} disagrees with the plan's global batch "
+                              f"{plan.global_batch_size}; drop the flag")
         sizes = {p.microbatch_size for p in plan.pipelines}
         if args.micro_batch_size is not None and sizes != {args.micro_batch_size}:
             raise SailorError(f"--micro-batch-size {args.micro_batch_size} disagrees with the plan's microbatch "
