@@ -3,7 +3,8 @@
 1. Homogeneous data parallelism (1 stage, D replicas, TP 1): in the same D
    processes, steps of our runtime and of torch DistributedDataParallel on
    the same model (the same megatron-built stage, the same initial weights)
-   and the same microbatches alternate, so both see identical conditions.
+   and the same microbatches alternate (who goes first alternates too), so
+   both see identical conditions.
    DDP runs the textbook loop: no_sync for all but the last microbatch, loss
    summed over tokens / global tokens, clip_grad_norm_, AdamW(foreach). We
    report the medians after warm-up and ours / DDP.
@@ -112,8 +113,12 @@ def worker(config: str, plan_path: str, steps: int, warmup: int, out: str) -> No
     times = {"ours": [], "ddp": []}
     for i in range(warmup + steps):
         batches = ours.microbatches()  # the same samples for both
-        o = ours.train_step().seconds
-        d = ddp_step(batches)
+        if i % 2:  # alternate who goes first, so neither gets a systematically warmer cache
+            d = ddp_step(batches)
+            o = ours.train_step().seconds
+        else:
+            o = ours.train_step().seconds
+            d = ddp_step(batches)
         if i >= warmup:
             times["ours"].append(o)
             times["ddp"].append(d)

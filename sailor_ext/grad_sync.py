@@ -34,12 +34,19 @@ class Bucket:
     owners: RankSet
     items: list[tuple[torch.Tensor, Chunk, float]]  # (param, chunk, scale)
     numel: int
+    flat: torch.Tensor | None = None
+    # True when every item is a whole local parameter: their .grad are views
+    # into `flat`, so the all-reduce runs in place with no copies.
+    holds_grads: bool = False
 
 
 class GradSync:
+    """Owns the gradients of one rank's parameters and sums them over replicas."""
+
     def __init__(self, model: nn.Module, shards: dict[str, ParamShard], topology: Topology,
                  bucket_numel: int = DEFAULT_BUCKET_NUMEL):
         self.topology = topology
+        self.params = list(model.parameters())
         params = dict(model.named_parameters())
         by_owners: dict[RankSet, list[tuple[torch.Tensor, Chunk, float]]] = {}
         for chunk in chunks_of(shards, topology):
@@ -54,19 +61,43 @@ class GradSync:
             for item in by_owners[owners]:
                 n = item[1].shard.chunk_view(item[0], item[1].chunk).numel()
                 if current and size + n > bucket_numel:
-                    self.buckets.append(Bucket(owners, current, size))
+                    self.buckets.append(self._bucket(owners, current, size))
                     current, size = [], 0
                 current.append(item)
                 size += n
             if current:
-                self.buckets.append(Bucket(owners, current, size))
+                self.buckets.append(self._bucket(owners, current, size))
+        self._viewed = {id(p) for b in self.buckets if b.holds_grads for p, _, _ in b.items}
+        self.zero_grad()
+
+    @staticmethod
+    def _bucket(owners: RankSet, items: list, numel: int) -> Bucket:
+        device = items[0][0].device
+        whole = all(param.numel() == chunk.shard.chunk_view(param, chunk.chunk).numel() for param, chunk, _ in items)
+        unique = len({id(param) for param, _, _ in items}) == len(items)
+        bucket = Bucket(owners, items, numel, torch.zeros(numel, dtype=torch.float32, device=device),
+                        holds_grads=whole and unique and all(p.dtype == torch.float32 for p, _, _ in items))
+        if bucket.holds_grads:
+            offset = 0
+            for param, _, _ in items:
+                param.grad = bucket.flat[offset: offset + param.numel()].view_as(param)
+                offset += param.numel()
+        return bucket
+
+    def zero_grad(self) -> None:
+        """Zero the bucket-held gradients in place; drop the others."""
+        for bucket in self.buckets:
+            if bucket.holds_grads:
+                bucket.flat.zero_()
+        for param in self.params:
+            if id(param) not in self._viewed:
+                param.grad = None
 
     @torch.no_grad()
     def sync(self) -> None:
         """Replace every local gradient by its sum over the replicas of its stage."""
         for bucket in self.buckets:
-            param0 = bucket.items[0][0]
-            flat = torch.empty(bucket.numel, dtype=torch.float32, device=param0.device)
+            flat = bucket.flat
             offset = 0
             views = []
             for param, chunk, scale in bucket.items:
@@ -74,10 +105,11 @@ class GradSync:
                     param.grad = torch.zeros_like(param)
                 view = chunk.shard.chunk_view(param.grad, chunk.chunk)
                 segment = flat[offset: offset + view.numel()].view(view.shape)
-                segment.copy_(view)
+                if not bucket.holds_grads:
+                    segment.copy_(view)
+                    views.append((view, segment))
                 if scale != 1.0:
                     segment.mul_(scale)
-                views.append((view, segment))
                 offset += view.numel()
             dist.all_reduce(flat, group=self.topology.group(bucket.owners))
             for view, segment in views:

@@ -73,12 +73,14 @@ class Optimizer:
 
     @torch.no_grad()
     def local_grad_sumsq(self) -> torch.Tensor:
-        total = torch.zeros((), dtype=torch.float64, device=next(iter(self.params.values())).device)
-        for param, chunk in self._norm_views:
-            if param.grad is not None:
-                g = chunk.shard.chunk_view(param.grad, chunk.chunk)
-                total += g.double().pow(2).sum()
-        return total
+        """Sum of squares of the gradient chunks this rank counts (float64)."""
+        grads = [chunk.shard.chunk_view(param.grad, chunk.chunk) for param, chunk in self._norm_views
+                 if param.grad is not None]
+        device = next(iter(self.params.values())).device
+        if not grads:
+            return torch.zeros((), dtype=torch.float64, device=device)
+        norms = torch.stack(torch._foreach_norm(grads)).double()
+        return norms.pow(2).sum()
 
     @torch.no_grad()
     def step(self, grad_norm: float) -> float:
@@ -93,10 +95,6 @@ class Optimizer:
         self.inner.step()
         self.step_count += 1
         return lr
-
-    def zero_grad(self) -> None:
-        for p in self.params.values():
-            p.grad = None
 
     # -- state by local parameter name (checkpoint.py keys it by logical name) --
     def state_of(self, name: str) -> dict[str, torch.Tensor]:

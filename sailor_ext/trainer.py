@@ -128,7 +128,7 @@ class Trainer:
         dist.all_reduce(stats)  # global grad norm and loss in one collective
         grad_norm, loss = float(stats[0].sqrt()), float(stats[1])
         lr = self.optimizer.step(grad_norm)
-        self.optimizer.zero_grad()
+        self.grad_sync.zero_grad()
         self.step += 1
         self.consumed += self.plan.global_batch_size
         return StepResult(self.step, loss, grad_norm, lr, time.perf_counter() - start)
