@@ -1,0 +1,203 @@
+"""Runtime overhead vs plain DDP, and step times of heterogeneous plans (prints JSON).
+
+1. Homogeneous data parallelism (1 stage, D replicas, TP 1): in the same D
+   processes, steps of our runtime and of torch DistributedDataParallel on
+   the same model (the same megatron-built stage, the same initial weights)
+   and the same microbatches alternate (who goes first alternates too), so
+   both see identical conditions.
+   DDP runs the textbook loop: no_sync for all but the last microbatch, loss
+   summed over tokens / global tokens, clip_grad_norm_, AdamW(foreach). We
+   report the medians after warm-up and ours / DDP.
+2. Heterogeneous plans on the same model: median step time from the metrics
+   file of a normal training run, next to the simulator's prediction for
+   the plan (planner.simulator with the "CPU" GPU type; there is no measured
+   CPU profile, so the simulator uses its analytic estimate).
+
+    python bench/runtime_overhead.py [--steps 20] [--replicas 2] [--quick]
+
+CPU only here (gloo, fp32, one thread per process).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# The benchmark model: OPT-shaped, big enough that compute dominates on a CPU.
+MODEL = {"model_type": "opt", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8,
+         "ffn_dim": 1024, "vocab_size": 1024, "max_position_embeddings": 128, "_name_or_path": "bench-opt-4x256"}
+TRAIN_ARGS = ["--optimizer", "adam", "--lr", "1e-4", "--clip-grad", "1.0", "--seed", "3", "--dist-timeout", "120"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(world: int, argv: list[str], cwd: Path, log_prefix: str) -> list[int]:
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+        log = open(cwd / f"{log_prefix}.rank{rank}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT))
+    codes = [p.wait(timeout=1800) for p in procs]
+    if any(codes):
+        bad = next(i for i, c in enumerate(codes) if c)
+        raise SystemExit(f"bench run {log_prefix} failed on rank {bad}:\n"
+                         f"{(cwd / f'{log_prefix}.rank{bad}.log').read_text()[-3000:]}")
+    return codes
+
+
+def _plan(stages, pipelines) -> dict:
+    return {"format": "sailor-plan", "version": 1, "model": "bench", "global_batch_size": sum(m * n for m, n in pipelines),
+            "stages": [{"layers": list(l), "replicas": [{"gpu": "CPU", "tp": t, "zone": "local"} for t in tps]}
+                       for l, tps in stages],
+            "pipelines": [{"microbatch_size": m, "num_microbatches": n} for m, n in pipelines]}
+
+
+# -- worker: ours and DDP side by side -------------------------------------------------
+def worker(config: str, plan_path: str, steps: int, warmup: int, out: str) -> None:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from sailor_ext.model import StageModel, init_from_seed
+    from sailor_ext.train import parse_args, resolve_plan
+    from sailor_ext.trainer import Trainer, init_distributed
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    args = parse_args(["--plan", plan_path, "--model", config, "--train-iters", str(steps), *TRAIN_ARGS])
+    plan, model_spec, layout = resolve_plan(args, world)
+    device = init_distributed(layout, rank, 0, args.dist_timeout)
+    ours = Trainer(args, plan, model_spec, layout, rank, device)
+    assert plan.pp == 1 and ours.topology.tp == 1, "the DDP comparison needs a pure data-parallel plan"
+
+    baseline = StageModel(ours.spec, ours.topology.tp_group, device)
+    init_from_seed(baseline, args.seed)
+    ddp = DistributedDataParallel(baseline)
+    decay = [p for p in baseline.parameters() if p.dim() > 1]
+    no_decay = [p for p in baseline.parameters() if p.dim() <= 1]
+    adam = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr,
+                             betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps, foreach=True)
+    global_tokens = plan.global_batch_size * model_spec.seq_len
+
+    def ddp_step(batches) -> float:
+        t0 = time.perf_counter()
+        for i, tokens in enumerate(batches):
+            with ddp.no_sync() if i < len(batches) - 1 else nullcontext():
+                logits = ddp(tokens[:, :-1])
+                labels = tokens[:, 1:].t().reshape(-1)
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), labels, reduction="sum")
+                (loss / global_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(baseline.parameters(), args.clip_grad)
+        adam.step()
+        adam.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    times = {"ours": [], "ddp": []}
+    for i in range(warmup + steps):
+        batches = ours.microbatches()  # the same samples for both
+        if i % 2:  # alternate who goes first, so neither gets a systematically warmer cache
+            d = ddp_step(batches)
+            o = ours.train_step().seconds
+        else:
+            o = ours.train_step().seconds
+            d = ddp_step(batches)
+        if i >= warmup:
+            times["ours"].append(o)
+            times["ddp"].append(d)
+    if rank == 0:
+        Path(out).write_text(json.dumps({**times, "buckets": ours.grad_sync.num_collectives}))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+# -- orchestration --------------------------------------------------------------------
+def homogeneous(work: Path, config: Path, replicas: int, steps: int, warmup: int) -> dict:
+    plan = _plan([((0, 5), [1] * replicas)], [(4, 2)] * replicas)
+    (work / "dp.json").write_text(json.dumps(plan))
+    out = work / "dp_times.json"
+    _spawn(replicas, [str(Path(__file__).resolve()), "--worker", str(config), "dp.json", str(steps), str(warmup),
+                      str(out)], work, "dp")
+    t = json.loads(out.read_text())
+    ours, ddp = statistics.median(t["ours"]), statistics.median(t["ddp"])
+    return {"plan": f"1 stage x {replicas} replicas, TP 1, 2 microbatches of 4 each", "steps": steps,
+            "ours_median_s": round(ours, 4), "ddp_median_s": round(ddp, 4), "ratio": round(ours / ddp, 4),
+            "within_10_percent": ours <= 1.10 * ddp, "gradient_buckets": t["buckets"]}
+
+
+def heterogeneous(work: Path, config: Path, name: str, plan: dict, steps: int, warmup: int) -> dict:
+    from planner.profiles.store import load_profiles
+    from planner.simulator.simulate import Simulator
+    from planner.specs.hardware import load_cluster
+    from planner.specs.model import get_model
+    from planner.specs.plan import plan_from_dict
+
+    (work / f"{name}.json").write_text(json.dumps(plan))
+    world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
+    metrics = work / f"{name}.jsonl"
+    _spawn(world, ["-m", "sailor_ext.train", "--plan", f"{name}.json", "--model", str(config), "--train-iters",
+                   str(warmup + steps), "--metrics-file", str(metrics), *TRAIN_ARGS], work, name)
+    times = [json.loads(line)["step_time_s"] for line in metrics.read_text().splitlines()][warmup:]
+    model = get_model(str(config))
+    parsed = plan_from_dict({**plan, "model": str(config)})
+    cluster = load_cluster(None)
+    try:
+        predicted = Simulator(model, cluster, load_profiles(None), "fp32").simulate(parsed).iteration_time_s
+    except Exception as e:  # report, don't hide: the simulator may reject what the runtime runs
+        predicted = f"simulator failed: {e}"
+    measured = statistics.median(times)
+    return {"plan": name, "ranks": world, "measured_median_s": round(measured, 4),
+            "simulator_predicted_s": predicted if isinstance(predicted, str) else round(predicted, 4),
+            "simulator_profile": "estimated (no measured CPU profile)"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="fewer steps and no heterogeneous plans")
+    ap.add_argument("--worker", nargs=5, metavar=("CONFIG", "PLAN", "STEPS", "WARMUP", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        config, plan, steps, warmup, out = args.worker
+        worker(config, plan, int(steps), int(warmup), out)
+        return 0
+    steps = 5 if args.quick else args.steps
+    with tempfile.TemporaryDirectory(prefix="sailor-bench-") as tmp:
+        work = Path(tmp)
+        config = work / "config.json"
+        config.write_text(json.dumps(MODEL))
+        result = {"model": MODEL["_name_or_path"], "device": "cpu", "threads_per_process": 1,
+                  "homogeneous_dp": homogeneous(work, config, args.replicas, steps, args.warmup)}
+        if not args.quick:
+            plans = {
+                "2 stages (TP 2, TP 1) x 2 replicas, mbs 2 and 1": _plan([((0, 2), [2, 2]), ((3, 5), [1, 1])],
+                                                                         [(2, 4), (1, 8)]),
+                "1 stage, replicas TP 2 and TP 1, mbs 4 and 2": _plan([((0, 5), [2, 1])], [(4, 2), (2, 4)]),
+            }
+            result["heterogeneous"] = [heterogeneous(work, config, f"het{i}", p, max(3, steps // 4), 2)
+                                       | {"plan": name} for i, (name, p) in enumerate(plans.items())]
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

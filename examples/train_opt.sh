@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Train an OPT model on a plan with sailor's runtime.
+#
+#   No GPU: a small OPT (the `tiny` preset: 4 blocks, hidden 64) on CPU, on a
+#   heterogeneous plan: stage 0 (embedding + 2 blocks) on TP 2, stage 1
+#   (2 blocks + head) on TP 1, two replicas with microbatch sizes 2 and 1.
+#   Two stages x two replicas with a TP-2 stage need 2*2 + 2*1 = 6 processes.
+#   GPUs: the real OPT-350M (sequence 2048, bf16) on all local GPUs, with a
+#   generated plan (TP 2 where there are >= 2 GPUs, the rest data parallel).
+#
+# Environment: DEVICE (auto, cpu or gpu), PYTHON (default .venv/bin/python or python3), OUT (out/train_opt),
+# ITERS (steps), MASTER_PORT (29500), DATA_TEXT (a text file to train on, tokenized byte-level;
+# default: synthetic sequences).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+OUT=${OUT:-out/train_opt}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+DATA_ARGS=()
+if [ -n "${DATA_TEXT:-}" ]; then
+  "$PYTHON" -m sailor_ext.data "$DATA_TEXT" "$OUT/corpus"
+  DATA_ARGS=(--data-path "$OUT/corpus")
+fi
+
+DEVICE=${DEVICE:-auto}
+if [ "$DEVICE" = gpu ] || { [ "$DEVICE" = auto ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
+  NGPU=$(nvidia-smi -L | wc -l)
+  "$PYTHON" - "$OUT/plan.json" "$NGPU" <<'PY'
+import sys
+from planner.launch import uniform_plan
+from planner.specs.model import get_model
+from planner.specs.plan import save_plan
+
+path, n = sys.argv[1], int(sys.argv[2])
+tp = 2 if n >= 2 else 1
+dp = n // tp
+plan = uniform_plan(get_model("opt-350m"), tp * dp, tp=tp, pp=1, global_batch_size=32 * dp,
+                    micro_batch_size=4, gpu="H100-80", zone="local")
+save_plan(plan, path)
+print(f"plan: OPT-350M on {tp * dp} GPUs, TP {tp} x DP {dp}, global batch {plan.global_batch_size}")
+PY
+  ITERS=${ITERS:-200}
+  ARGS=(--train-iters "$ITERS" --lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 20 --lr-decay-style cosine
+        --lr-decay-iters "$ITERS" --bf16 --save "$OUT/ckpt" --save-interval 100)
+else
+  cat > "$OUT/plan.json" <<'JSON'
+{"format": "sailor-plan", "version": 1, "model": "tiny", "global_batch_size": 12,
+ "stages": [{"layers": [0, 2], "replicas": [{"gpu": "CPU", "tp": 2, "zone": "local", "count": 2}]},
+            {"layers": [3, 5], "replicas": [{"gpu": "CPU", "tp": 1, "zone": "local", "count": 2}]}],
+ "pipelines": [{"microbatch_size": 2, "num_microbatches": 4},
+               {"microbatch_size": 1, "num_microbatches": 4}]}
+JSON
+  ITERS=${ITERS:-40}
+  ARGS=(--train-iters "$ITERS" --lr 3e-3 --lr-warmup-iters 5 --save "$OUT/ckpt" --save-interval 20)
+fi
+
+rm -f "$OUT/metrics.jsonl"
+"$PYTHON" -m planner.launch "$OUT/plan.json" --local --master-port "${MASTER_PORT:-29500}" -- "${ARGS[@]}" ${DATA_ARGS[@]+"${DATA_ARGS[@]}"} \
+  --metrics-file "$OUT/metrics.jsonl" --log-interval 5
+echo "metrics: $OUT/metrics.jsonl, checkpoint: $OUT/ckpt"

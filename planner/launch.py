@@ -1,0 +1,247 @@
+"""Where every rank of a plan runs, and the torchrun command that starts it.
+
+The rank layout is a pure function of the plan (and the cluster's GPUs per
+node), so the launcher, every training rank and the simulator agree on it
+without talking to each other:
+
+  * nodes: the simulator's placement rule (planner.simulator.placement):
+    one GPU type and zone per node, a TP group never spans nodes, a
+    pipeline's stages share a node where they fit.
+  * ranks: node by node; inside a node by pipeline, then stage, then TP rank. torchrun numbers ranks the same way (node rank, then local rank), so
+    `--nproc-per-node` may differ between nodes.
+
+Nothing here imports torch: `sailor launch` runs on the planner's machine.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from planner.errors import SailorError
+from planner.simulator.placement import place
+from planner.specs.hardware import Cluster, load_cluster
+from planner.specs.model import ModelSpec, get_model
+from planner.specs.plan import Pipeline, Plan, Replica, Stage, load_plan
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    """What one global rank does: its place in the plan and on the nodes."""
+
+    rank: int
+    stage: int
+    replica: int  # = the pipeline it belongs to
+    tp_rank: int
+    tp: int
+    gpu: str
+    zone: str
+    node: int
+    local_rank: int
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine: GPUs of one type in one zone, running consecutive ranks."""
+
+    index: int
+    gpu: str
+    zone: str
+    first_rank: int
+    nproc: int
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.nproc)
+
+
+@dataclass(frozen=True)
+class Layout:
+    plan: Plan
+    slots: tuple[RankSlot, ...]  # indexed by global rank
+    nodes: tuple[Node, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.slots)
+
+    def rank(self, stage: int, replica: int, tp_rank: int = 0) -> int:
+        return self._index[(stage, replica, tp_rank)]
+
+    def tp_group(self, stage: int, replica: int) -> tuple[int, ...]:
+        """Global ranks of the TP group of `replica` of `stage`, by TP rank."""
+        tp = self.plan.stages[stage].replicas[replica].tp
+        return tuple(self.rank(stage, replica, t) for t in range(tp))
+
+    def stage_ranks(self, stage: int) -> tuple[int, ...]:
+        return tuple(r for k in range(self.plan.dp) for r in self.tp_group(stage, k))
+
+    @property
+    def _index(self) -> dict[tuple[int, int, int], int]:
+        cached = self.__dict__.get("_cached_index")
+        if cached is None:
+            cached = {(s.stage, s.replica, s.tp_rank): s.rank for s in self.slots}
+            object.__setattr__(self, "_cached_index", cached)
+        return cached
+
+
+def rank_layout(plan: Plan, cluster: Cluster | None = None) -> Layout:
+    """The global rank, node and local rank of every (stage, replica, TP rank)."""
+    cluster = cluster or Cluster()
+    placed = place(plan, cluster)
+    members: dict[int, list[tuple[int, int]]] = {}  # node -> [(stage, replica)] in placement order
+    for k in range(plan.dp):
+        for s in range(plan.pp):
+            members.setdefault(placed[s][k], []).append((s, k))
+    slots, nodes, rank = [], [], 0
+    for node in sorted(members):
+        first = rank
+        for s, k in members[node]:
+            r = plan.stages[s].replicas[k]
+            for t in range(r.tp):
+                slots.append(RankSlot(rank, s, k, t, r.tp, r.gpu, r.zone, node, rank - first))
+                rank += 1
+        s0, k0 = members[node][0]
+        r0 = plan.stages[s0].replicas[k0]
+        nodes.append(Node(node, r0.gpu, r0.zone, first, rank - first))
+    return Layout(plan, tuple(slots), tuple(nodes))
+
+
+# -- checks the runtime needs beyond Plan.check ---------------------------------
+RUNTIME_FAMILIES = ("opt", "gpt2", "gpt-neo")
+
+
+def check_runnable(plan: Plan, model: ModelSpec, cluster: Cluster | None = None) -> None:
+    """Raise SailorError if the runtime cannot execute `plan` for `model`."""
+    plan.check(num_layers=model.num_layers, cluster=cluster)
+    if model.family not in RUNTIME_FAMILIES:
+        raise SailorError(f"the training runtime supports GPT/OPT-style models ({', '.join(RUNTIME_FAMILIES)}), "
+                          f"not {model.family} ({model.name}); pick one of those models")
+    for i, stage in enumerate(plan.stages):
+        for r in stage.replicas:
+            if model.heads % r.tp or model.ffn_hidden % r.tp:
+                raise SailorError(f"plan: stage {i} uses TP {r.tp} but {model.name} has {model.heads} heads and "
+                                  f"FFN width {model.ffn_hidden}; use a TP degree that divides both")
+
+
+def uniform_plan(model: ModelSpec, world_size: int, tp: int, pp: int, global_batch_size: int,
+                 micro_batch_size: int, gpu: str = "CPU", zone: str = "local") -> Plan:
+    """The plan Megatron's own arguments describe: equal stages, equal replicas."""
+    if tp < 1 or pp < 1 or world_size % (tp * pp):
+        raise SailorError(f"world size {world_size} is not a multiple of TP {tp} x PP {pp}; "
+                          "change --tensor-model-parallel-size/--pipeline-model-parallel-size or the process count")
+    dp = world_size // (tp * pp)
+    if pp > model.num_layers:
+        raise SailorError(f"PP {pp} exceeds the {model.num_layers} layers of {model.name}")
+    if global_batch_size % (micro_batch_size * dp):
+        raise SailorError(f"global batch {global_batch_size} is not a multiple of micro batch {micro_batch_size} "
+                          f"x data-parallel size {dp}; adjust --global-batch-size")
+    size, extra = divmod(model.num_layers, pp)
+    stages, first = [], 0
+    for s in range(pp):
+        last = first + size + (s < extra) - 1
+        stages.append(Stage(first, last, (Replica(gpu, tp, zone),) * dp))
+        first = last + 1
+    n = global_batch_size // (micro_batch_size * dp)
+    return Plan(model.name, global_batch_size, tuple(stages), (Pipeline(micro_batch_size, n),) * dp)
+
+
+# -- torchrun command lines ----------------------------------------------------
+def node_commands(layout: Layout, plan_path: str, train_args: list[str], master_addr: str,
+                  master_port: int) -> list[list[str]]:
+    """One torchrun command (argv) per node."""
+    out = []
+    for node in layout.nodes:
+        out.append([
+            "torchrun", f"--nnodes={len(layout.nodes)}", f"--node-rank={node.index}",
+            f"--nproc-per-node={node.nproc}", f"--master-addr={master_addr}", f"--master-port={master_port}",
+            "-m", "sailor_ext.train", "--plan", plan_path, *train_args,
+        ])
+    return out
+
+
+def local_command(layout: Layout, plan_path: str, train_args: list[str], master_port: int) -> list[str]:
+    """All ranks on this machine, one torchrun."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={layout.world_size}",
+            "--master-addr=127.0.0.1", f"--master-port={master_port}",
+            "-m", "sailor_ext.train", "--plan", plan_path, *train_args]
+
+
+def _launch_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", help="cluster file (GPUs per node of custom GPU types)")
+    p.add_argument("--master-addr", default="$MASTER_ADDR", help="host of node 0 (default: $MASTER_ADDR)")
+    p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--local", action="store_true", help="run every rank on this machine now")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "launch", help="print (or run) the torchrun command of every node for a plan",
+        description="Print the torchrun command line that starts each node of a plan; arguments after '--' "
+                    "go to sailor_ext.train, e.g. sailor launch plan.json --local -- --train-iters 100.")
+    p.add_argument("plan", help="plan file (sailor-plan JSON or Sailor's format)")
+    _launch_options(p)
+    # argparse cannot put options after a positional followed by free arguments,
+    # so everything after the plan is collected here and split at '--' in run().
+    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="[options] -- TRAIN_ARGS",
+                   help="arguments for sailor_ext.train, after '--'")
+    return p
+
+
+def _split_rest(args) -> list[str]:
+    """Apply launch options found after the plan; return the training arguments."""
+    rest = list(args.rest or [])
+    cut = rest.index("--") if "--" in rest else len(rest)
+    if cut:
+        options = argparse.ArgumentParser(prog="sailor launch", add_help=False)
+        _launch_options(options)
+        known, unknown = options.parse_known_args(rest[:cut])
+        if unknown:
+            raise SailorError(f"sailor launch: unknown option {unknown[0]!r}; put training arguments after '--'")
+        defaults = options.parse_args([])
+        for key, value in vars(known).items():
+            if value != getattr(defaults, key):
+                setattr(args, key, value)
+    return rest[cut + 1:]
+
+
+def run(args) -> int:
+    plan = load_plan(args.plan)
+    cluster = load_cluster(args.cluster)
+    check_runnable(plan, get_model(plan.model), cluster)
+    layout = rank_layout(plan, cluster)
+    train_args = _split_rest(args)
+    if args.local:
+        env = dict(os.environ)
+        if plan.stages[0].replicas[0].gpu == "CPU":
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // layout.world_size)))
+        cmd = local_command(layout, args.plan, train_args, args.master_port)
+        print(" ".join(shlex.quote(c) for c in cmd), flush=True)
+        return subprocess.call(cmd, env=env)
+    for node, cmd in zip(layout.nodes, node_commands(layout, args.plan, train_args, args.master_addr,
+                                                     args.master_port)):
+        print(f"# node {node.index}: {node.nproc} x {node.gpu} in {node.zone}, "
+              f"ranks {node.first_rank}..{node.first_rank + node.nproc - 1}")
+        print(" ".join(c if c.startswith("--master-addr=$") else shlex.quote(c) for c in cmd))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m planner.launch` until the lead wires `sailor launch` into planner/cli.py."""
+    parser = argparse.ArgumentParser(prog="sailor")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    args = parser.parse_args(["launch", *(argv if argv is not None else sys.argv[1:])])
+    try:
+        return run(args)
+    except SailorError as e:
+        print(f"sailor: error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,8 @@
+"""sailor's training runtime: any plan, trained with torch + megatron-core.
+
+One concept per module: topology (who is where, process groups), model
+(stages on megatron layers), sharding (local slice <-> logical tensor), p2p
+(resharding between stages), schedule (1F1B), loss, grad_sync, optimizer,
+data, checkpoint, and train (the entry point). compat holds the few shims
+megatron-core needs on CPU.
+"""

@@ -1,0 +1,111 @@
+"""AdamW (or SGD) on fp32 master weights, clipped by the global gradient norm.
+
+Parameters are kept in fp32 and are the master weights; on CUDA the forward
+and backward passes run in bf16 under autocast (schedule.py), on CPU in fp32.
+Gradients therefore arrive in fp32 and the update is exact fp32 AdamW.
+
+The global gradient norm covers all shards of all stages and counts each
+unique element once: every chunk (sharding.py) has one designated owner,
+which alone adds its squares. The caller all-reduces that local sum over the
+world (together with the step's loss, one collective) and passes the norm.
+As in Megatron, biases and norms get no weight decay.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from sailor_ext.sharding import ParamShard, chunks_of
+from sailor_ext.topology import Topology
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    kind: str = "adam"  # adam (AdamW) | sgd (Megatron's --optimizer choices)
+    lr: float = 1e-3
+    min_lr: float = 0.0
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    sgd_momentum: float = 0.9
+    clip_grad: float = 1.0  # 0 disables clipping
+    warmup_iters: int = 0
+    decay_iters: int = 0  # 0: no decay after warm-up
+    decay_style: str = "constant"  # constant | linear | cosine
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of (0-based) step `step`, Megatron's schedule shapes."""
+        if self.warmup_iters and step < self.warmup_iters:
+            return self.lr * (step + 1) / self.warmup_iters
+        if self.decay_style == "constant" or not self.decay_iters:
+            return self.lr
+        progress = min(1.0, (step - self.warmup_iters) / max(1, self.decay_iters - self.warmup_iters))
+        if self.decay_style == "linear":
+            factor = 1.0 - progress
+        else:
+            factor = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.min_lr + (self.lr - self.min_lr) * factor
+
+
+class Optimizer:
+    def __init__(self, model: nn.Module, shards: dict[str, ParamShard], topology: Topology, config: OptimizerConfig):
+        self.config, self.shards = config, shards
+        named = dict(model.named_parameters())
+        self.params = named
+        decay = [p for p in named.values() if p.dim() > 1]
+        no_decay = [p for p in named.values() if p.dim() <= 1]
+        groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if config.kind == "sgd":
+            self.inner = torch.optim.SGD(groups, lr=config.lr, momentum=config.sgd_momentum, foreach=True)
+            self.state_keys: tuple[str, ...] = ("momentum_buffer",) if config.sgd_momentum else ()
+        else:
+            self.inner = torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
+                                           eps=config.eps, foreach=True)
+            self.state_keys = ("exp_avg", "exp_avg_sq")
+        me = topology.rank
+        # the chunks whose squares this rank adds to the global norm
+        self._norm_views = [(named[ch.param_name], ch) for ch in chunks_of(shards, topology) if ch.designated == me]
+        self.step_count = 0
+
+    @torch.no_grad()
+    def local_grad_sumsq(self) -> torch.Tensor:
+        """Sum of squares of the gradient chunks this rank counts (float64)."""
+        grads = [chunk.shard.chunk_view(param.grad, chunk.chunk) for param, chunk in self._norm_views
+                 if param.grad is not None]
+        device = next(iter(self.params.values())).device
+        if not grads:
+            return torch.zeros((), dtype=torch.float64, device=device)
+        norms = torch.stack(torch._foreach_norm(grads)).double()
+        return norms.pow(2).sum()
+
+    @torch.no_grad()
+    def step(self, grad_norm: float) -> float:
+        """Clip to the global norm, take one optimizer step; returns the LR used."""
+        clip = self.config.clip_grad
+        if clip > 0 and grad_norm > clip:
+            coeff = clip / (grad_norm + 1e-6)
+            torch._foreach_mul_([p.grad for p in self.params.values() if p.grad is not None], coeff)
+        lr = self.config.lr_at(self.step_count)
+        for group in self.inner.param_groups:
+            group["lr"] = lr
+        self.inner.step()
+        self.step_count += 1
+        return lr
+
+    # -- state by local parameter name (checkpoint.py keys it by logical name) --
+    def state_of(self, name: str) -> dict[str, torch.Tensor]:
+        """The per-element state tensors (state_keys) of a local parameter."""
+        param = self.params[name]
+        state = self.inner.state.get(param, {})
+        return {k: state[k] if state.get(k) is not None else torch.zeros_like(param) for k in self.state_keys}
+
+    def set_state(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        param = self.params[name]
+        state = {k: v.to(param.device, param.dtype).clone() for k, v in tensors.items()}
+        if isinstance(self.inner, torch.optim.AdamW):
+            state["step"] = torch.tensor(float(self.step_count))
+        self.inner.state[param] = state

@@ -1,0 +1,178 @@
+"""Train a model on a plan: `torchrun ... -m sailor_ext.train --plan plan.json`.
+
+Arguments follow Megatron's names. Without --plan, the plan is the uniform
+one Megatron's own arguments describe (--tensor-model-parallel-size,
+--pipeline-model-parallel-size, --global-batch-size, --micro-batch-size over
+the torchrun world). With --plan, the plan fixes the batch sizes and the
+batch-size arguments, if given, must agree with it.
+
+User mistakes (plan vs world size, layer ranges, bad files) print one line,
+`sailor: error: ...`, and exit 2 before any process group forms. A peer that
+dies or hangs makes the collectives fail after --dist-timeout seconds with
+one line naming the rank, and exit 3; the last complete checkpoint stays
+intact.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+
+from planner.errors import SailorError
+from planner.launch import Layout, check_runnable, rank_layout, uniform_plan
+from planner.specs.hardware import load_cluster
+from planner.specs.model import ModelSpec, get_model
+from planner.specs.plan import Plan, load_plan
+
+PEER_FAILURE_EXIT = 3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m sailor_ext.train", description=__doc__.splitlines()[0])
+    g = p.add_argument_group("plan and model")
+    g.add_argument("--plan", help="plan file; without it a uniform plan is built from the parallel sizes below")
+    g.add_argument("--model", help="model preset or config.json (default: the plan's model)")
+    g.add_argument("--cluster", help="cluster file (for GPU types not in the catalog)")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--gpu-type", default="CPU", help="GPU type of a plan built from the parallel sizes (a label; "
+                   "the node size comes from torchrun)")
+    g.add_argument("--seq-length", type=int, help="sequence length (default: the model's)")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                   help="pad the vocabulary to a multiple of this times the plan's largest TP degree")
+    g = p.add_argument_group("batch and schedule")
+    g.add_argument("--global-batch-size", type=int)
+    g.add_argument("--micro-batch-size", type=int)
+    g.add_argument("--train-iters", type=int, required=True)
+    g = p.add_argument_group("optimizer")
+    g.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="adam is AdamW")
+    g.add_argument("--sgd-momentum", type=float, default=0.9)
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-decay-iters", type=int, default=0)
+    g.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default="constant")
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.95)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0, help="global gradient-norm clip (0: off)")
+    g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="bf16 compute (default: on with CUDA, off on CPU)")
+    g = p.add_argument_group("data")
+    g.add_argument("--data-path", help="token file prefix (see sailor_ext.data); default: synthetic data")
+    g.add_argument("--mock-data", action="store_true", help="synthetic data (the default without --data-path)")
+    g.add_argument("--seed", type=int, default=1234)
+    g = p.add_argument_group("checkpoints and logging")
+    g.add_argument("--save", help="checkpoint directory")
+    g.add_argument("--save-interval", type=int, default=0, help="save every N steps (and at the end)")
+    g.add_argument("--load", help="resume from the latest checkpoint in this directory")
+    g.add_argument("--metrics-file", help="append one JSON line per step (rank 0)")
+    g.add_argument("--log-interval", type=int, default=1)
+    g.add_argument("--dist-timeout", type=float, default=300.0,
+                   help="seconds a collective may wait for a peer before the run fails")
+    g.add_argument("--grad-bucket-numel", type=int, default=2**25)
+    return p.parse_args(argv)
+
+
+# -- resolving the plan (no torch needed) -------------------------------------------
+def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:
+    cluster = load_cluster(args.cluster)
+    if args.plan:
+        plan = load_plan(args.plan)
+        model = get_model(args.model or plan.model, seq_len=args.seq_length)
+        if args.global_batch_size is not None and args.global_batch_size != plan.global_batch_size:
+            raise SailorError(f"--global-batch-size {args.global_batch_size} disagrees with the plan's global batch "
+                              f"{plan.global_batch_size}; drop the flag")
+        sizes = {p.microbatch_size for p in plan.pipelines}
+        if args.micro_batch_size is not None and sizes != {args.micro_batch_size}:
+            raise SailorError(f"--micro-batch-size {args.micro_batch_size} disagrees with the plan's microbatch "
+                              f"sizes {sorted(sizes)}; drop the flag (the plan sets them per pipeline)")
+    else:
+        if not args.model:
+            raise SailorError("give --plan plan.json, or --model with the parallel sizes for a uniform plan")
+        model = get_model(args.model, seq_len=args.seq_length)
+        gbs = args.global_batch_size or world_size
+        mbs = args.micro_batch_size or 1
+        # torchrun's nodes are the plan's nodes: GPUs per node = processes per node
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        spec = cluster.gpu(args.gpu_type)
+        cluster = replace(cluster, gpus={**cluster.gpus, spec.name: replace(spec, gpus_per_node=local)})
+        plan = uniform_plan(model, world_size, args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
+                            gbs, mbs, gpu=spec.name)
+    check_runnable(plan, model, cluster)
+    layout = rank_layout(plan, cluster)
+    if layout.world_size != world_size:
+        raise SailorError(f"the plan needs {layout.world_size} ranks but {world_size} were started; start "
+                          f"{layout.world_size} processes (see `sailor launch {args.plan or 'PLAN'}`)")
+    return plan, model, layout
+
+
+def check_placement(layout: Layout, rank: int) -> None:
+    """With several torchrun nodes, each rank must run on the node the plan says."""
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    if nodes <= 1:
+        return
+    slot = layout.slots[rank]
+    group_rank, local_rank = int(os.environ.get("GROUP_RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if (slot.node, slot.local_rank) != (group_rank, local_rank):
+        node = layout.nodes[slot.node]
+        raise SailorError(f"rank {rank} started as local rank {local_rank} of node {group_rank}, but the plan places "
+                          f"it on node {slot.node}; start node {slot.node} with --node-rank={slot.node} "
+                          f"--nproc-per-node={node.nproc} (see `sailor launch`)")
+
+
+def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, local_rank: int) -> int:
+    """Join the process group and run the steps (imports torch and megatron)."""
+    import torch.distributed as dist
+
+    from sailor_ext.trainer import Trainer, init_distributed
+
+    device = init_distributed(layout, rank, local_rank, args.dist_timeout)
+    trainer = Trainer(args, plan, model_spec, layout, rank, device)
+    trainer.run()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _is_peer_failure(error: BaseException) -> bool:
+    text = str(error).lower()
+    markers = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe", "nccl",
+               "gloo", "socket", "peer")
+    return any(m in text for m in markers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    try:
+        plan, model, layout = resolve_plan(args, world_size)
+        check_placement(layout, rank)
+    except SailorError as e:
+        if rank == 0:
+            print(f"sailor: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    try:
+        return train(args, plan, model, layout, rank, local_rank)
+    except SailorError as e:
+        print(f"sailor: error: rank {rank}: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except RuntimeError as e:
+        if not _is_peer_failure(e):
+            raise
+        slot = layout.slots[rank]
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"sailor: error: rank {rank} (stage {slot.stage}, replica {slot.replica}, TP rank {slot.tp_rank}): "
+              f"a collective failed because a peer died or did not answer within --dist-timeout "
+              f"{args.dist_timeout:g} s ({first[:300]}); check the other ranks' logs and restart from the last "
+              f"checkpoint with --load", file=sys.stderr, flush=True)
+        # The process group may be wedged; leave without running its destructors.
+        os._exit(PEER_FAILURE_EXIT)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

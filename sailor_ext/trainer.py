@@ -1,0 +1,159 @@
+"""One rank's training state and its step: data -> 1F1B -> sync -> clip -> update.
+
+`Trainer` wires the runtime's pieces together for one rank of a plan. It is
+separate from the command line (train.py) so that benchmarks and tests can
+drive single steps.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from planner.launch import Layout
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
+from sailor_ext import checkpoint, compat
+from sailor_ext.data import BatchSlicer, SyntheticTokens, TokenFile, microbatches
+from sailor_ext.grad_sync import GradSync
+from sailor_ext.model import StageModel, StageSpec, init_from_seed
+from sailor_ext.optimizer import Optimizer, OptimizerConfig
+from sailor_ext.p2p import StageLinks
+from sailor_ext.schedule import OneFOneB, PipelineShape
+from sailor_ext.topology import Topology
+
+
+def init_distributed(layout: Layout, rank: int, local_rank: int, timeout_s: float) -> torch.device:
+    """Join the world: NCCL on CUDA, gloo on CPU; every collective times out."""
+    device = compat.pick_device(local_rank)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=layout.world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return device
+
+
+def padded_vocab(model: ModelSpec, max_tp: int, divisor: int) -> int:
+    """Megatron's padding, for the plan's largest TP degree, so every replica
+    holds slices of the same logical embedding."""
+    step = divisor * max_tp
+    return -(-model.vocab // step) * step
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    seconds: float
+
+
+class MetricsWriter:
+    """One JSON line per step (rank 0 only)."""
+
+    def __init__(self, path: str | None, enabled: bool):
+        self.file = open(path, "a") if (path and enabled) else None
+
+    def write(self, record: dict) -> None:
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+
+class Trainer:
+    def __init__(self, args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, device: torch.device):
+        """After init_distributed; args are train.py's parsed arguments."""
+        self.args, self.plan, self.model_spec, self.rank = args, plan, model_spec, rank
+        timeout = datetime.timedelta(seconds=args.dist_timeout)
+        self.topology = topology = Topology(layout, rank, device, model_spec.tied_embeddings, timeout)
+        compat.install(device, args.seed, topology.tp_rank)
+        stage = plan.stages[topology.stage]
+        embedding_stages = topology.tied_stages() if model_spec.tied_embeddings else (0,)
+        self.spec = StageSpec(
+            model=model_spec, first=stage.first, last=stage.last, tp=topology.tp, tp_rank=topology.tp_rank,
+            padded_vocab=padded_vocab(model_spec, topology.max_tp, args.make_vocab_size_divisible_by),
+            embedding_stages=embedding_stages, stage=topology.stage,
+            stage_chunks=topology.stage_tp(topology.stage),
+            embedding_chunks=max(topology.stage_tp(s) for s in embedding_stages))
+        self.model = StageModel(self.spec, topology.tp_group, device)
+        init_from_seed(self.model, args.seed)
+
+        self.bf16 = args.bf16 if args.bf16 is not None else device.type == "cuda"
+        compute_dtype = torch.bfloat16 if self.bf16 else torch.float32
+        self.pipeline = plan.pipelines[topology.replica]
+        shape = PipelineShape(self.pipeline.microbatch_size, self.pipeline.num_microbatches, model_spec.seq_len,
+                              model_spec.hidden, plan.global_batch_size * model_spec.seq_len)
+        self.schedule = OneFOneB(self.model, StageLinks(topology, compute_dtype), topology, shape, compute_dtype)
+        self.grad_sync = GradSync(self.model, self.model.shards, topology, bucket_numel=args.grad_bucket_numel)
+        self.optimizer = Optimizer(self.model, self.model.shards, topology, OptimizerConfig(
+            kind=args.optimizer, sgd_momentum=args.sgd_momentum, lr=args.lr, min_lr=args.min_lr,
+            weight_decay=args.weight_decay, beta1=args.adam_beta1, beta2=args.adam_beta2, eps=args.adam_eps,
+            clip_grad=args.clip_grad, warmup_iters=args.lr_warmup_iters, decay_iters=args.lr_decay_iters,
+            decay_style=args.lr_decay_style))
+        if args.data_path:
+            self.source = TokenFile(args.data_path, model_spec.vocab, model_spec.seq_len, args.seed)
+        else:
+            self.source = SyntheticTokens(model_spec.vocab, model_spec.seq_len, args.seed)
+        self.slicer = BatchSlicer(plan)
+        self.step, self.consumed = 0, 0
+        if args.load:
+            meta = checkpoint.load(args.load, self.model, self.optimizer, self.model.shards)
+            self.step, self.consumed = meta["step"], meta["consumed_samples"]
+        self.metrics = MetricsWriter(args.metrics_file, rank == 0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.topology.device
+
+    def microbatches(self) -> list[torch.Tensor | None]:
+        """This pipeline's microbatches of the next step (first and last stage only)."""
+        topo = self.topology
+        if not (topo.is_first_stage or topo.is_last_stage):
+            return [None] * self.pipeline.num_microbatches
+        return [torch.from_numpy(np.asarray(mb)).to(self.device)
+                for mb in microbatches(self.source, self.slicer, self.consumed, topo.replica)]
+
+    def train_step(self) -> StepResult:
+        start = time.perf_counter()
+        topo = self.topology
+        loss_sum = self.schedule.run(self.microbatches())
+        self.grad_sync.sync()
+        counts_loss = topo.is_last_stage and topo.tp_rank == 0  # one copy of each pipeline's loss
+        stats = torch.stack([self.optimizer.local_grad_sumsq(),
+                             (loss_sum if counts_loss else torch.zeros_like(loss_sum)).double()])
+        dist.all_reduce(stats)  # global grad norm and loss in one collective
+        grad_norm, loss = float(stats[0].sqrt()), float(stats[1])
+        lr = self.optimizer.step(grad_norm)
+        self.grad_sync.zero_grad()
+        self.step += 1
+        self.consumed += self.plan.global_batch_size
+        return StepResult(self.step, loss, grad_norm, lr, time.perf_counter() - start)
+
+    def save(self) -> None:
+        checkpoint.save(self.args.save, self.step, self.consumed, self.model, self.optimizer, self.model.shards,
+                        self.topology, extra={"model": self.model_spec.name, "seq_len": self.model_spec.seq_len,
+                                              "padded_vocab": self.spec.padded_vocab, "seed": self.args.seed,
+                                              "plan_global_batch_size": self.plan.global_batch_size})
+
+    def run(self) -> None:
+        args, plan, layout = self.args, self.plan, self.topology.layout
+        if self.rank == 0:
+            print(f"sailor: training {self.model_spec.name} on {layout.world_size} ranks ({plan.pp} stages x "
+                  f"{plan.dp} replicas), global batch {plan.global_batch_size}, {'bf16' if self.bf16 else 'fp32'} "
+                  f"on {self.device.type}, {self.grad_sync.num_collectives} gradient buckets on rank 0", flush=True)
+        samples = [p.samples for p in plan.pipelines]
+        tokens = plan.global_batch_size * self.model_spec.seq_len
+        while self.step < args.train_iters:
+            r = self.train_step()
+            self.metrics.write({"step": r.step, "loss": r.loss, "tokens": tokens, "step_time_s": r.seconds,
+                                "samples_per_replica": samples, "grad_norm": r.grad_norm, "lr": r.lr})
+            if self.rank == 0 and args.log_interval and r.step % args.log_interval == 0:
+                print(f"step {r.step}/{args.train_iters} | loss {r.loss:.6f} | grad norm {r.grad_norm:.4f} | "
+                      f"lr {r.lr:.3g} | {r.seconds:.3f} s", flush=True)
+            at_interval = args.save_interval and r.step % args.save_interval == 0
+            if args.save and (at_interval or r.step == args.train_iters):
+                self.save()

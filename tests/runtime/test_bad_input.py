@@ -1,0 +1,88 @@
+"""Bad input and failing peers: one clear line, non-zero exit, never a hang."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from _runtime_helpers import Ranks, plan_dict, run_plan
+
+TINY_TWO_STAGES = plan_dict([((0, 2), [1]), ((3, 5), [1])], [(2, 2)])
+
+
+def assert_one_clear_line(log: str, *fragments: str) -> None:
+    lines = [l for l in log.splitlines() if l.startswith("sailor: error:")]
+    assert len(lines) == 1, log[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert "Traceback" not in log, log[-2000:]
+
+
+def test_plan_that_does_not_match_the_world_size(tmp_path):
+    run = run_plan(tmp_path, TINY_TWO_STAGES, 3, ["--train-iters", "1"], timeout=60)
+    assert run.returncodes == [2, 2, 2]
+    assert_one_clear_line(run.log(0), "the plan needs 2 ranks but 3 were started")
+    assert run.metrics == []
+
+
+def test_layer_split_that_does_not_cover_the_model(tmp_path):
+    short = plan_dict([((0, 2), [1]), ((3, 4), [1])], [(2, 2)])  # tiny has layers 0..5
+    run = run_plan(tmp_path, short, 2, ["--train-iters", "1"], timeout=60)
+    assert run.returncodes == [2, 2]
+    assert_one_clear_line(run.log(0), "stages cover layers 0..4 but the model has 6 layers",
+                          "must end at layer 5")
+
+
+def test_batch_flag_that_contradicts_the_plan(tmp_path):
+    run = run_plan(tmp_path, TINY_TWO_STAGES, 2, ["--train-iters", "1", "--global-batch-size", "8"], timeout=60)
+    assert run.returncodes == [2, 2]
+    assert_one_clear_line(run.log(0), "--global-batch-size 8 disagrees with the plan's global batch 4")
+
+
+def _wait_for_step(workdir, step: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    metrics = workdir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.exists() and sum(1 for _ in metrics.open()) >= step:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"training never reached step {step}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failure", ["killed", "hung"])
+def test_peer_failure_fails_fast_and_keeps_the_last_checkpoint(tmp_path, failure):
+    """A rank dies (SIGKILL) or stops answering (SIGSTOP) mid-training; every
+    other rank exits with one clear line within --dist-timeout, and the last
+    complete checkpoint still loads."""
+    plan = plan_dict([((0, 2), [2]), ((3, 5), [1])], [(1, 100)])  # ~1 s steps: the fault lands mid-step
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    ranks = Ranks(tmp_path, 3, ["--plan", "plan.json", "--train-iters", "1000", "--dist-timeout", "5",
+                                "--save", "ckpt", "--save-interval", "1", "--metrics-file", "metrics.jsonl"])
+    victim = ranks.procs[2]  # the second stage
+    try:
+        _wait_for_step(tmp_path, 1, timeout=120)
+        started = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL if failure == "killed" else signal.SIGSTOP)
+        survivors = ranks.procs[:2]
+        codes = []
+        for p in survivors:
+            codes.append(p.wait(timeout=90))
+        elapsed = time.monotonic() - started
+    finally:
+        if victim.poll() is None:
+            os.kill(victim.pid, signal.SIGKILL)
+        ranks.wait(30)
+    run = ranks.result([p.returncode for p in ranks.procs])
+    assert codes == [3, 3], (codes, run.logs[0][-2000:])
+    assert elapsed < 60, f"survivors took {elapsed:.0f} s to give up"
+    for rank in (0, 1):
+        assert_one_clear_line(run.log(rank), f"rank {rank} (stage 0, replica 0, TP rank {rank})",
+                              "a peer died or did not answer within --dist-timeout 5 s", "--load")
+    from sailor_ext.checkpoint import read_logical
+
+    meta, params = read_logical(str(tmp_path / "ckpt"))
+    assert meta["step"] >= 1 and meta["consumed_samples"] == meta["step"] * 100
+    assert "layers.0.word_embeddings.weight" in params and len(params) > 10

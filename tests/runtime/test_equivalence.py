@@ -1,0 +1,119 @@
+"""N steps on a plan = N steps of one process on the same global batches.
+
+Every plan below trains the `tiny` model (embedding, 4 blocks, head: layers
+0..5) on the same 12-sample global batches; the single-process reference is
+one stage, one replica, TP 1, one microbatch of 12. We compare, in fp32 with
+relative tolerance 1e-5: the loss and the global gradient norm of every step
+(from the metrics file) and every logical parameter after the last step
+(each run saves a checkpoint; reading it reassembles the logical tensors from
+whatever shards the plan had).
+
+The runs use plain SGD with a large learning rate and an active gradient
+clip, so every gradient element, its scale and the global norm show up in
+the parameters (Adam would normalise a wrongly scaled gradient away); one
+plan also runs AdamW (see ADAM for its epsilon).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from _runtime_helpers import assert_ok, plan_dict, run_plan
+
+pytestmark = pytest.mark.slow
+
+RTOL = 1e-5
+ATOL = 1e-7  # for elements that are ~0 (zero-initialised biases after small updates)
+STEPS = 3
+SGD = ["--optimizer", "sgd", "--sgd-momentum", "0", "--lr", "0.5", "--clip-grad", "0.5"]
+# AdamW's step g / (sqrt(v) + eps) amplifies the rounding of near-zero gradients
+# by up to 1/eps: two *single-process* runs that differ only in microbatching
+# (12 x 1 vs 4 x 3) differ by up to 2.4e-4 after 3 steps with eps 1e-8 (15942
+# elements beyond rtol 1e-5), by 1.8e-7 with eps 1e-4, and not at all beyond
+# the tolerance with eps 1e-3. The AdamW comparison uses eps 1e-3; gradient
+# exactness itself is what the SGD runs check.
+ADAM = ["--optimizer", "adam", "--lr", "0.01", "--clip-grad", "0.5", "--adam-eps", "1e-3"]
+
+PLANS = {
+    # 3 stages, TP 1, one pipeline of 6 microbatches
+    "pp_only": plan_dict([((0, 1), [1]), ((2, 3), [1]), ((4, 5), [1])], [(2, 6)]),
+    # 1 stage, 3 replicas with unequal microbatch sizes and counts
+    "dp_unequal": plan_dict([((0, 5), [1, 1, 1])], [(4, 1), (2, 3), (1, 2)]),
+    # 2 stages with TP 4 and TP 2: activations resharded 4 -> 2, gradients 2 -> 4
+    "tp_per_stage": plan_dict([((0, 2), [4]), ((3, 5), [2])], [(3, 4)]),
+    # 1 stage, replicas with TP 4 and TP 2 (different shardings of every weight)
+    "tp_per_replica": plan_dict([((0, 5), [4, 2])], [(3, 2), (2, 3)]),
+    # everything: 2 stages x 2 replicas, TP 2/1 and 1/2, microbatch sizes 2 and 1
+    "combined": plan_dict([((0, 2), [2, 1]), ((3, 5), [1, 2])], [(2, 4), (1, 4)]),
+}
+REFERENCE = plan_dict([((0, 5), [1])], [(12, 1)])
+
+
+def common_args(optimizer: list[str]) -> list[str]:
+    return ["--train-iters", str(STEPS), "--seed", "7", "--save", "ckpt", "--dist-timeout", "60", *optimizer]
+
+
+@pytest.fixture(scope="module")
+def reference(runs_dir):
+    cache = {}
+
+    def get(name: str, plan: dict, world: int, optimizer: list[str]):
+        if name not in cache:
+            run = run_plan(runs_dir / f"reference-{name}", plan, world, common_args(optimizer))
+            assert_ok(run)
+            cache[name] = run
+        return cache[name]
+
+    return get
+
+
+def logical_params(run) -> dict[str, torch.Tensor]:
+    from sailor_ext.checkpoint import read_logical
+
+    return read_logical(str(run.workdir / "ckpt"))[1]
+
+
+def assert_same_training(run, ref) -> None:
+    assert len(run.metrics) == len(ref.metrics) == STEPS
+    for mine, theirs in zip(run.metrics, ref.metrics):
+        for key in ("loss", "grad_norm"):
+            assert mine[key] == pytest.approx(theirs[key], rel=RTOL), (key, mine, theirs)
+    mine, theirs = logical_params(run), logical_params(ref)
+    assert sorted(mine) == sorted(theirs)
+    for name in theirs:
+        torch.testing.assert_close(mine[name], theirs[name], rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_plan_matches_single_process(name, runs_dir, reference):
+    plan = PLANS[name]
+    world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
+    run = run_plan(runs_dir / name, plan, world, common_args(SGD))
+    assert_ok(run)
+    assert run.metrics[0]["samples_per_replica"] == [m * n for m, n in
+                                                     ((p["microbatch_size"], p["num_microbatches"])
+                                                      for p in plan["pipelines"])]
+    assert_same_training(run, reference("sgd", REFERENCE, 1, SGD))
+
+
+def test_combined_plan_with_adamw(runs_dir, reference):
+    run = run_plan(runs_dir / "combined-adam", PLANS["combined"], 6, common_args(ADAM))
+    assert_ok(run)
+    assert_same_training(run, reference("adam", REFERENCE, 1, ADAM))
+
+
+def test_tied_embeddings_across_stages(runs_dir, reference, tmp_path_factory):
+    """GPT-2 style: the head reuses the word embedding held by the first stage."""
+    config = tmp_path_factory.mktemp("model") / "config.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 4, "n_head": 4,
+                                  "vocab_size": 512, "n_positions": 64}))
+    tied = plan_dict([((0, 2), [2, 1]), ((3, 5), [1, 2])], [(2, 4), (1, 4)], model=str(config))
+    ref = plan_dict([((0, 5), [1])], [(12, 1)], model=str(config))
+    run = run_plan(runs_dir / "tied", tied, 6, common_args(SGD))
+    assert_ok(run)
+    expected = reference("tied-sgd", ref, 1, SGD)
+    assert_same_training(run, expected)
+    names = logical_params(run)
+    assert not any(n.endswith("output_layer.weight") for n in names), "the tied head must not own a copy"

@@ -1,0 +1,25 @@
+"""examples/train_opt.sh on CPU: the heterogeneous 6-rank plan through torchrun."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from _runtime_helpers import ROOT, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def test_example_trains_through_torchrun(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path), "ITERS": "3", "DEVICE": "cpu",
+           "MASTER_PORT": str(free_port()), "PYTHONWARNINGS": "ignore"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    out = subprocess.run(["bash", str(ROOT / "examples" / "train_opt.sh")], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    metrics = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(m["samples_per_replica"] == [8, 4] and m["tokens"] == 12 * 64 for m in metrics)
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "iter_0000003"
