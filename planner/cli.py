@@ -152,7 +152,7 @@ def cmd_replay(args) -> int:
 
 
 # Each has add_parser(subparsers, add_common_options) and sets args.func on its parser.
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = ["planner.launch"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -220,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sailor: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ def _launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local", action="store_true", help="run every rank on this machine now")
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "launch", help="print (or run) the torchrun command of every node for a plan",
         description="Print the torchrun command line that starts each node of a plan; arguments after '--' "
@@ -188,6 +188,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     # so everything after the plan is collected here and split at '--' in run().
     p.add_argument("rest", nargs=argparse.REMAINDER, metavar="[options] -- TRAIN_ARGS",
                    help="arguments for sailor_ext.train, after '--'")
+    p.set_defaults(func=run)
     return p
 
 
