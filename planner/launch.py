@@ -170,7 +170,14 @@ def local_command(layout: Layout, plan_path: str, train_args: list[str], master_
             "-m", "sailor_ext.train", "--plan", plan_path, *train_args]
 
 
+TARGETS = ("torchrun", "slurm", "skypilot", "k8s", "megatron-lm")
+
+
 def _launch_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="torchrun", choices=TARGETS,
+                   help="what to print: torchrun command lines (default), a Slurm batch script, SkyPilot task "
+                        "YAML, a Kubernetes manifest (PyTorchJob), or stock Megatron-LM arguments")
+    p.add_argument("-o", "--output", help="write it to this file instead of printing")
     p.add_argument("--cluster", help="cluster file (GPUs per node of custom GPU types)")
     p.add_argument("--master-addr", default="$MASTER_ADDR", help="host of node 0 (default: $MASTER_ADDR)")
     p.add_argument("--master-port", type=int, default=29500)
@@ -179,7 +186,7 @@ def _launch_options(p: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "launch", help="print (or run) the torchrun command of every node for a plan",
+        "launch", help="print (or run) how to start a plan: torchrun per node, Slurm, SkyPilot, Kubernetes",
         description="Print the torchrun command line that starts each node of a plan; arguments after '--' "
                     "go to sailor_ext.train, e.g. sailor launch plan.json --local -- --train-iters 100.")
     p.add_argument("plan", help="plan file (sailor-plan JSON or Sailor's format)")
@@ -222,11 +229,30 @@ def run(args) -> int:
         cmd = local_command(layout, args.plan, train_args, args.master_port)
         print(" ".join(shlex.quote(c) for c in cmd), flush=True)
         return subprocess.call(cmd, env=env)
-    for node, cmd in zip(layout.nodes, node_commands(layout, args.plan, train_args, args.master_addr,
-                                                     args.master_port)):
-        print(f"# node {node.index}: {node.nproc} x {node.gpu} in {node.zone}, "
-              f"ranks {node.first_rank}..{node.first_rank + node.nproc - 1}")
-        print(" ".join(c if c.startswith("--master-addr=$") else shlex.quote(c) for c in cmd))
+    if args.target == "torchrun":
+        lines = []
+        for node, cmd in zip(layout.nodes, node_commands(layout, args.plan, train_args, args.master_addr,
+                                                         args.master_port)):
+            lines.append(f"# node {node.index}: {node.nproc} x {node.gpu} in {node.zone}, "
+                         f"ranks {node.first_rank}..{node.first_rank + node.nproc - 1}")
+            lines.append(" ".join(c if c.startswith("--master-addr=$") else shlex.quote(c) for c in cmd))
+        text = "\n".join(lines) + "\n"
+    else:
+        from planner import targets
+
+        if args.target == "slurm":
+            text = targets.slurm(layout, args.plan, train_args, args.master_port)
+        elif args.target == "skypilot":
+            text = targets.skypilot(layout, args.plan, train_args, args.master_port)
+        elif args.target == "k8s":
+            text = targets.kubernetes(layout, args.plan, train_args, args.master_port)
+        else:
+            text = targets.megatron_lm(plan, get_model(plan.model), args.master_port)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
     return 0
 
 

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Set up everything the project needs on a fresh machine, in ./.venv (idempotent).
+#   PYTHON=python3.11     the interpreter for the venv (default python3, 3.10 or newer)
+#   TORCH_INDEX_URL=...   where to get torch (e.g. https://download.pytorch.org/whl/cpu for CPU-only images)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+"${pip[@]}" --upgrade pip
 # Pinned: on our CI machines 2.13.0 is a CPU build on local disk; an unpinned
 # torch (or a package that pulls a newer one) downloads a multi-GB CUDA build.
-.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[runtime,test,plot]"
+"${pip[@]}" torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+"${pip[@]}" -e ".[runtime,test,plot]"
