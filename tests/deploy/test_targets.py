@@ -78,7 +78,7 @@ def test_kubernetes_pytorchjobs_validate(tmp_path, plan, elastic):
             pod = api._ApiClient__deserialize(spec["template"], "V1PodTemplateSpec")  # the client's own model
             assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] in ("2", "4")
             replicas += spec["replicas"]
-    assert replicas == (2 if elastic else 6)
+    assert replicas == (4 if elastic else 6)  # nodes: 4 A100 (one pipeline each) | 4 V100 + 2 A100
 
 
 def test_megatron_lm_args_for_homogeneous_plans_only(tmp_path):
