@@ -27,5 +27,16 @@ def replica_memory(mem: LayerMemory, first: int, last: int, *, mbs: int, infligh
     return overhead_bytes + state_bytes_per_param * params + allocator_factor * mbs * (inflight * acts + workspace)
 
 
+def memory_parts(mem: LayerMemory, first: int, last: int, *, mbs: int, inflight: int, state_bytes_per_param: float,
+                 allocator_factor: float, overhead_bytes: float, extra_params: int = 0) -> dict[str, float]:
+    """The terms of replica_memory, in bytes (for reports and plots)."""
+    params = mem.stage_params(first, last) + extra_params
+    acts = mem.stage_activation_bytes(first, last)
+    workspace = max(mem.activation_bytes[first:last + 1])
+    return {"runtime": overhead_bytes, "weights, grads, optimizer": state_bytes_per_param * params,
+            "activations": allocator_factor * mbs * inflight * acts,
+            "backward workspace": allocator_factor * mbs * workspace}
+
+
 def inflight_microbatches(stage: int, num_stages: int, num_microbatches: int) -> int:
     return min(num_stages - stage, num_microbatches)

@@ -135,6 +135,7 @@ def ring_edges(ring: list[Endpoint]) -> list[tuple[Endpoint, Endpoint, int]]:
     counts: dict[tuple, int] = {}
     for i, a in enumerate(ring):
         b = ring[(i + 1) % D]
-        key = (Endpoint(a.gpu, a.zone, 0, a.gpus), Endpoint(b.gpu, b.zone, 0 if a.node == b.node else 1, b.gpus))
+        key = (a.gpu, a.zone, a.gpus, b.gpu, b.zone, b.gpus, a.node == b.node)
         counts[key] = counts.get(key, 0) + 1
-    return [(a, b, n) for (a, b), n in counts.items()]
+    return [(Endpoint(ag, az, 0, an), Endpoint(bg, bz, 0 if same else 1, bn), n)
+            for (ag, az, an, bg, bz, bn, same), n in counts.items()]

@@ -31,20 +31,23 @@ def place(plan: Plan, cluster: Cluster) -> list[list[int]]:
     for (gpu, _), members in by_pool.items():
         per_node = cluster.gpu(gpu).gpus_per_node
         need: dict[int, int] = defaultdict(int)
+        stages_of: dict[int, list[int]] = defaultdict(list)
         for s, k in members:
             need[k] += plan.stages[s].replicas[k].tp
+            stages_of[k].append(s)
         if max(need.values()) <= per_node:  # whole pipelines per node
             free: list[int] = []  # free GPUs of this pool's nodes, by node index
-            first_id = next_id
+            first_id, open_from = next_id, 0  # nodes before open_from are full
             for k in sorted(need):
-                slot = next((i for i, f in enumerate(free) if f >= need[k]), None)
+                slot = next((i for i in range(open_from, len(free)) if free[i] >= need[k]), None)
                 if slot is None:
                     free.append(per_node)
                     slot = len(free) - 1
                 free[slot] -= need[k]
-                for s, kk in members:
-                    if kk == k:
-                        nodes[s][k] = first_id + slot
+                while open_from < len(free) and free[open_from] == 0:
+                    open_from += 1
+                for s in stages_of[k]:
+                    nodes[s][k] = first_id + slot
             next_id = first_id + len(free)
         else:  # stage by stage
             for s in sorted({s for s, _ in members}):

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from planner.errors import SailorError
 from planner.profiles.estimate import DTYPE_BYTES
 from planner.profiles.store import ProfileStore
-from planner.simulator.memory import inflight_microbatches, replica_memory
+from planner.simulator.memory import inflight_microbatches, memory_parts, replica_memory
 from planner.simulator.network import Endpoint, Network, ring_edges
 from planner.simulator.placement import place
 from planner.simulator.runtime_model import RuntimeModel, runtime_model
@@ -64,6 +64,7 @@ class StageEstimate:
     memory_bytes: float  # peak of one GPU, worst replica
     capacity_bytes: int  # memory of that replica's GPU
     fits: bool
+    memory_parts: dict[str, float] = field(default_factory=dict)  # the worst replica's terms (memory.py)
 
 
 @dataclass(frozen=True)
@@ -136,13 +137,13 @@ class Simulator:
             params = self.profile(st.replicas[0].gpu).layer_memory(1).stage_params(st.first, st.last)
             update = max(self.profile(r.gpu).optimizer_s_per_param * params / r.tp for r in st.replicas)
             sync_max, update_max = max(sync_max, sync), max(update_max, update)
-            mem, cap, ok = self._stage_memory(plan, s, rt)
+            mem, cap, ok, parts = self._stage_memory(plan, s, rt)
             peak, fits = max(peak, mem), fits and ok
             used = Counter()
             for r in st.replicas:
                 used[f"{r.gpu}@{r.zone}"] += r.tp
             stages.append(StageEstimate(s, (st.first, st.last), dict(used), [r.tp for r in st.replicas],
-                                        max(compute[s]), sync, mem, cap, ok))
+                                        max(compute[s]), sync, mem, cap, ok, parts))
         finish = pipeline_time + sync_max + update_max
         gpus_used = Counter()
         usd_per_s = 0.0
@@ -199,10 +200,10 @@ class Simulator:
                      for a, b, n in edges if a.zone != b.zone)
         return self.network.allreduce_time(grads, members, edges), egress
 
-    def _stage_memory(self, plan: Plan, s: int, rt: RuntimeModel) -> tuple[float, int, bool]:
-        """Worst GPU of the stage: (bytes, capacity of its GPU, every replica fits)."""
+    def _stage_memory(self, plan: Plan, s: int, rt: RuntimeModel) -> tuple[float, int, bool, dict]:
+        """Worst GPU of the stage: (bytes, capacity of its GPU, every replica fits, its terms)."""
         st = plan.stages[s]
-        worst, cap, ok = -1.0, 0, True
+        worst, cap, ok, parts = -1.0, 0, True, {}
         tied_copy = self.model.tied_embeddings and st.last == self.model.num_layers - 1 and st.first > 0
         seen = set()
         for k, r in enumerate(st.replicas):
@@ -213,14 +214,15 @@ class Simulator:
             seen.add((r.gpu, r.tp, pipe.microbatch_size, inflight))
             gpu = self.cluster.gpu(r.gpu)
             extra = self.profile(r.gpu).layer_memory(r.tp).params[0] if tied_copy else 0
-            mem = replica_memory(
-                self.profile(r.gpu).layer_memory(r.tp), st.first, st.last, mbs=pipe.microbatch_size,
-                inflight=inflight, state_bytes_per_param=rt.state_bytes(self.precision),
-                allocator_factor=rt.allocator_factor, overhead_bytes=gpu.runtime_overhead_bytes, extra_params=extra)
+            args = (self.profile(r.gpu).layer_memory(r.tp), st.first, st.last)
+            kw = dict(mbs=pipe.microbatch_size, inflight=inflight, state_bytes_per_param=rt.state_bytes(self.precision),
+                      allocator_factor=rt.allocator_factor, overhead_bytes=gpu.runtime_overhead_bytes,
+                      extra_params=extra)
+            mem = replica_memory(*args, **kw)
             ok = ok and mem <= gpu.memory_bytes
             if mem / gpu.memory_bytes > worst / max(cap, 1):
-                worst, cap = mem, gpu.memory_bytes
-        return worst, cap, ok
+                worst, cap, parts = mem, gpu.memory_bytes, (args, kw)
+        return worst, cap, ok, memory_parts(*parts[0], **parts[1])
 
     def _sources(self, plan: Plan) -> dict[str, str]:
         out = {}
