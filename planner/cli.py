@@ -44,7 +44,12 @@ def cmd_simulate(args) -> int:
 
     plan = load_plan(args.plan)
     _, model, sim = _context(args, args.model or plan.model)
-    est = sim.simulate(plan, runtime_model(args.runtime) if args.runtime else None)
+    rt = runtime_model(args.runtime) if args.runtime else None
+    est = sim.simulate(plan, rt)
+    if args.plot:
+        from planner.plots import plot_plan
+
+        plot_plan(plan, est, sim, args.plot, title=f"{model.name}: {Path(args.plan).name}")
     if args.json:
         out = est.to_dict()
         out["plan"] = args.plan
@@ -75,7 +80,11 @@ def cmd_plan(args) -> int:
     goal = Goal(args.objective, args.max_cost_per_iter, args.max_cost_per_hour, args.min_throughput, args.max_gpus)
     planner = Planner(sim, args.global_batch, goal, args.runtime, args.max_stages,
                       [int(b) for b in args.microbatch_sizes.split(",")] if args.microbatch_sizes else None)
-    result = planner.run(top=args.top, pareto=args.pareto)
+    result = planner.run(top=args.top, pareto=args.pareto or bool(args.plot))
+    if args.plot and result.pareto:
+        from planner.plots import plot_pareto
+
+        plot_pareto(result.pareto, args.plot, title=f"{model.name}: throughput vs cost of the best plans")
     if not result.plans:
         from planner.search.explain import explain_infeasible
 
@@ -165,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model preset, Sailor name or config.json (default: the plan's)")
     p.add_argument("--runtime", choices=["sailor", "megatron-deepspeed"],
                    help="framework that runs the plan (default: the plan's; Sailor-format plans: megatron-deepspeed)")
+    p.add_argument("--plot", metavar="FILE", help="write the pipeline timeline and memory per stage (PNG/SVG)")
     _common(p)
     p.set_defaults(func=cmd_simulate)
 
@@ -187,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="framework the plan is for (default: sailor's own runtime)")
     p.add_argument("--max-stages", type=int, help="deepest pipeline to consider (default: one layer per stage)")
     p.add_argument("--microbatch-sizes", help="only these microbatch sizes, e.g. 1,2,4")
+    p.add_argument("--plot", metavar="FILE", help="write the throughput-vs-cost Pareto front (PNG/SVG)")
     _common(p)
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser("replay", help="replay a GPU-availability trace through planner and simulator")

@@ -200,6 +200,31 @@ class Simulator:
                      for a, b, n in edges if a.zone != b.zone)
         return self.network.allreduce_time(grads, members, edges), egress
 
+    def pipeline_costs(self, plan: Plan, runtime: RuntimeModel | None = None):
+        """(F, B, c, k) of the slowest pipeline k: seconds per stage and boundary, for timelines."""
+        rt = runtime or runtime_model(plan.runtime)
+        nodes = place(plan, self.cluster)
+        worst = None
+        for k, pipe in enumerate(plan.pipelines):
+            reps = [st.replicas[k] for st in plan.stages]
+            _, t_pp, _ = self._pipeline(plan, k, reps, nodes, pipe.microbatch_size, pipe.num_microbatches, rt)
+            if worst is None or t_pp > worst[0]:
+                worst = (t_pp, k)
+        k = worst[1]
+        reps = [st.replicas[k] for st in plan.stages]
+        b = plan.pipelines[k].microbatch_size
+        F, B, c = [], [], []
+        for s, st in enumerate(plan.stages):
+            f, bw = self.profile(reps[s].gpu).layer_times(b, reps[s].tp).stage(st.first, st.last)
+            F.append(f)
+            B.append(bw)
+            if s + 1 < plan.pp:
+                x = b * self.profile(reps[s].gpu).layer_memory(1).output_bytes[st.last]
+                links = (reps[s].tp, reps[s + 1].tp) if rt.p2p_split_over_tp else (1, 1)
+                c.append(self.network.p2p_time(x, Endpoint(reps[s].gpu, reps[s].zone, nodes[s][k], links[0]),
+                                               Endpoint(reps[s + 1].gpu, reps[s + 1].zone, nodes[s + 1][k], links[1])))
+        return F, B, c, k
+
     def _stage_memory(self, plan: Plan, s: int, rt: RuntimeModel) -> tuple[float, int, bool, dict]:
         """Worst GPU of the stage: (bytes, capacity of its GPU, every replica fits, its terms)."""
         st = plan.stages[s]
