@@ -300,7 +300,12 @@ class Planner:
                 if nxt is not None:
                     heapq.heappush(queue, (nxt[0], next(seq), CONFIG, nxt, args))
             elif step == REFINE:  # add a lower bound of the gradient sync, then queue again
-                extra, evaluate, cfg = fn(*args)
+                extra, usd, evaluate, cfg = fn(*args)
+                if pareto and self.goal.objective == "throughput":  # bound is a time: prune dominated configs
+                    t_lb = bound + extra
+                    if any(f.outcome.iteration_time_s <= t_lb and f.outcome.cost_per_iteration_usd <= t_lb * usd
+                           for f in front):
+                        continue
                 heapq.heappush(queue, (bound + extra, next(seq), EVALUATE, evaluate, cfg))
             else:
                 fn(*args, best, front, top, pareto)
@@ -377,7 +382,7 @@ class Planner:
         sync = self._sync(math.ceil(shape.costs.params(0, self.L - 1) / P), D, shape.gpu, tp, tuple(placed),
                           n // (P * tp) if P * tp <= n else n // tp)[0]
         usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
-        return self._bound(sync, usd), self._evaluate_single, (shape, P, D, m, placed)
+        return self._bound(sync, usd), usd, self._evaluate_single, (shape, P, D, m, placed)
 
     def _table(self, shape: Shape, comm: float, m: int, P: int) -> SplitTable:
         key = (comm, m if m < P else None)
@@ -501,7 +506,7 @@ class Planner:
         avg = math.ceil(a.costs.params(0, self.L - 1) / (P1 + P2))
         sync = min(self._pool_sync(avg, a, P1, D)[0], self._pool_sync(avg, b, P2, D)[0])
         usd = D * (P1 * a.tp * a.prices[a.zones[0][0]] + P2 * b.tp * b.prices[b.zones[0][0]])
-        return self._bound(sync, usd), self._evaluate_two_pool, (a, b, P1, P2, D, m, comms, sync)
+        return self._bound(sync, usd), usd, self._evaluate_two_pool, (a, b, P1, P2, D, m, comms, sync)
 
     def _pool_sync(self, params: int, shape: Shape, stages: int, D: int) -> tuple:
         return self._sync(params, D, shape.gpu, shape.tp, ((shape.zones[0][0], D),), self._per_node(shape, stages))
@@ -674,7 +679,8 @@ class Planner:
         if key not in self._sync_cache:
             self._sync_cache[key] = self._class_ring((x, y), P, placed)
         sync = self.sim.edges_sync(avg, dx + dy, self._sync_cache[key])[0]
-        return sync, self._evaluate_two_class, (x, y, P, dx, dy, placed)
+        usd = sum(k * P * sh.tp * sh.prices[z] for sh, pl in zip((x, y), placed) for z, k in pl)
+        return sync, usd, self._evaluate_two_class, (x, y, P, dx, dy, placed)
 
     def _place_zones(self, sh: Shape, P: int, D: int) -> list[tuple[str, int]]:
         placed, left = [], D
