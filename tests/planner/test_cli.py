@@ -100,3 +100,10 @@ def test_plan_in_sailor_format_and_pareto(tmp_path):
 def test_infeasible_plans_say_why(tmp_path, args, message):
     out = sailor("plan", *args, "-o", str(tmp_path / "x.json"))
     assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_cli_reference_is_current():
+    sys.path.insert(0, str(ROOT / "tools"))
+    from gen_cli_docs import OUT, render
+
+    assert OUT.read_text() == render(), "docs/cli.md is stale: run python tools/gen_cli_docs.py"
