@@ -21,7 +21,7 @@ they are also given a user's sweep of smaller allocations (see SWEEP_SCALES).
 
     python bench/compare_planners.py [--data ../shared/sailor-data] [--out out/compare] [--quick]
 
-Prints JSON; writes results.json and PNG plots into --out.
+Prints JSON; writes results.json, tables.md and PNG plots into --out.
 """
 from __future__ import annotations
 
@@ -244,9 +244,13 @@ COST_CASES = [
 
 
 def sweep(pools, scales) -> list[list[tuple[str, str, int]]]:
-    """A user's allocations: all pools, or one GPU type's pools, each divided by a scale."""
+    """A user's allocations: all pools, one GPU type's pools, or a single pool, each divided by a scale."""
     types = sorted({g for g, _, _ in pools})
-    subsets = [pools] + ([[p for p in pools if p[0] == t] for t in types] if len(types) > 1 else [])
+    subsets = [pools]
+    if len(types) > 1:
+        subsets += [[p for p in pools if p[0] == t] for t in types]
+    if len(pools) > 1:
+        subsets += [[p] for p in pools]
     out = []
     for subset in subsets:
         for s in scales:
@@ -332,16 +336,20 @@ def search_time(bench: Bench, quick: bool, homo_rows: list[dict]) -> dict:
     by_gpus = []
     for row in homo_rows:
         if row["model"] == get_model(OPT[0]).name:
-            by_gpus.append({"gpus": sum(row["cluster"].values()),
-                            **{k: v.get("search_time_s") for k, v in row["planners"].items() if k != "sailor-paper"}})
+            by_gpus.append({"gpus": sum(row["cluster"].values()), **_search_seconds(row)})
     by_types = []
     model, gbs = OPT
     for k in range(1, (2 if quick else len(TYPES)) + 1):
         pools = [(t, CENTRAL[0], 256 // k) for t in TYPES[:k]]
         row = bench.case(f"{k} GPU types, 256 GPUs", model, gbs, pools)
-        by_types.append({"types": k, **{n: v.get("search_time_s") for n, v in row["planners"].items()
-                                        if n != "sailor-paper"}})
+        by_types.append({"types": k, **_search_seconds(row)})
     return {"by_gpus": by_gpus, "by_types": by_types}
+
+
+def _search_seconds(row: dict) -> dict:
+    """Search CPU seconds of the planners that found a plan (None for those that found none)."""
+    return {k: None if "error" in v else v.get("search_time_s") for k, v in row["planners"].items()
+            if k != "sailor-paper"}
 
 
 # -- headline numbers ---------------------------------------------------------------
@@ -374,6 +382,72 @@ def headline(results: dict) -> dict:
         h["sailor_search_s_by_gpus"] = {r["gpus"]: r["sailor"] for r in results["search_time"]["by_gpus"]}
         h["sailor_search_s_by_types"] = {r["types"]: r["sailor"] for r in results["search_time"]["by_types"]}
     return h
+
+
+# -- markdown tables (docs/evaluation.md is written from these) -------------------------
+COLUMNS = ["sailor", "sailor-paper", *BASELINES]
+
+
+def _cell(v: dict | None) -> str:
+    if not v:
+        return ""
+    if "error" in v:
+        return "no plan"
+    text = f"{v['throughput_iters_per_s']:.3f} (${v['cost_per_iteration_usd']:.2f})"
+    return text if v["fits_in_memory"] else f"OOM [{text}]"
+
+
+def tables_markdown(results: dict) -> str:
+    """Every case as a row: throughput in iterations/s (USD per iteration); OOM = out of memory."""
+    out = []
+    for key in ("homogeneous", "heterogeneous", "geo"):
+        if key not in results:
+            continue
+        rows = results[key]
+        cols = [c for c in COLUMNS if any(c in r["planners"] for r in rows)]
+        out += [f"### {key}", "", "| case | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        out += ["| " + r["case"] + " | " + " | ".join(_cell(r["planners"].get(c)) for c in cols) + " |" for r in rows]
+        out.append("")
+    if "geo_vs_het" in results:
+        out += ["### geo_vs_het (sailor)", "", "| A100 | option | it/s | $/iteration | GPUs used |", "|---|---|---|---|---|"]
+        for r in results["geo_vs_het"]:
+            for label, v in r["sailor"].items():
+                out.append(f"| {r['base_a100']} | {label} | {v['throughput_iters_per_s']:.3f} | "
+                           f"{v['cost_per_iteration_usd']:.3f} | {v['gpus_used']} |")
+        out.append("")
+    if "cost" in results:
+        out += ["### cost", "", "| case | planner | min $/it at >= floor | it/s | max it/s within budget | $/it |",
+                "|---|---|---|---|---|---|"]
+        for r in results["cost"]:
+            def pair(v):
+                return (f"{v['cost_per_iteration_usd']:.3f}", f"{v['throughput_iters_per_s']:.3f}") if v and \
+                    "error" not in v else ("none", "")
+            c, t = pair(r["sailor_min_cost"])
+            t2, c2 = pair(r["sailor_max_throughput"])[::-1]
+            out.append(f"| {r['case']} | sailor | {c} | {t} | {t2} | {c2} |")
+            if "sailor_paper_min_cost" in r:
+                c, t = pair(r["sailor_paper_min_cost"])
+                out.append(f"| | Sailor's pick | {c} | {t} | | |")
+            for b in BASELINES:
+                g = r["baselines_as_given"][b]
+                sw = r["baselines_best_of_sweep"][b]
+                c, t = pair(sw["min_cost"])
+                t2, c2 = pair(sw["max_throughput"])[::-1]
+                given = "no plan" if "error" in g else (f"{g['cost_per_iteration_usd']:.3f} at {g['throughput_iters_per_s']:.3f} "
+                                                         f"it/s{'' if g['fits_in_memory'] else ' OOM'}")
+                out.append(f"| | {b} (as given: {given}) | {c} | {t} | {t2} | {c2} |")
+        out.append("")
+    if "search_time" in results:
+        st = results["search_time"]
+        names = ["sailor", *BASELINES]
+        for key, label in (("by_gpus", "GPUs"), ("by_types", "GPU types")):
+            out += [f"### search CPU seconds by {label}", "", f"| {label} | " + " | ".join(names) + " |",
+                    "|---" * (len(names) + 1) + "|"]
+            for r in st[key]:
+                cells = [("no plan" if r.get(n) is None else f"{r[n]:.3f}") for n in names]
+                out.append(f"| {r['gpus' if key == 'by_gpus' else 'types']} | " + " | ".join(cells) + " |")
+            out.append("")
+    return "\n".join(out)
 
 
 def main() -> int:
@@ -410,6 +484,7 @@ def main() -> int:
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps(out, indent=1) + "\n")
+    (folder / "tables.md").write_text(tables_markdown(results) + "\n")
     from compare_plots import plot_all  # matplotlib only when plotting
 
     out["plots"] = plot_all(results, folder)
