@@ -356,7 +356,7 @@ def _search_seconds(row: dict) -> dict:
 def ratio_range(rows: list[dict], names) -> dict:
     out = {}
     for n in names:
-        vals = [r["speedup_of_sailor"].get(n) for r in rows]
+        vals = [r["speedup_of_sailor"][n] for r in rows if n in r["speedup_of_sailor"]]
         nums = [v for v in vals if isinstance(v, (int, float))]
         out[n] = {"min": min(nums) if nums else None, "max": max(nums) if nums else None,
                   "oom": sum(v == "OOM" for v in vals), "no_plan": sum(v == "no plan" for v in vals),
