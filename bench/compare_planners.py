@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -265,8 +264,9 @@ def cost(bench: Bench, quick: bool) -> list[dict]:
     rows = []
     for name, (model, gbs), pools in COST_CASES[:1] if quick else COST_CASES:
         sim = bench.simulator(model, pools)
-        row = {"case": name, "model": sim.model.name, "global_batch": gbs, "cluster": {f"{g}@{z}": n for g, z, n in pools},
-               "throughput_floor": THROUGHPUT_FLOOR, "budget_usd_per_iteration": BUDGET_USD_PER_ITERATION}
+        row = {"case": name, "model": sim.model.name, "global_batch": gbs,
+               "cluster": {f"{g}@{z}": n for g, z, n in pools}, "throughput_floor": THROUGHPUT_FLOOR,
+               "budget_usd_per_iteration": BUDGET_USD_PER_ITERATION}
         row["sailor_min_cost"] = bench.sailor(sim, gbs, Goal("cost", min_throughput=THROUGHPUT_FLOOR))
         row["sailor_max_throughput"] = bench.sailor(sim, gbs, Goal("throughput",
                                                                    max_cost_per_iteration=BUDGET_USD_PER_ITERATION))
@@ -397,6 +397,18 @@ def _cell(v: dict | None) -> str:
     return text if v["fits_in_memory"] else f"OOM [{text}]"
 
 
+def _cost_cells(cheapest: dict | None, fastest: dict | None) -> str:
+    """min cost | its it/s | max it/s | its cost; 'none' where no plan meets the goal."""
+    def ok(v):
+        return v is not None and "error" not in v
+
+    left = f"{cheapest['cost_per_iteration_usd']:.3f} | {cheapest['throughput_iters_per_s']:.3f}" if ok(cheapest) \
+        else "none | "
+    right = f"{fastest['throughput_iters_per_s']:.3f} | {fastest['cost_per_iteration_usd']:.3f}" if ok(fastest) \
+        else ("none | " if fastest is not None else " | ")
+    return f"{left} | {right}"
+
+
 def tables_markdown(results: dict) -> str:
     """Every case as a row: throughput in iterations/s (USD per iteration); OOM = out of memory."""
     out = []
@@ -409,7 +421,8 @@ def tables_markdown(results: dict) -> str:
         out += ["| " + r["case"] + " | " + " | ".join(_cell(r["planners"].get(c)) for c in cols) + " |" for r in rows]
         out.append("")
     if "geo_vs_het" in results:
-        out += ["### geo_vs_het (sailor)", "", "| A100 | option | it/s | $/iteration | GPUs used |", "|---|---|---|---|---|"]
+        out += ["### geo_vs_het (sailor)", "", "| A100 | option | it/s | $/iteration | GPUs used |",
+                "|---|---|---|---|---|"]
         for r in results["geo_vs_het"]:
             for label, v in r["sailor"].items():
                 out.append(f"| {r['base_a100']} | {label} | {v['throughput_iters_per_s']:.3f} | "
@@ -419,23 +432,15 @@ def tables_markdown(results: dict) -> str:
         out += ["### cost", "", "| case | planner | min $/it at >= floor | it/s | max it/s within budget | $/it |",
                 "|---|---|---|---|---|---|"]
         for r in results["cost"]:
-            def pair(v):
-                return (f"{v['cost_per_iteration_usd']:.3f}", f"{v['throughput_iters_per_s']:.3f}") if v and \
-                    "error" not in v else ("none", "")
-            c, t = pair(r["sailor_min_cost"])
-            t2, c2 = pair(r["sailor_max_throughput"])[::-1]
-            out.append(f"| {r['case']} | sailor | {c} | {t} | {t2} | {c2} |")
+            out.append(f"| {r['case']} | sailor | {_cost_cells(r['sailor_min_cost'], r['sailor_max_throughput'])} |")
             if "sailor_paper_min_cost" in r:
-                c, t = pair(r["sailor_paper_min_cost"])
-                out.append(f"| | Sailor's pick | {c} | {t} | | |")
+                out.append(f"| | Sailor's pick | {_cost_cells(r['sailor_paper_min_cost'], None)} |")
             for b in BASELINES:
-                g = r["baselines_as_given"][b]
-                sw = r["baselines_best_of_sweep"][b]
-                c, t = pair(sw["min_cost"])
-                t2, c2 = pair(sw["max_throughput"])[::-1]
-                given = "no plan" if "error" in g else (f"{g['cost_per_iteration_usd']:.3f} at {g['throughput_iters_per_s']:.3f} "
-                                                         f"it/s{'' if g['fits_in_memory'] else ' OOM'}")
-                out.append(f"| | {b} (as given: {given}) | {c} | {t} | {t2} | {c2} |")
+                g, best = r["baselines_as_given"][b], r["baselines_best_of_sweep"][b]
+                given = "no plan" if "error" in g else (
+                    f"{g['cost_per_iteration_usd']:.3f} at {g['throughput_iters_per_s']:.3f} it/s"
+                    + ("" if g["fits_in_memory"] else " OOM"))
+                out.append(f"| | {b} (as given: {given}) | {_cost_cells(best['min_cost'], best['max_throughput'])} |")
         out.append("")
     if "search_time" in results:
         st = results["search_time"]

@@ -31,7 +31,7 @@ import math
 from itertools import islice, permutations
 
 from planner.baselines.common import (
-    INF, BaselineResult, MemoryView, Toolkit, block_bounds, by_type, check_inputs, devices, even_shares,
+    BaselineResult, MemoryView, Toolkit, block_bounds, by_type, check_inputs, devices, even_shares,
     fits_available, make_plan, most_pipelines, pipeline_estimate, stage_ranges, timed,
 )
 from planner.errors import SailorError
