@@ -467,8 +467,13 @@ def main() -> int:
     if not (data / "anchor-plans").is_dir():
         print(json.dumps({"skipped": f"no sailor-data at {data}"}))
         return 0
-    wanted = set(filter(None, args.only.split(","))) or {"homogeneous", "heterogeneous", "geo", "geo_vs_het",
-                                                         "cost", "search_time"}
+    experiments = ("homogeneous", "heterogeneous", "geo", "geo_vs_het", "cost", "search_time")
+    wanted = set(filter(None, args.only.split(","))) or set(experiments)
+    unknown = wanted - set(experiments)
+    if unknown:
+        print(f"compare_planners: unknown experiment {', '.join(sorted(unknown))}; use {', '.join(experiments)}",
+              file=sys.stderr)
+        return 2
     bench = Bench(data)
     t0 = time.perf_counter()
     results: dict = {}

@@ -233,7 +233,7 @@ class Toolkit:
 
 
 # -- layer splits -------------------------------------------------------------
-def block_bounds(num_layers: int, num_blocks: int, stages: int, strict: bool = False) -> tuple[int, ...] | None:
+def block_bounds(num_blocks: int, stages: int, strict: bool = False) -> tuple[int, ...] | None:
     """First layer of stages 1..P-1 when the transformer blocks are split as evenly as possible.
 
     The embedding rides with the first stage, the head (and a separate final
@@ -250,7 +250,7 @@ def block_bounds(num_layers: int, num_blocks: int, stages: int, strict: bool = F
     return tuple(bounds)
 
 
-def proportional_bounds(num_layers: int, num_blocks: int, weights: list[float]) -> tuple[int, ...] | None:
+def proportional_bounds(num_blocks: int, weights: list[float]) -> tuple[int, ...] | None:
     """Blocks shared out in proportion to `weights` (largest remainders), at least one per stage."""
     P = len(weights)
     if P > num_blocks:

@@ -80,7 +80,7 @@ def _estimate(kit: Toolkit, stages: list[tuple[str, int]], mbs: int, D: int, M: 
     sim, model = kit.sim, kit.sim.model
     P = len(stages)
     weights = [t * sim.cluster.gpu(g).peak_flops(sim.precision) for g, t in stages]
-    bounds = proportional_bounds(kit.L, model.num_blocks, weights)
+    bounds = proportional_bounds(model.num_blocks, weights)
     if bounds is None:
         return INF, ()
     m = math.ceil(M / D)

@@ -24,13 +24,14 @@ from __future__ import annotations
 import math
 
 from planner.baselines.common import (
-    BaselineResult, Toolkit, block_bounds, by_type, check_inputs, devices, fits_available, make_plan, rank_order,
+    BaselineResult, MemoryView, Toolkit, block_bounds, by_type, check_inputs, devices, fits_available, make_plan, rank_order,
     timed,
 )
 from planner.errors import SailorError
 from planner.simulator.simulate import Simulator
 
 NAME = "megatron"
+MEMORY = MemoryView.EXACT  # trial runs see the real memory
 
 
 @timed
@@ -38,13 +39,13 @@ def plan(sim: Simulator, global_batch: int, runtime: str = "sailor") -> Baseline
     """The fastest uniform (TP, PP, DP, microbatch size) on one GPU type that fits."""
     check_inputs(NAME, sim, global_batch)
     kit = Toolkit(sim, runtime)
-    model, L = sim.model, sim.model.num_layers
+    model = sim.model
     best, tried = None, 0
     for gpu, devs in by_type(devices(sim.cluster)).items():
         N = len(devs)
         for mbs, tp in kit.configs(gpu):
             for P in range(1, model.num_blocks + 1):
-                bounds = block_bounds(L, model.num_blocks, P, strict=True)
+                bounds = block_bounds(model.num_blocks, P, strict=True)
                 if bounds is None or N % (tp * P):
                     continue
                 D = N // (tp * P)

@@ -51,7 +51,7 @@ def plan(sim: Simulator, global_batch: int, runtime: str = "sailor") -> Baseline
         if not sizes:
             continue
         for P in range(1, min(model.num_blocks, len(devs)) + 1):
-            bounds = block_bounds(L, model.num_blocks, P)
+            bounds = block_bounds(model.num_blocks, P)
             ranges = stage_ranges(L, bounds)
             d_max = most_pipelines(sim, devs, [1] * P, len(devs) // P)  # N // P, or what the nodes hold
             for mbs in sizes:

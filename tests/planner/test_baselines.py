@@ -287,13 +287,13 @@ def test_minmax_split_matches_brute_force():
 
 
 def test_block_splits():
-    assert block_bounds(26, 24, 4, strict=True) == (7, 13, 19)  # 6 blocks each, embedding and head at the ends
-    assert block_bounds(26, 24, 5, strict=True) is None
-    assert block_bounds(26, 24, 5) == (6, 11, 16, 21)  # 5,5,5,5,4
-    assert block_bounds(26, 24, 1) == ()
-    b = proportional_bounds(26, 24, [3.0, 1.0])
+    assert block_bounds(24, 4, strict=True) == (7, 13, 19)  # 6 blocks each, embedding and head at the ends
+    assert block_bounds(24, 5, strict=True) is None
+    assert block_bounds(24, 5) == (6, 11, 16, 21)  # 5,5,5,5,4
+    assert block_bounds(24, 1) == ()
+    b = proportional_bounds(24, [3.0, 1.0])
     assert b == (19,)  # 18 and 6 blocks
-    assert proportional_bounds(26, 24, [1.0] * 25) is None
+    assert proportional_bounds(24, [1.0] * 25) is None
 
 
 def test_balanced_shares_follow_speed_and_sum_to_the_batch():
