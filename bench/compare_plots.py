@@ -5,12 +5,14 @@ had (hatched bars in bar charts): the paper counts them as failures.
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 ORDER = ["sailor", "sailor-paper", "megatron", "varuna", "piper", "amp", "metis", "flashflex", "dtfm"]
 COLORS = {"sailor": "#1f3a93", "sailor-paper": "#8c8c8c", "megatron": "#e07b39", "varuna": "#c9a227",
@@ -73,7 +75,6 @@ def _bars(rows, path: Path, title: str) -> Path:
     planners = _planners(rows)
     fig, ax = plt.subplots(figsize=(max(7.0, 1.15 * len(rows) + 3), 4.6))
     width = 0.8 / len(planners)
-    handles = {}
     for i, p in enumerate(planners):
         for j, r in enumerate(rows):
             v = r["planners"].get(p)
@@ -82,15 +83,16 @@ def _bars(rows, path: Path, title: str) -> Path:
             ours = r["planners"]["sailor"]["throughput_iters_per_s"]
             x = j + (i - (len(planners) - 1) / 2) * width
             fits = v["fits_in_memory"]
-            bar = ax.bar(x, v["throughput_iters_per_s"] / ours, width, color=COLORS[p], hatch=None if fits else "xx",
-                         edgecolor="white" if fits else "k")
-            handles.setdefault(LABELS.get(p, p), bar)
+            ax.bar(x, v["throughput_iters_per_s"] / ours, width, color=COLORS[p], hatch=None if fits else "xx",
+                   edgecolor="white" if fits else "k")
+    handles = [Patch(color=COLORS[p], label=LABELS.get(p, p)) for p in planners]
+    handles.append(Patch(facecolor="white", edgecolor="k", hatch="xx", label="out of memory"))
     ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([r["case"].replace(" ", "\n", 1) for r in rows], fontsize=7)
+    ax.set_xticklabels(["\n".join(textwrap.wrap(r["case"], 16, break_long_words=False)) for r in rows], fontsize=7)
     ax.axhline(1.0, color="k", lw=0.6)
     ax.set_ylabel("throughput / sailor's")
     ax.set_title(f"{title} (hatched = out of memory)", fontsize=9)
-    ax.legend(handles.values(), handles.keys(), fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    ax.legend(handles=handles, fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.22))
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
