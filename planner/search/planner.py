@@ -121,6 +121,9 @@ class Shape:
 
 
 GROUP, FAMILY, CONFIG, REFINE, EVALUATE = 0, 1, 2, 3, 4  # what a queue entry asks for
+# Two-pool designs put up to this many first stages on the first pool: another GPU type
+# (cheap or memory-light GPUs for the first stages), or the same type in another zone.
+FIRST_POOL_STAGES = {"other type": 4, "other zone": 2}
 
 
 def spread(total: int, parts: int) -> tuple[int, ...]:
@@ -202,8 +205,8 @@ class Planner:
 
     # -- setting up ---------------------------------------------------------
     def _zones(self, gpu: str) -> list[tuple[str, int]]:
-        """(zone, usable GPUs) of a type, in fill order: cheapest, then largest."""
-        cluster = self.sim.cluster
+        """(zone, usable GPUs) of a type, in fill order: cheapest, then fastest network, then largest."""
+        cluster, net = self.sim.cluster, self.sim.network
         merged: dict[str, int] = {}
         for p in cluster.available:
             if p.gpu == gpu:
@@ -212,8 +215,12 @@ class Planner:
             if z in cluster.quotas:
                 merged[z] = min(merged[z], cluster.quotas[z])
         zones = [(z, n) for z, n in merged.items() if n > 0]
+
+        def speed(z):  # node-to-node bandwidth inside the zone, one GPU, 64 MB messages
+            return net.bytes_per_s(64e6, Endpoint(gpu, z, 0, 1), Endpoint(gpu, z, 1, 1))
+
         return sorted(zones, key=lambda zn: (cluster.price_per_hour(gpu, zn[0], cluster.is_spot(gpu, zn[0])),
-                                             -zn[1], zn[0]))
+                                             -speed(zn[0]), -zn[1], zn[0]))
 
     def shapes(self) -> list[Shape]:
         sim, model, out = self.sim, self.model, []
@@ -423,6 +430,10 @@ class Planner:
                 if a.mbs == b.mbs and (a.gpu, a.zones[0][0]) != (b.gpu, b.zones[0][0]):
                     yield a, b
 
+    @staticmethod
+    def _first_pool_stages(a: Shape, b: Shape) -> int:
+        return FIRST_POOL_STAGES["other type" if a.gpu != b.gpu else "other zone"]
+
     def _two_pool_bound(self, a: Shape, b: Shape) -> float:
         """A lower bound over every (P1, P2) family of the pair (cheap: no family is built).
 
@@ -440,7 +451,7 @@ class Planner:
             return M * least * min(a.tp * a.prices[za], b.tp * b.prices[zb])
         B = nb / b.tp
         best = math.inf
-        for P1 in (1, 2):
+        for P1 in range(1, self._first_pool_stages(a, b) + 1):
             cap_a = capacity(na, a.per_node, P1, a.tp)
             if cap_a < 1:
                 continue
@@ -459,7 +470,7 @@ class Planner:
         u = min(a.u, b.u)
         quota = self.sim.cluster.quotas.get(za) if za == zb else None
         throughput = self.goal.objective == "throughput"
-        for P1 in (1, 2):
+        for P1 in range(1, self._first_pool_stages(a, b) + 1):
             cap_a = capacity(na, a.per_node, P1, a.tp)
             c_a = a.comm[(za, P1 * a.tp <= a.per_node)] if P1 > 1 else 0.0
             least, run = {}, math.inf  # least compute of one microbatch over where pool B starts
@@ -517,7 +528,7 @@ class Planner:
         c_a, c_ab, c_b = comms
         (za, _), (zb, _) = a.zones[0], b.zones[0]
         ca, cb = a.costs, b.costs
-        fronts_a = self._fronts_first(a, P1, c_a, c_ab, min(P, m), min(P - 1, m))
+        fronts_a = self._fronts_first(a, P1, c_a, c_ab, tuple(min(P - st, m) for st in range(P1)))
         fronts_b = self._fronts_rest(b, P2, c_ab, c_b, m)
         micro = spread(self.gbs // a.mbs, D)
         upd_lb = min(a.u, b.u) * ca.params(0, L - 1) / P
@@ -549,21 +560,38 @@ class Planner:
                                    (a.mbs, ((a.gpu, a.tp, P1, za), (b.gpu, b.tp, P2, zb)), (*bounds_a, *bounds_b), D),
                                    best, front, top, pareto)
 
-    def _fronts_first(self, a: Shape, P1: int, c_a: float, c_ab: float, inflight0: int, inflight1: int) -> list:
-        """For each first layer q of pool B: the (slot, params) frontier of layers 0..q-1 in P1 stages on A."""
-        key = ("first", id(a.costs), P1, c_a, c_ab, inflight0, inflight1)
+    def _fronts_first(self, a: Shape, P1: int, c_a: float, c_ab: float, inflights: tuple[int, ...]) -> list:
+        """For each first layer q of pool B: the (slot, params) frontier of layers 0..q-1 in P1 stages on A.
+
+        Left to right: front[j] holds the splits of layers 0..j-1 into k stages, each of which
+        has a stage after it on A (p2p c_a on its right, and on its left but for the first);
+        the last stage of A then ends at q with the crossing to B (c_ab) on its right.
+        inflights[s] is stage s's 1F1B in-flight count.
+        """
+        key = ("first", id(a.costs), P1, c_a, c_ab, inflights)
         if key not in self._front_cache:
             ca, L = a.costs, self.L
-            fit0, fit1 = ca.last_fit(inflight0), ca.last_fit(inflight1)
+            fits = [ca.last_fit(f) for f in inflights]
+            front = {j: [(ca.compute(0, j - 1) + 2 * c_a, ca.params(0, j - 1), ())]
+                     for j in range(1, L) if fits[0][0] >= j - 1}  # one stage, more to come
+            for k in range(1, P1 - 1):  # middle stages of A
+                nxt = {}
+                for j in range(k + 1, L):
+                    cell = [(max(s1, ca.compute(i, j - 1) + 4 * c_a), max(p1, ca.params(i, j - 1)), (*b1, i))
+                            for i in range(k, j) if fits[k][i] >= j - 1 for s1, p1, b1 in front.get(i, ())]
+                    if cell:
+                        nxt[j] = pareto_front(cell)
+                front = nxt
             out = [[] for _ in range(L + 1)]
             for q in range(P1, L):
                 if P1 == 1:
-                    if fit0[0] >= q - 1:
+                    if fits[0][0] >= q - 1:
                         out[q] = [(ca.compute(0, q - 1) + 2 * c_ab, ca.params(0, q - 1), ())]
-                else:
-                    out[q] = pareto_front([(max(ca.compute(0, i - 1) + 2 * c_a, ca.compute(i, q - 1) + 2 * (c_a + c_ab)),
-                                            max(ca.params(0, i - 1), ca.params(i, q - 1)), (i,))
-                                           for i in range(1, q) if fit0[0] >= i - 1 and fit1[i] >= q - 1])
+                    continue
+                last = P1 - 1  # the stage of A that hands over to B
+                cell = [(max(s1, ca.compute(i, q - 1) + 2 * (c_a + c_ab)), max(p1, ca.params(i, q - 1)), (*b1, i))
+                        for i in range(last, q) if fits[last][i] >= q - 1 for s1, p1, b1 in front.get(i, ())]
+                out[q] = pareto_front(cell) if cell else []
             self._front_cache[key] = out
         return self._front_cache[key]
 

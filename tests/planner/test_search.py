@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from planner.errors import SailorError
 from planner.profiles.store import ProfileStore
 from planner.search.goal import Goal
-from planner.search.planner import Planner, ring_edges_of
+from planner.search.planner import FIRST_POOL_STAGES, Planner, ring_edges_of
 from planner.simulator.network import Endpoint, ring_edges
 from planner.simulator.placement import place
 from planner.simulator.simulate import Simulator
@@ -109,7 +109,8 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6):
         if gbs % mbs:
             continue
         M = gbs // mbs
-        # one GPU type; pipelines fill the type's zones cheapest first, then largest
+        # one GPU type; pipelines fill the type's zones cheapest first, then largest (these clusters have no
+        # measured network, so every zone's network is equally fast)
         for gpu in sorted({g for g, _ in pools}):
             zones = sorted(((z, sum(p.count for p in c.available if (p.gpu, p.zone) == (gpu, z))) for g, z in pools
                             if g == gpu), key=lambda zn: (c.price_per_hour(gpu, zn[0]), -zn[1], zn[0]))
@@ -142,7 +143,7 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6):
                     continue
                 for ta in (1, 2, 4):
                     for tb in (1, 2, 4):
-                        for P1 in (1, 2):
+                        for P1 in range(1, FIRST_POOL_STAGES["other type" if ga != gb else "other zone"] + 1):
                             for P2 in range(1, max_stages - P1 + 1):
                                 for D in range(1, M + 1):
                                     kinds = [[Replica(ga, ta, za)] * D] * P1 + [[Replica(gb, tb, zb)] * D] * P2
