@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from planner.errors import SailorError
-from planner.search.planner import spread
+from planner.search.space import spread
 from planner.simulator.network import Endpoint
 from planner.simulator.placement import place
 from planner.simulator.runtime_model import runtime_model

@@ -4,7 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from planner.profiles.network_fits import BandwidthFit
 from planner.specs.model import get_model

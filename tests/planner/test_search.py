@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from planner.errors import SailorError
 from planner.profiles.store import ProfileStore
 from planner.search.goal import Goal
-from planner.search.planner import FIRST_POOL_STAGES, Planner, ring_edges_of
+from planner.search.planner import Planner
+from planner.search.space import FIRST_POOL_STAGES, ring_edges_of
 from planner.simulator.network import Endpoint, ring_edges
 from planner.simulator.placement import place
 from planner.simulator.simulate import Simulator

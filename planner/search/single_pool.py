@@ -1,0 +1,97 @@
+"""Designs on one pool of GPUs: every stage on one GPU type with one TP degree.
+
+Pipelines fill the type's zones (cheapest first, then fastest network, then
+largest). For a design the simulator's time is
+    T = max_zones[sum(F+B) + 2(P-1) c_z + (m_z - 1) slot(split, c_z)] + sync(D, G) + u G
+and for fixed (P, m, D) the best split is on the (slot, G) frontier (partition.SplitTable).
+"""
+from __future__ import annotations
+
+import math
+
+from planner.search.goal import Outcome
+from planner.search.partition import SplitTable
+from planner.search.space import Shape, capacity, spread
+
+class SinglePool:
+    """Methods of Planner; see planner.py for the search loop that calls them."""
+
+    def _single_family(self, shape: Shape, P: int):
+        costs, tp, n = shape.costs, shape.tp, shape.per_node
+        M = self.gbs // shape.mbs
+        caps = [capacity(cnt, n, P, tp) for _, cnt in shape.zones]
+        d_cap = min(sum(caps), M)
+        if self.goal.max_gpus is not None:
+            d_cap = min(d_cap, self.goal.max_gpus // (P * tp))
+        if d_cap < 1:
+            return None
+        same_node = P * tp <= n
+        c_min = min(shape.comm[(z, same_node)] for z, _ in shape.zones) if P > 1 else 0.0
+        fb_total, params_total = costs.compute(0, self.L - 1), costs.params(0, self.L - 1)
+        fill = fb_total + 2 * (P - 1) * c_min
+        slot_lb = (fb_total + 4 * (P - 1) * c_min) / P  # the bottleneck is at least the average stage
+        upd = shape.u * params_total / P
+        price = min(shape.prices.values()) * P * tp
+        m_min = math.ceil(M / d_cap)
+        if not self._could_admit(fill + (m_min - 1) * slot_lb + upd, 0.0):
+            return None
+        if self.goal.objective == "throughput":
+            # with D >= 2 pipelines there is a ring to sync, and it is at least as slow as a ring of two
+            per = n // (P * tp) if same_node else n // tp
+            two = self._sync(math.ceil(params_total / P), 2, shape.gpu, tp, ((shape.zones[0][0], 2),), per)[0]
+            bound = min(fill + (M - 1) * slot_lb + upd, fill + (m_min - 1) * slot_lb + upd + two)
+        else:
+            bound = min(self._bound(fill + (m - 1) * slot_lb + upd, price * math.ceil(M / m)) for m in (m_min, M))
+        return bound, (shape, P, caps, d_cap, fill, slot_lb, upd)
+
+    def _single_configs(self, shape, P, caps, d_cap, fill, slot_lb, upd):
+        tp = shape.tp
+        for m, D in self._microbatch_counts(self.gbs // shape.mbs, d_cap):
+            placed, left = [], D
+            for (z, _), cap in zip(shape.zones, caps):
+                k = min(cap, left)
+                if k:
+                    placed.append((z, k))
+                    left -= k
+            usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
+            t_lb = fill + (m - 1) * slot_lb + upd
+            if self._could_admit(t_lb, usd):
+                yield self._bound(t_lb, usd), self._refine_single, (shape, P, D, m, placed)
+
+    def _refine_single(self, shape: Shape, P: int, D: int, m: int, placed):
+        """What a tighter bound adds: the largest stage holds at least the average number of parameters."""
+        n, tp = shape.per_node, shape.tp
+        sync = self._sync(math.ceil(shape.costs.params(0, self.L - 1) / P), D, shape.gpu, tp, tuple(placed),
+                          n // (P * tp) if P * tp <= n else n // tp)[0]
+        usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
+        return self._bound(sync, usd), usd, self._evaluate_single, (shape, P, D, m, placed)
+
+    def _table(self, shape: Shape, comm: float, m: int, P: int) -> SplitTable:
+        key = (comm, m if m < P else None)
+        if key not in shape.tables:
+            shape.tables[key] = SplitTable(shape.costs, comm, m if m < P else self.max_stages, self.max_stages)
+        return shape.tables[key]
+
+    def _evaluate_single(self, shape: Shape, P: int, D: int, m: int, placed, best, front, top, pareto) -> None:
+        costs, tp, n = shape.costs, shape.tp, shape.per_node
+        same_node = P * tp <= n
+        c = {z: (shape.comm[(z, same_node)] if P > 1 else 0.0) for z, _ in placed}
+        splits = self._table(shape, max(c.values()), m, P).frontier(P)
+        if not splits:
+            return  # no split fits in memory
+        micro = spread(self.gbs // shape.mbs, D)
+        per = n // (P * tp) if same_node else n // tp
+        gpus_per_zone = tuple((z, k * P * tp) for z, k in placed)
+        usd_per_s = sum(g * shape.prices[z] for z, g in gpus_per_zone)
+        busiest, k0 = [], 0  # (c, microbatches) of the busiest pipeline in each zone
+        for z, k in placed:
+            busiest.append((c[z], micro[k0]))
+            k0 += k
+        fb_total = costs.compute(0, self.L - 1)
+        zones_k = tuple(z for z, k in placed for _ in range(k))  # the zone of each pipeline
+        for _, params, bounds in splits:
+            t_pp = max(fb_total + 2 * (P - 1) * cz + (mz - 1) * self._slot(costs, bounds, cz) for cz, mz in busiest)
+            sync, egress = self._sync(params, D, shape.gpu, tp, tuple(placed), per)
+            T = t_pp + sync + shape.u * params
+            self._consider(Outcome(T, T * usd_per_s + egress, D * P * tp, gpus_per_zone),
+                           (shape.mbs, ((shape.gpu, tp, P, zones_k),), bounds, D), best, front, top, pareto)

@@ -1,0 +1,199 @@
+"""Pipelines of two GPU types side by side (data parallelism across types).
+
+Every stage has replicas of both types, each type with its own TP degree; the
+types' pipelines run their own microbatch counts, so faster GPUs take more
+samples. Each type runs as many pipelines as its GPUs hold (or they share M/P
+pipelines when the batch is the limit); every pipeline runs at least P
+microbatches. The shared split is an exact frontier over (slot of each type, G)
+(partition.JointSplitTable); the microbatch split is where the two types' times
+cross (space.crossing).
+"""
+from __future__ import annotations
+
+import math
+
+from planner.search.goal import Outcome
+from planner.search.partition import JointSplitTable
+from planner.search.space import Shape, capacity, crossing, ring_edges_of, spread
+from planner.simulator.network import Endpoint
+
+class TwoTypes:
+    """Methods of Planner; see planner.py for the search loop that calls them."""
+
+    def _class_pairs(self, shapes: list[Shape]):
+        """(X, Y): two GPU types (each over all its zones) with the same microbatch size."""
+        for x in shapes:
+            for y in shapes:
+                if x.mbs == y.mbs and x.gpu < y.gpu:
+                    yield x, y
+
+    def _balance(self, M: int, P: int, classes) -> tuple[float, int] | None:
+        """Least pipeline time over how M microbatches split between two classes.
+
+        classes = [(D, fill, slot), (D, fill, slot)]: class c's pipelines take
+        at most m_c microbatches (its busiest pipeline), at least P so the
+        1F1B in-flight count is P - s, and every pipeline gets at least one.
+        Returns (time, m of the first class) or None.
+        """
+        (dx, fx, sx), (dy, fy, sy) = classes
+
+        def times(mx):  # (X's time, Y's time), or None if Y would run fewer than P microbatches
+            my = math.ceil((M - min(dx * mx, M - dy)) / dy)
+            return None if my < P else (fx + (mx - 1) * sx, fy + (my - 1) * sy)
+
+        return crossing(P, math.ceil((M - dy) / dx), times)
+
+    def _two_class_family(self, x: Shape, y: Shape, P: int):
+        M = self.gbs // x.mbs
+        caps = []
+        for sh in (x, y):
+            d = sum(capacity(cnt, sh.per_node, P, sh.tp) for _, cnt in sh.zones)
+            if self.goal.max_gpus is not None:
+                d = min(d, self.goal.max_gpus // (P * sh.tp))
+            caps.append(d)
+        if min(caps) < 1 or caps[0] + caps[1] > M:
+            caps = [min(c, M) for c in caps]
+        if min(caps) < 1:
+            return None
+        lbs = []
+        for sh in (x, y):
+            same = P * sh.tp <= sh.per_node
+            c = min(sh.comm[(z, same)] for z, _ in sh.zones) if P > 1 else 0.0
+            fb = sh.costs.compute(0, self.L - 1)
+            lbs.append((fb + 2 * (P - 1) * c, (fb + 4 * (P - 1) * c) / P))
+        upd = min(x.u, y.u) * x.costs.params(0, self.L - 1) / P
+        most = M // P  # every pipeline runs at least P microbatches
+        if most < 2:
+            return None
+        ideal = self._balance(M, P, [(min(caps[0], most - 1), *lbs[0]), (min(caps[1], most - 1), *lbs[1])])
+        if ideal is None:
+            return None
+        price = min(x.prices.values()) * P * x.tp + min(y.prices.values()) * P * y.tp  # one pipeline each
+        bound = ideal[0] + upd if self.goal.objective == "throughput" else (ideal[0] + upd) * price
+        return bound, (x, y, P, caps, lbs, upd)
+
+    def _two_class_configs(self, x, y, P, caps, lbs, upd):
+        """Configurations (D_X, D_Y), in bound order: each class runs as many pipelines as its GPUs
+        hold, unless that exceeds M/P pipelines in all (each must run at least P microbatches);
+        then every way to share the M/P pipelines between the classes."""
+        M = self.gbs // x.mbs
+        most = M // P
+        if caps[0] + caps[1] <= most:
+            pairs = [(caps[0], caps[1])]
+        else:
+            pairs = [(dx, most - dx) for dx in range(max(1, most - caps[1]), min(caps[0], most - 1) + 1)]
+        out = []
+        for dx, dy in pairs:
+            ideal = self._balance(M, P, [(dx, *lbs[0]), (dy, *lbs[1])])
+            if ideal is None:
+                continue
+            placed = [self._place_zones(sh, P, d) for sh, d in ((x, dx), (y, dy))]
+            usd = sum(k * P * sh.tp * sh.prices[z] for sh, pl in zip((x, y), placed) for z, k in pl)
+            if self._could_admit(ideal[0] + upd, usd) and self._within_quotas(x, y, P, placed):
+                out.append((ideal[0] + upd, self._refine_two_class, (x, y, P, dx, dy, placed)))
+        yield from sorted(out, key=lambda c: c[0])
+
+    def _refine_two_class(self, x, y, P, dx, dy, placed):
+        """What a tighter bound adds: the sync of an average stage over the mixed ring."""
+        avg = math.ceil(x.costs.params(0, self.L - 1) / P)
+        key = ("class-ring", x.gpu, x.tp, y.gpu, y.tp, P, tuple(placed[0]), tuple(placed[1]))
+        if key not in self._sync_cache:
+            self._sync_cache[key] = self._class_ring((x, y), P, placed)
+        sync = self.sim.edges_sync(avg, dx + dy, self._sync_cache[key])[0]
+        usd = sum(k * P * sh.tp * sh.prices[z] for sh, pl in zip((x, y), placed) for z, k in pl)
+        return sync, usd, self._evaluate_two_class, (x, y, P, dx, dy, placed)
+
+    def _place_zones(self, sh: Shape, P: int, D: int) -> list[tuple[str, int]]:
+        placed, left = [], D
+        for z, cnt in sh.zones:
+            k = min(capacity(cnt, sh.per_node, P, sh.tp), left)
+            if k:
+                placed.append((z, k))
+                left -= k
+        return placed
+
+    def _within_quotas(self, x: Shape, y: Shape, P: int, placed) -> bool:
+        used: dict[str, int] = {}
+        for sh, pl in zip((x, y), placed):
+            for z, k in pl:
+                used[z] = used.get(z, 0) + k * P * sh.tp
+        return all(used.get(z, 0) <= q for z, q in self.sim.cluster.quotas.items())
+
+    def _evaluate_two_class(self, x: Shape, y: Shape, P, dx, dy, placed, best, front, top, pareto) -> None:
+        M = self.gbs // x.mbs
+        shapes = (x, y)
+        comms = []
+        for sh, pl in zip(shapes, placed):
+            same = P * sh.tp <= sh.per_node
+            comms.append({z: (sh.comm[(z, same)] if P > 1 else 0.0) for z, _ in pl})
+        key = ("classes", id(x.costs), id(y.costs), max(comms[0].values()), max(comms[1].values()))
+        if key not in self._front_cache:
+            self._front_cache[key] = JointSplitTable([x.costs, y.costs], [max(c.values()) for c in comms],
+                                                     [self.max_stages] * 2, self.max_stages)
+        splits = self._front_cache[key].frontier(P)
+        edges = self._sync_cache[("class-ring", x.gpu, x.tp, y.gpu, y.tp, P, tuple(placed[0]), tuple(placed[1]))]
+        gpus_per_zone: dict[str, int] = {}
+        usd_per_s = 0.0
+        for sh, pl in zip(shapes, placed):
+            for z, k in pl:
+                gpus_per_zone[z] = gpus_per_zone.get(z, 0) + k * P * sh.tp
+                usd_per_s += k * P * sh.tp * sh.prices[z]
+        gpus = sum(gpus_per_zone.values())
+        u = max(x.u, y.u)
+        for _, params, bounds in splits:
+            # (c, fill, slot) of each zone of each class: the exact per-zone pipeline times
+            zone_times = []
+            for sh, cz, pl in zip(shapes, comms, placed):
+                fb = sh.costs.compute(0, self.L - 1)
+                zone_times.append([(fb + 2 * (P - 1) * cz[z], self._slot(sh.costs, bounds, cz[z]), k) for z, k in pl])
+            def times(mx):  # exact (X's time, Y's time) when X's busiest pipeline runs mx microbatches
+                m_x_total = min(dx * mx, M - dy)
+                micro_x, micro_y = spread(m_x_total, dx), spread(M - m_x_total, dy)
+                if micro_y[0] < P:
+                    return None
+                return self._class_time(zone_times[0], micro_x), self._class_time(zone_times[1], micro_y)
+
+            found = crossing(P, math.ceil((M - dy) / dx), times)
+            if found is None:
+                continue
+            m_x_total = min(dx * found[1], M - dy)
+            best_split = (found[0], spread(m_x_total, dx), spread(M - m_x_total, dy))
+            t_pp, micro_x, micro_y = best_split
+            sync, egress = self.sim.edges_sync(params, dx + dy, edges)
+            T = t_pp + sync + u * params
+            zones_x = tuple(z for z, k in placed[0] for _ in range(k))
+            zones_y = tuple(z for z, k in placed[1] for _ in range(k))
+            self._consider(Outcome(T, T * usd_per_s + egress, gpus, tuple(gpus_per_zone.items())),
+                           ("classes", x.mbs, ((x.gpu, x.tp, zones_x, micro_x), (y.gpu, y.tp, zones_y, micro_y)), bounds),
+                           best, front, top, pareto)
+
+    @staticmethod
+    def _class_time(zone_times, micro) -> float:
+        """Slowest pipeline of a class: each zone's first (busiest) pipeline, over that zone's links."""
+        worst, k0 = 0.0, 0
+        for fill, slot, k in zone_times:
+            worst = max(worst, fill + (micro[k0] - 1) * slot)
+            k0 += k
+        return worst
+
+    def _class_ring(self, shapes, P, placed):
+        """Distinct edges of a stage's ring: the first class's replicas, then the second's."""
+        counts: dict = {}
+        ends = []
+        for sh, pl in zip(shapes, placed):
+            q = self._per_node(sh, P)
+            for a, b, n in ring_edges_of(sh.gpu, sh.tp, pl, q):
+                counts[(a, b)] = counts.get((a, b), 0) + n
+            # drop this class's wrap-around edge: the ring goes on to the other class instead
+            last_zone, first_zone = pl[-1][0], pl[0][0]
+            same = len(pl) == 1 and math.ceil(pl[0][1] / q) == 1
+            wrap = (Endpoint(sh.gpu, last_zone, 0, sh.tp), Endpoint(sh.gpu, first_zone, 0 if same else 1, sh.tp))
+            counts[wrap] -= 1
+            if not counts[wrap]:
+                del counts[wrap]
+            ends.append((sh, first_zone, last_zone))
+        (sa, fa, la), (sb, fb, lb) = ends
+        for src, dst in (((sa, la), (sb, fb)), ((sb, lb), (sa, fa))):
+            key = (Endpoint(src[0].gpu, src[1], 0, src[0].tp), Endpoint(dst[0].gpu, dst[1], 1, dst[0].tp))
+            counts[key] = counts.get(key, 0) + 1
+        return [(a, b, n) for (a, b), n in counts.items()]
