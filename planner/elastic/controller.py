@@ -137,6 +137,7 @@ class Controller:
         self.provider_checked = 0.0
         self.local_agents: list[subprocess.Popen] = []
         self.waiting_logged = False
+        self.finish_requested = 0.0  # monotonic time of a stop request (SIGTERM/SIGINT), 0 if none
 
     @property
     def address(self) -> tuple[str, int]:
@@ -164,13 +165,10 @@ class Controller:
                 break
             kind, node_id, index = P.parse_identity(who)
             node = self.nodes.get(node_id)
-            if node is None or node.lost:
+            if node is None or node.lost or self.server.get(P.JOB_DONE) is not None:
                 continue
             if kind == "agent":
-                if self.server.get(P.JOB_DONE) is not None:
-                    node.lost = "left at the end of the job"
-                else:
-                    self._lose(node, "agent disconnected", at)
+                self._lose(node, "agent disconnected", at)
             elif kind == "worker":
                 # a worker died on a live node: its agent starts a fresh one; until then the node is not ready
                 self.server.delete(P.ready_key(node_id, index))
@@ -288,6 +286,19 @@ class Controller:
     def _decide(self) -> None:
         now = time.monotonic()
         e = self.epoch
+        if self.finish_requested:
+            if e is None:
+                raise KeyboardInterrupt
+            if not e.stopping:
+                self._stop(P.FINISH, "stop requested: finishing the current step and saving")
+                return
+            if e.stopping == P.FINISH:
+                if e.failures or any(self.nodes[n].lost for n in e.proposal.nodes) or \
+                        now - self.finish_requested > 120:
+                    raise SailorError("stopped before a final checkpoint could be written; resume from the last "
+                                      "one with --load SAVE_DIR")
+                return
+            # a reconfiguration is under way: let it publish, then finish that epoch
         if e is not None and not e.stopping:
             gone = [n for n in e.proposal.nodes if self.nodes[n].lost]
             unready = [n for n in e.proposal.nodes if not self.nodes[n].ready and not self.nodes[n].lost]
@@ -347,6 +358,12 @@ class Controller:
         self._publish(proposal, "scale")
 
     # -- the loop ---------------------------------------------------------------------
+    def request_finish(self, signum=None, frame=None) -> None:
+        """First SIGTERM/SIGINT: finish the step, save, end the job. Second: stop now."""
+        if self.finish_requested:
+            raise KeyboardInterrupt
+        self.finish_requested = time.monotonic()
+
     def run(self) -> int:
         deadline = time.monotonic() + self.s.wait_s
         try:
@@ -374,7 +391,11 @@ class Controller:
         # keep the store up until every agent has read job/done and left (bounded)
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline:
-            self._scan()
+            while not self.disconnects.empty():
+                who, _ = self.disconnects.get_nowait()
+                kind, node_id, _ = P.parse_identity(who)
+                if kind == "agent" and node_id in self.nodes:
+                    self.nodes[node_id].lost = self.nodes[node_id].lost or "left at the end of the job"
             if all(n.lost for n in self.nodes.values()) and all(a.poll() is not None for a in self.local_agents):
                 break
             time.sleep(0.05)
@@ -505,6 +526,8 @@ def run(args) -> int:
                         provider_command=args.nodes_command, padded_vocab=padded_vocab,
                         load=args.load)
     controller = Controller(settings, replanner, EventLog(args.events_file), args.host, args.port)
+    signal.signal(signal.SIGTERM, controller.request_finish)
+    signal.signal(signal.SIGINT, controller.request_finish)
     host, port = controller.address
     controller.server.set(P.JOB_ARGS, json.dumps(train_args))
     if args.address_file:

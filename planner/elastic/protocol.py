@@ -11,7 +11,8 @@ Everything goes through the controller's store (store.py). Keys:
     epoch                  the newest epoch (plan number)
     plan/<e>               Assignment of epoch e (JSON)
     stop/<e>               epoch e must end: "abort" (a peer is gone: leave collectives
-                           now) or "drain" (stop after the current step, lose nothing)
+                           now), "drain" (stop after the current step, lose nothing) or
+                           "finish" (drain, save a checkpoint, end the job)
     failed/<e>/<rank>      a rank's collective failed in epoch e, and why
     report/<e>             rank 0's timings of epoch e's start (JSON)
     finished/<e>           rank 0 finished the last step (and its checkpoint) in epoch e
@@ -27,7 +28,7 @@ import json
 from dataclasses import asdict, dataclass
 
 JOB_ARGS, JOB_DONE, EPOCH = "job/args", "job/done", "epoch"
-ABORT, DRAIN = "abort", "drain"
+ABORT, DRAIN, FINISH = "abort", "drain", "finish"
 
 
 def node_key(node: str) -> str:

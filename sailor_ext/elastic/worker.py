@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import faulthandler
 import gc
 import json
 import os
@@ -59,16 +60,22 @@ def log(line: str) -> None:
 
 
 EXIT_WEDGED = 6
-WEDGED_GRACE_S = 10.0
+WEDGED_GRACE_S = 1.0
 
 
 class StopWatcher:
     """Watches stop/<e> of the current epoch on its own store connection.
 
     Last resort: if the training thread has not left an aborted epoch
-    WEDGED_GRACE_S later (stuck in a collective nothing could wake), the
-    process exits and its agent starts a fresh one (a restart instead of an
-    in-place reconfiguration, for this worker only)."""
+    `grace` seconds later (max(WEDGED_GRACE_S, twice the slowest step): a
+    healthy thread leaves within one step plus abort.ABORT_TIMEOUT_S), it is
+    stuck in a collective nothing could wake. gloo sometimes leaves an
+    operation waiting for its full timeout on a connection that is already
+    gone (the process then holds no connection at all but the store's; seen
+    in 1 to 2 node kills out of 10 here). The process exits and its agent
+    starts a fresh one: a restart instead of an in-place reconfiguration,
+    for this worker only; the controller plans without its node until the
+    fresh worker is ready, then folds it back in."""
 
     def __init__(self, client: StoreClient, keep_fds: set[int]):
         self.client, self.keep_fds = client, keep_fds
@@ -77,6 +84,7 @@ class StopWatcher:
         self.stop = threading.Event()  # the current epoch must end
         self.left = threading.Event()  # the training thread left the epoch
         self.cancelled: threading.Event | None = None  # also set: ends store waits of the epoch
+        self.grace = WEDGED_GRACE_S
         self.thread = threading.Thread(target=self._run, name="stop-watcher", daemon=True)
         self.thread.start()
 
@@ -112,9 +120,11 @@ class StopWatcher:
                 if how != P.ABORT:
                     continue
                 abort_collectives(self.keep_fds)
-            if not self.left.wait(WEDGED_GRACE_S):
-                log(f"epoch {epoch}: training is still stuck in a collective {WEDGED_GRACE_S:g} s after the abort; "
+            if not self.left.wait(self.grace):
+                log(f"epoch {epoch}: training is still stuck in a collective {self.grace:g} s after the abort; "
                     "exiting so the agent starts a fresh worker")
+                if os.environ.get("SAILOR_DEBUG"):
+                    faulthandler.dump_traceback(all_threads=True)
                 os._exit(EXIT_WEDGED)
 
 
@@ -162,6 +172,8 @@ class Worker:
             if self.client.check([P.JOB_DONE]):
                 return None
             if self.client.check([P.fence_key(self.node)]):
+                log(f"worker {self.node}/{self.index}: the controller fenced this node "
+                    f"({self.client.get(P.fence_key(self.node), 1.0).decode()}); exiting")
                 raise SystemExit(EXIT_FENCED)
             try:
                 self.client.get(P.plan_key(after + 1), 0.05)
@@ -308,6 +320,7 @@ class Worker:
         first = True
         while trainer.step < args.train_iters:
             r = trainer.train_step(stop=watcher.stop.is_set())
+            watcher.grace = max(watcher.grace, 2 * r.seconds)
             record = {"step": r.step, "loss": r.loss, "tokens": tokens, "step_time_s": r.seconds,
                       "samples_per_replica": samples, "grad_norm": r.grad_norm, "lr": r.lr, "epoch": a.epoch}
             last = r.step == args.train_iters
@@ -326,6 +339,10 @@ class Worker:
                 self.client.set(f"progress/{a.epoch}", str(r.step))
             first = False
             if r.stop and not last:
+                if self.client.get(P.stop_key(a.epoch), 5.0).decode() == P.FINISH:
+                    if args.save and "save_blocked_s" not in record:
+                        trainer.save()
+                    break
                 self.ended_at = time.time()
                 return EpochResult("stopped", f"step {r.step}")
         if trainer.persister is not None:
@@ -349,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--parent", type=int, default=0, help="the agent's pid: exit if it is already gone")
     opts = p.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: where is it stuck?
     if opts.parent:
         die_with_parent()
         if os.getppid() != opts.parent:
