@@ -503,6 +503,32 @@ def _train_args(args) -> tuple[list[str], int, int]:
     return rest, parsed.train_iters, parsed.make_vocab_size_divisible_by
 
 
+def job_vocabulary(vocab: int, divisor: int, max_tp: int, load: str | None) -> tuple[int, int]:
+    """(padded vocabulary, largest TP degree) for every plan of the job.
+
+    The padding must not change between plans, or the logical embedding
+    would change shape; so it is fixed for the largest TP degree allowed. A
+    job that resumes a checkpoint keeps that checkpoint's padding and allows
+    only the TP degrees it divides into."""
+    step = divisor * max_tp
+    padded = math.ceil(vocab / step) * step
+    if not load:
+        return padded, max_tp
+    root = Path(load)
+    latest = root / "latest"
+    meta_path = (root / latest.read_text().strip() / "meta.json") if latest.exists() else root / "meta.json"
+    try:
+        saved = json.loads(meta_path.read_text()).get("padded_vocab")
+    except (OSError, json.JSONDecodeError):
+        return padded, max_tp  # the workers check the checkpoint and say what is wrong with it
+    if not saved:
+        return padded, max_tp
+    tp = max_tp
+    while tp > 1 and saved % (divisor * tp):
+        tp //= 2
+    return saved, tp
+
+
 def run(args) -> int:
     from planner.profiles.store import load_profiles
     from planner.search.goal import Goal
@@ -514,11 +540,10 @@ def run(args) -> int:
     model = get_model(args.model)
     if args.max_tp < 1 or args.max_tp & (args.max_tp - 1):
         raise SailorError(f"--max-tp {args.max_tp} must be a power of two")
-    step = divisor * args.max_tp
-    padded_vocab = math.ceil(model.vocab / step) * step
+    padded_vocab, max_tp = job_vocabulary(model.vocab, divisor, args.max_tp, args.load)
     profiles = load_profiles(args.profiles, dict(cluster.gpus), model.name)
     replanner = Replanner(model, cluster, profiles, args.global_batch, Goal(args.objective),
-                          args.precision, args.max_tp)
+                          args.precision, max_tp)
     pools = parse_gpus(args.gpus, cluster) if args.gpus else ()
     settings = Settings(train_args, train_iters, args.heartbeat_s, args.heartbeat_misses,
                         reconfigure_cost_s=args.reconfigure_cost_s,

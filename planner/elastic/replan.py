@@ -79,8 +79,16 @@ class Replanner:
         start = time.perf_counter()
         cluster = self.cluster_for(nodes)
         sim = Simulator(self.model, cluster, self.profiles, self.precision)
+        max_tp = self.max_tp
+
+        class CappedPlanner(Planner):
+            """The planner, with TP degrees the job's vocabulary padding cannot take left out."""
+
+            def shapes(self):
+                return [shape for shape in super().shapes() if shape.tp <= max_tp]
+
         try:
-            result = Planner(sim, self.global_batch, self.goal).run(top=1)
+            result = CappedPlanner(sim, self.global_batch, self.goal).run(top=1)
         except SailorError:
             return None
         if not result.plans:

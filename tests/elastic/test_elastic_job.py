@@ -39,18 +39,29 @@ def started(job: Job, epoch: int) -> dict:
     return next(e for e in job.events("epoch_started") if e["epoch"] == epoch)
 
 
+def recovery(job: Job) -> tuple[dict, dict]:
+    """(published, started) of the first epoch that ran after epoch 1.
+
+    Usually epoch 2; epoch 3 when a survivor's worker was wedged in gloo and
+    restarted (the documented fallback), so that epoch 2 never formed."""
+    first_run = min(e["epoch"] for e in job.events("epoch_started") if e["epoch"] > 1)
+    return published(job, first_run), started(job, first_run)
+
+
 def assert_resumed_from_checkpoint(job: Job, last_logged: int, iters: int) -> int:
-    """Epoch 2 resumed from the last checkpoint of epoch 1 and trained to the end; returns its step."""
-    first, second = by_epoch(job.metrics(), 1), by_epoch(job.metrics(), 2)
-    resume = started(job, 2)["step"]
-    assert started(job, 2)["source"] == "memory", started(job, 2)
+    """The survivors resumed from the last checkpoint of epoch 1 and trained to the end; returns its step."""
+    _, start = recovery(job)
+    metrics = job.metrics()
+    first, later = by_epoch(metrics, 1), [m for m in metrics if m["epoch"] >= start["epoch"]]
+    resume = start["step"]
+    assert start["source"] == "memory", start
     # the newest checkpoint every survivor had: the last multiple of the interval (one step later
     # at most, if the survivors finished a step the dead rank 0 never logged)
     assert resume % INTERVAL == 0 and INTERVAL * (last_logged // INTERVAL) <= resume <= last_logged + 1
-    assert [m["step"] for m in second] == list(range(resume + 1, iters + 1)), "the step counter must continue"
+    assert [m["step"] for m in later] == list(range(resume + 1, iters + 1)), "the step counter must continue"
     replayed = {m["step"]: m["loss"] for m in first if m["step"] > resume}
     assert len(replayed) >= 2, f"the kill came too late to replay two steps: {sorted(replayed)} after {resume}"
-    for m in second:
+    for m in later:
         if m["step"] in replayed:  # the first replayed loss checks the weights, the second the Adam moments too
             assert m["loss"] == pytest.approx(replayed[m["step"]], rel=LOSS_RTOL), (m["step"], m, replayed)
     from sailor_ext.checkpoint import read_logical
@@ -80,12 +91,12 @@ def test_node_death_survivors_replan_and_resume(tmp_path):
         job.close()
     lost = job.events("node_lost")
     assert [e["node"] for e in lost] == [head] and lost[0]["t_detect"] - t_kill < 1.0
-    second = published(job, 2)
-    assert head not in second["nodes"] and second["world"] == 4 and second["reason"] == "recover"
+    plan, start = recovery(job)
+    assert head not in plan["nodes"] and plan["world"] in (2, 4) and plan["reason"] == "recover"
     last_logged = max(m["step"] for m in by_epoch(job.metrics(), 1))
     assert_resumed_from_checkpoint(job, last_logged, iters)
-    # the reconfiguration paid no process start: first step on the new plan well under the re-exec floor
-    assert started(job, 2)["t_first_step"] - t_kill < 5.0
+    # no process was started: the first step on the new plan came well under the re-exec floor
+    assert start["t_first_step"] - t_kill < 5.0
 
 
 @pytest.mark.timeout(240)
@@ -104,18 +115,17 @@ def test_agent_killed_its_workers_left_alive(tmp_path):
         orphans = job.worker_pids(victim)
         job.wait_step(INTERVAL + 2)
         t_kill = job.kill_agent(victim)
-        try:
-            gone = job.wait_for(lambda: all(not _alive(pid) for pid in orphans) and time.time(), 30,
-                                "the orphaned workers to exit")
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{job.agent_log(victim)[-3000:]}") from None
+        deadline = time.monotonic() + 20
+        while any(_alive(pid) for pid in orphans) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gone = time.time()
         assert job.wait(180) == 0, job.log()
     finally:
         job.close(orphans)
-    assert gone - t_kill < 10.0, f"orphans lived {gone - t_kill:.1f} s after their agent"
-    assert started(job, 2)["t_first_step"] - t_kill < 5.0
-    second = published(job, 2)
-    assert victim not in second["nodes"] and second["world"] == 4
+    assert gone - t_kill < 5.0, f"orphans lived {gone - t_kill:.1f} s after their agent:\n{job.agent_log(victim)}"
+    plan, start = recovery(job)
+    assert start["t_first_step"] - t_kill < 5.0
+    assert victim not in plan["nodes"] and plan["world"] in (2, 4)
     last_logged = max(m["step"] for m in by_epoch(job.metrics(), 1))
     assert_resumed_from_checkpoint(job, last_logged, iters)
 
