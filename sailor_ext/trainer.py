@@ -92,6 +92,8 @@ class Trainer:
         self.args, self.plan, self.model_spec, self.rank = args, plan, model_spec, rank
         timeout = datetime.timedelta(seconds=args.dist_timeout)
         self.topology = topology = Topology(layout, rank, device, model_spec.tied_embeddings, timeout)
+        if not topology.in_plan:
+            raise ValueError(f"rank {rank} is not in the plan: a donor builds only a Topology")
         compat.install(device, args.seed, topology.tp_rank)
         stage = plan.stages[topology.stage]
         embedding_stages = topology.tied_stages() if model_spec.tied_embeddings else (0,)
@@ -166,7 +168,7 @@ class Trainer:
         stats = torch.stack([self.optimizer.local_grad_sumsq(),
                              (loss_sum if counts_loss else torch.zeros_like(loss_sum)).double(),
                              torch.tensor(float(stop), dtype=torch.float64, device=loss_sum.device)])
-        dist.all_reduce(stats)  # global grad norm, loss and stop requests in one collective
+        dist.all_reduce(stats, group=topo.world_group)  # grad norm, loss and stop requests in one collective
         grad_norm, loss = float(stats[0].sqrt()), float(stats[1])
         lr = self.optimizer.step(grad_norm)
         self.grad_sync.zero_grad()
@@ -203,7 +205,7 @@ class Trainer:
                 choice = [checkpoint.choose(load_dir)]
             except Exception as e:  # every rank must leave the broadcast
                 choice = [e]
-        dist.broadcast_object_list(choice, src=0)
+        dist.broadcast_object_list(choice, src=0, group=self.topology.world_group)
         if isinstance(choice[0], Exception):
             raise choice[0]
         if self.rank == 0:

@@ -242,14 +242,20 @@ class Controller:
         self.next_epoch += 1
         from planner.specs.plan import plan_to_dict
 
+        # every other worker joins as a donor of its in-memory state (leaving nodes too: not fenced yet)
+        used = set(proposal.ranks)
+        donors = tuple((n.info.id, i) for n in sorted(self.nodes.values(), key=lambda n: n.joined)
+                       if n.ready and not n.lost for i in range(n.info.gpus) if (n.info.id, i) not in used)
         assignment = P.Assignment(number, plan_to_dict(proposal.plan), proposal.ranks, self.s.padded_vocab,
-                                  proposal.gpus_per_node, self.s.load)
+                                  proposal.gpus_per_node, self.s.load, donors)
         self.server.set(P.plan_key(number), assignment.to_json())
         self.server.set(P.EPOCH, str(number))
         self.epoch = Epoch(number, proposal, time.time(), reason)
         self.events.emit("epoch_published", f"epoch {number}: {proposal.describe()} ({reason}; planned in "
-                         f"{proposal.planning_s * 1e3:.0f} ms, {proposal.iteration_time_s:.3g} s/step predicted)",
+                         f"{proposal.planning_s * 1e3:.0f} ms, {proposal.iteration_time_s:.3g} s/step predicted)"
+                         + (f"; {len(donors)} other worker(s) hand over their state" if donors else ""),
                          epoch=number, reason=reason, nodes=list(proposal.nodes), world=len(proposal.ranks),
+                         donors=len(donors),
                          planning_s=proposal.planning_s, predicted_step_s=proposal.iteration_time_s)
 
     def _poll_epoch(self) -> bool:

@@ -110,29 +110,41 @@ class Assignment:
     padded_vocab: int  # fixed for the whole job, so every plan's logical tensors match
     gpus_per_node: dict[str, int]  # node size per GPU type: the rank layout depends on it
     load: str | None = None  # checkpoint directory when the workers' memory does not cover the plan
+    # Workers outside the plan that join the process group only to hand over
+    # their in-memory state (ranks len(ranks), len(ranks) + 1, ...).
+    donors: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def plan_world(self) -> int:
+        return len(self.ranks)
 
     @property
     def world_size(self) -> int:
-        return len(self.ranks)
+        return len(self.ranks) + len(self.donors)
+
+    def worker(self, rank: int) -> tuple[str, int]:
+        return (self.ranks + self.donors)[rank]
 
     def rank_of(self, node: str, index: int) -> int | None:
         try:
-            return self.ranks.index((node, index))
+            return (self.ranks + self.donors).index((node, index))
         except ValueError:
             return None
 
     def node_index(self, rank: int) -> int:
         """A small integer per node, for 'same node' preferences."""
-        order = list(dict.fromkeys(n for n, _ in self.ranks))
-        return order.index(self.ranks[rank][0])
+        order = list(dict.fromkeys(n for n, _ in self.ranks + self.donors))
+        return order.index(self.worker(rank)[0])
 
     def to_json(self) -> str:
         d = asdict(self)
         d["ranks"] = [list(r) for r in self.ranks]
+        d["donors"] = [list(r) for r in self.donors]
         return json.dumps(d)
 
     @staticmethod
     def from_json(text: bytes | str) -> "Assignment":
         d = json.loads(text)
         d["ranks"] = tuple((n, int(i)) for n, i in d["ranks"])
+        d["donors"] = tuple((n, int(i)) for n, i in d.get("donors", ()))
         return Assignment(**d)

@@ -157,14 +157,15 @@ def _slice(t: torch.Tensor, dim: int | None, offset: int, length: int) -> torch.
 
 
 @torch.no_grad()
-def exchange(ring: SnapshotRing, model, optimizer, shards: dict[str, ParamShard], nodes: list[int],
+def exchange(ring: SnapshotRing, model, optimizer, shards: dict[str, ParamShard] | None, nodes: list[int],
              min_step: int = -1, group=None) -> StepInfo | None:
     """Fill this rank's parameters and optimizer state from the ranks' snapshots
     (collective over `group`). Returns the step restored, or None if the
-    snapshots cover no step >= min_step (then nothing was changed)."""
+    snapshots cover no step >= min_step (then nothing was changed). A donor
+    (a rank outside the plan) passes shards=None: it only sends."""
     me, world = dist.get_rank(group), dist.get_world_size(group)
     mine = holdings(ring)
-    my_needs = needs_of(shards)
+    my_needs = needs_of(shards) if shards is not None else []
     gathered: list = [None] * world
     dist.all_gather_object(gathered, (mine[0], mine[1], my_needs), group=group)
     held = [g[0] for g in gathered]
@@ -212,6 +213,8 @@ def exchange(ring: SnapshotRing, model, optimizer, shards: dict[str, ParamShard]
                 n = target.numel()
                 target.copy_(buffers[t.src][offsets[t.src]: offsets[t.src] + n].view(target.shape))
                 offsets[t.src] += n
+    if shards is None:
+        return info
     params = dict(model.named_parameters())
     optimizer.step_count = info.optimizer_steps
     restore_state = tuple(info.state_keys) == tuple(optimizer.state_keys)

@@ -232,16 +232,19 @@ class Worker:
                                     store=dist.PrefixStore(f"pg/{e}/", self.store), rank=rank,
                                     world_size=a.world_size, timeout=datetime.timedelta(seconds=args.dist_timeout))
             t_pg = time.time()
+            if rank >= a.plan_world:
+                result = self.donate(a, layout, rank, device, model.tied_embeddings)
+                return result
             if args.save:
                 persister = Persister(
-                    PersistTarget(args.save, rank, a.world_size, e, args.keep_checkpoints, args.dist_timeout),
+                    PersistTarget(args.save, rank, a.plan_world, e, args.keep_checkpoints, args.dist_timeout),
                     StoreBoard(self.board_client, f"ckpt/{e}/"), {}, log if rank == 0 else (lambda line: None))
             trainer = Trainer(replace_ns(args, load=None), plan, model, layout, rank, device, self.ring, persister,
                               a.padded_vocab)
             if persister is not None:
                 persister.meta = trainer.checkpoint_meta()
             t_built = time.time()
-            source = self.restore(trainer, a)
+            source = self.restore(trainer, a, rank)
             t_loaded = time.time()
             result = self.train(trainer, a, rank, {"epoch": e, "rank": rank, "world": a.world_size,
                                                    "source": source, "step": trainer.step, "t_start": t0,
@@ -277,41 +280,68 @@ class Worker:
             self.left_at = time.time()
         return result
 
-    def restore(self, trainer, a: P.Assignment) -> str:
-        """Fill the trainer from memory or disk; returns where the state came from."""
+    def restore(self, trainer, a: P.Assignment, rank: int) -> str:
+        """Fill the trainer from memory or disk (collective over every rank,
+        donors too; trainer is None on a donor); returns where the state came from."""
         import torch.distributed as dist
 
         from sailor_ext import checkpoint
         from sailor_ext.elastic import reshard
+        from sailor_ext.trainer import log as say
 
         # What the disk claims (cheap: the name in `latest`); verified only if it is needed.
         disk = [None, -1]
-        if trainer.rank == 0:
+        if rank == 0:
             for d in (self.args.save, a.load):
                 if d and (latest := checkpoint.find_latest(d)) is not None and latest.exists():
                     disk = [d, int(latest.name.split("_")[1])]
                     break
         dist.broadcast_object_list(disk, src=0)
         nodes = [a.node_index(r) for r in range(a.world_size)]
-        model, optimizer, shards = trainer.model, trainer.optimizer, trainer.model.shards
-        info = reshard.exchange(self.ring, model, optimizer, shards, nodes, min_step=disk[1])
+        target = (trainer.model, trainer.optimizer, trainer.model.shards) if trainer else (None, None, None)
+        info = reshard.exchange(self.ring, *target, nodes, min_step=disk[1])
         source = "memory"
         if info is None and disk[0] is not None:
-            choice = trainer.choose_checkpoint(disk[0])  # the newest that verifies: maybe older than claimed
-            if choice.step < disk[1]:
-                info = reshard.exchange(self.ring, model, optimizer, shards, nodes, min_step=choice.step)
-            if info is None:
-                trainer.load(disk[0], choice)
-                source = "disk"
+            choice = [None]  # the newest checkpoint that verifies: maybe older than `latest` claims
+            if rank == 0:
+                try:
+                    choice = [checkpoint.choose(disk[0])]
+                except Exception as e:  # every rank must leave the broadcast
+                    choice = [e]
+            dist.broadcast_object_list(choice, src=0)
+            if isinstance(choice[0], Exception):
+                raise choice[0]
+            if rank == 0:
+                for note in choice[0].notes():
+                    say(note)
+            if choice[0].step < disk[1]:
+                info = reshard.exchange(self.ring, *target, nodes, min_step=choice[0].step)
+            if info is None and trainer is not None:
+                trainer.load(disk[0], choice[0])
+            source = "disk" if info is None else source
+        if trainer is None:
+            return source
         if info is not None:
             trainer.step, trainer.consumed = info.step, info.consumed
         elif disk[0] is None:
             source = "init"
             if self.ring.slots:
-                log(f"rank {trainer.rank}: no snapshot or checkpoint covers the plan; starting from step 0")
+                log(f"rank {rank}: no snapshot or checkpoint covers the plan; starting from step 0")
         self.ring.clear()
         trainer.snapshot()  # the restored state, under the new plan
         return source
+
+    def donate(self, a: P.Assignment, layout, rank: int, device, tied: bool) -> EpochResult:
+        """Outside the plan: create its groups, hand over this worker's snapshots, then wait out the epoch."""
+        from sailor_ext.topology import Topology
+
+        Topology(layout, rank, device, tied, datetime.timedelta(seconds=self.args.dist_timeout))
+        self.restore(None, a, rank)
+        while not self.watcher.stop.wait(0.05):
+            if self.client.check([P.JOB_DONE]) or self.client.check([P.finished_key(a.epoch)]):
+                return EpochResult("finished")
+        self.ended_at = time.time()
+        return EpochResult("stopped")
 
     def train(self, trainer, a: P.Assignment, rank: int, report: dict) -> EpochResult:
         args, watcher = self.args, self.watcher
