@@ -170,6 +170,19 @@ def test_reshard_schedule_covers_every_need_from_the_newest_common_step():
     assert plan_transfers(holdings, infos, needs, nodes=[0, 0, 1]) is None
 
 
+def test_reshard_cuts_a_wider_old_slice_at_the_right_offset():
+    from sailor_ext.elastic.reshard import Held, Need, StepInfo, plan_transfers
+
+    shape = (8, 4)
+    # old plan TP 1 (rank 0 holds all rows); new plan TP 4: rank r needs rows 2r..2r+1
+    holdings = [[Held(6, "w", 0, 0, 8, "w", shape)], [], [], []]
+    infos = [[StepInfo(6, 72, 6, ())], [], [], []]
+    needs = [[Need("w", 0, 2 * r, 2 * r + 2, (2, 4), "w", shape)] for r in range(4)]
+    _, transfers = plan_transfers(holdings, infos, needs, nodes=[0, 0, 0, 0])
+    assert sorted((t.dst, t.src, t.src_offset, t.dst_offset, t.length) for t in transfers) == \
+        [(r, 0, 2 * r, 0, 2) for r in range(4)]
+
+
 def test_reshard_prefers_a_local_copy_then_the_same_node():
     from sailor_ext.elastic.reshard import Held, Need, StepInfo, plan_transfers
 
