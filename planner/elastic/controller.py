@@ -107,7 +107,7 @@ class Settings:
     train_iters: int
     heartbeat_s: float = 0.5
     heartbeat_misses: int = 4
-    settle_s: float = 0.05  # wait this long after a failure report for node losses to show
+    settle_s: float = 0.01  # batch changes this close together into one re-plan
     reconfigure_cost_s: float | None = None  # None: the last measured reconfiguration (2 s before any)
     min_gpus: int = 0  # wait for this many GPUs before the first plan
     wait_s: float = 300.0  # how long to wait for nodes before giving up
@@ -471,6 +471,8 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
                         "last one measured, 2 s before any)")
     p.add_argument("--nodes-file", help="provider hook: a file listing the node ids that exist (one per line)")
     p.add_argument("--nodes-command", help="provider hook: a command that prints the node ids that exist")
+    p.add_argument("--nodes-interval-s", type=float, default=2.0,
+                   help="how often to ask the provider hook (default 2 s)")
     p.add_argument("--max-tp", type=int, default=8,
                    help="largest TP degree any plan of the job may use; the vocabulary is padded for it (default 8)")
     p.add_argument("--wait-s", type=float, default=300.0, help="give up after this long without a runnable plan")
@@ -554,7 +556,8 @@ def run(args) -> int:
     settings = Settings(train_args, train_iters, args.heartbeat_s, args.heartbeat_misses,
                         reconfigure_cost_s=args.reconfigure_cost_s,
                         min_gpus=sum(p.count for p in pools), wait_s=args.wait_s, provider_file=args.nodes_file,
-                        provider_command=args.nodes_command, padded_vocab=padded_vocab,
+                        provider_command=args.nodes_command, provider_interval_s=args.nodes_interval_s,
+                        padded_vocab=padded_vocab,
                         load=args.load)
     controller = Controller(settings, replanner, EventLog(args.events_file), args.host, args.port)
     signal.signal(signal.SIGTERM, controller.request_finish)

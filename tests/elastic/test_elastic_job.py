@@ -160,6 +160,35 @@ def test_a_joining_node_is_folded_in(tmp_path):
     assert meta["step"] == after[-1]["step"], "SIGTERM saves the last step"
 
 
+@pytest.mark.timeout(240)
+def test_provider_drops_a_node_local_agents(tmp_path):
+    """`sailor run --local` starts the agents itself; a provider hook (a node-list file)
+    stops listing node1, as a cloud does before it reclaims a spot VM: the job drains
+    node1 out (nothing lost), fences it, and trains on."""
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text("node0\nnode1\nnode2\n")
+    job = Job(tmp_path, train_args(10_000), controller_args=[
+        "--local", "--gpus-per-node", "2", "--nodes-file", str(nodes), "--nodes-interval-s", "0.2"])
+    try:
+        job.wait_epoch_started(1, timeout=180)
+        job.wait_step(3)
+        nodes.write_text("node0\nnode2\n")
+        start = job.wait_epoch_started(2)
+        job.wait_step(start["step"] + 2, epoch=2)
+        job.controller.send_signal(signal.SIGTERM)
+        assert job.wait(60) == 0, job.log()
+    finally:
+        job.close()
+    assert published(job, 1)["world"] == 6
+    second = published(job, 2)
+    assert "node1" not in second["nodes"] and second["world"] == 4
+    assert [e["node"] for e in job.events("node_leaving")] == ["node1"]
+    assert [(e["node"], e["cause"]) for e in job.events("node_lost")] == [("node1", "removed by the provider")]
+    first = by_epoch(job.metrics(), 1)
+    assert start["source"] == "memory" and start["step"] == first[-1]["step"], "a drain loses no step"
+    assert by_epoch(job.metrics(), 2)[0]["step"] == first[-1]["step"] + 1
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
