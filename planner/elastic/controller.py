@@ -284,6 +284,8 @@ class Controller:
             rank = int(key.rsplit("/", 1)[1])
             if rank not in e.failures:
                 e.failures[rank] = self.server.get(key).decode()
+                if e.failures[rank].startswith(P.FATAL):
+                    raise SailorError(f"rank {rank}: {e.failures[rank][len(P.FATAL):]}")
                 e.first_failure = e.first_failure or time.monotonic()
                 self.events.emit("rank_failed", f"epoch {e.number} rank {rank}: {e.failures[rank][:200]}",
                                  epoch=e.number, rank=rank, reason=e.failures[rank])
@@ -524,6 +526,8 @@ def job_vocabulary(vocab: int, divisor: int, max_tp: int, load: str | None) -> t
         return padded, max_tp
     root = Path(load)
     latest = root / "latest"
+    if not latest.exists() and not (root / "meta.json").exists():
+        raise SailorError(f"no checkpoint in {load} (no 'latest' file); give the --save directory of a previous run")
     meta_path = (root / latest.read_text().strip() / "meta.json") if latest.exists() else root / "meta.json"
     try:
         saved = json.loads(meta_path.read_text()).get("padded_vocab")

@@ -13,7 +13,7 @@ Everything goes through the controller's store (store.py). Keys:
     stop/<e>               epoch e must end: "abort" (a peer is gone: leave collectives
                            now), "drain" (stop after the current step, lose nothing) or
                            "finish" (drain, save a checkpoint, end the job)
-    failed/<e>/<rank>      a rank's collective failed in epoch e, and why
+    failed/<e>/<rank>      a rank's epoch failed, and why ("fatal: ..." ends the job)
     report/<e>             rank 0's timings of epoch e's start (JSON)
     finished/<e>           rank 0 finished the last step (and its checkpoint) in epoch e
     ckpt/<e>/<step>/rank<r>  checkpoint files written (see sailor_ext/snapshot.py)
@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 
 JOB_ARGS, JOB_DONE, EPOCH = "job/args", "job/done", "epoch"
 ABORT, DRAIN, FINISH = "abort", "drain", "finish"
+FATAL = "fatal: "  # a failed/<e>/<rank> reason that no re-plan can fix (a user mistake): the job ends
 
 
 def node_key(node: str) -> str:

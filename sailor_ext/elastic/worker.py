@@ -250,9 +250,8 @@ class Worker:
                                                    "source": source, "step": trainer.step, "t_start": t0,
                                                    "pg_s": t_pg - t0, "build_s": t_built - t_pg,
                                                    "load_s": t_loaded - t_built, **previous})
-        except SailorError as err:
-            log(f"error: rank {rank}: {err}")
-            result = EpochResult("failed", str(err))
+        except SailorError as err:  # a user mistake (e.g. a checkpoint of another model): retrying cannot help
+            result = EpochResult("failed", f"{P.FATAL}{err}")
         except Exception as err:  # a peer died, hung or the epoch was superseded
             self.ended_at = time.time()
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]

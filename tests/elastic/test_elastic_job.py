@@ -195,3 +195,27 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state != "Z"
+
+
+@pytest.mark.timeout(180)
+def test_a_checkpoint_of_another_model_ends_the_job_in_one_line(tmp_path):
+    """No re-plan can fix a user mistake: the workers report it, the controller
+    stops the job with one line naming it, and nothing is written."""
+    import torch
+
+    from sailor_ext import checkpoint as C
+
+    other = tmp_path / "other"
+    record = C.write_pieces(C.staging_dir(other, 5, 0), 0, [C.Piece("w", None, 0, 0, {"param": torch.ones(3)})])
+    C.commit(other, 5, 0, [record], {"consumed_samples": 60, "optimizer_steps": 5, "optimizer_state": []})
+    job = Job(tmp_path / "job", ["--train-iters", "10", "--dist-timeout", "30"], min_gpus=2,
+              controller_args=["--load", str(other)])
+    try:
+        job.add_agent("a")
+        code = job.wait(120)
+    finally:
+        job.close()
+    errors = [line for line in job.log().splitlines() if line.startswith("sailor: error:")]
+    assert code == 2 and len(errors) == 1, job.log()
+    assert "has no tensor layers.0" in errors[0] and "saved for another model" in errors[0]
+    assert job.metrics() == [] and sorted(p.name for p in other.iterdir()) == ["iter_0000005", "latest"]

@@ -279,6 +279,7 @@ def test_provider_list_file_and_command(tmp_path):
     (["--", "--train-iters", "5", "--micro-batch-size", "2"], "--micro-batch-size is decided by the planner"),
     (["--max-tp", "3", "--", "--train-iters", "5"], "--max-tp 3 must be a power of two"),
     (["--local", "--", "--train-iters", "5"], "--local needs --gpus"),
+    (["--load", "/nonexistent", "--", "--train-iters", "5"], "no checkpoint in /nonexistent"),
 ])
 def test_sailor_run_refuses_bad_input_in_one_line(extra, fragment):
     out = subprocess.run([sys.executable, "-m", "planner.cli", "run", "--model", "tiny", "--global-batch", "12",
