@@ -83,7 +83,7 @@ class StopWatcher:
         self.epoch: int | None = None
         self.stop = threading.Event()  # the current epoch must end
         self.left = threading.Event()  # the training thread left the epoch
-        self.cancelled: threading.Event | None = None  # also set: ends store waits of the epoch
+        self.cancelled: threading.Event | None = None  # set on abort: ends store waits of the epoch
         self.grace = WEDGED_GRACE_S
         self.thread = threading.Thread(target=self._run, name="stop-watcher", daemon=True)
         self.thread.start()
@@ -115,10 +115,12 @@ class StopWatcher:
                 if self.epoch != epoch:
                     continue
                 self.stop.set()
+                if how != P.ABORT:
+                    # drain/finish: an epoch still forming completes its rendezvous and restore, then
+                    # stops after its first step (every rank agrees on it), so nothing is lost
+                    continue
                 if self.cancelled is not None:
                     self.cancelled.set()
-                if how != P.ABORT:
-                    continue
                 abort_collectives(self.keep_fds)
             if not self.left.wait(self.grace):
                 log(f"epoch {epoch}: training is still stuck in a collective {self.grace:g} s after the abort; "

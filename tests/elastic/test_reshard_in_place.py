@@ -83,11 +83,21 @@ def test_workers_reshard_in_memory_across_plans(tmp_path):
             server.set(P.plan_key(epoch), a.to_json())
             server.set(P.EPOCH, str(epoch))
 
+        def at_step(epoch: int, step: int) -> None:
+            _wait(lambda: progress(epoch) >= step or None, 120, f"step {step} in epoch {epoch}", agent, log)
+
         publish(1)
-        for epoch, (after, how) in enumerate([(2, P.DRAIN), (5, P.DRAIN), (8, P.ABORT)], start=1):
-            _wait(lambda: progress(epoch) >= after or None, 120, f"step {after} in epoch {epoch}", agent, log)
-            server.set(P.stop_key(epoch), how)
-            publish(epoch + 1)
+        at_step(1, 2)
+        server.set(P.stop_key(1), P.DRAIN)
+        publish(2)
+        # drained the moment it is published, while it forms: it must still form, restore,
+        # agree on stopping after its first step, and hand over
+        server.set(P.stop_key(2), P.DRAIN)
+        at_step(2, 1)
+        publish(3)
+        at_step(3, 8)
+        server.set(P.stop_key(3), P.ABORT)  # mid-step: back to the last snapshot
+        publish(4)
         _wait(lambda: server.get(P.finished_key(4)), 120, "the last step", agent, log)
         server.set(P.JOB_DONE, "1")
         assert agent.wait(timeout=60) == 0
@@ -95,7 +105,8 @@ def test_workers_reshard_in_memory_across_plans(tmp_path):
         if agent.poll() is None:
             agent.kill()
         server.close()
-    reports = {e: json.loads(server.get(P.report_key(e))) for e in range(1, 5)}
+    reports = {e: json.loads(server.get(P.report_key(e)) or "null") for e in range(1, 5)}
+    assert all(reports.values()), (reports, log.read_text()[-3000:])
     assert [reports[e]["source"] for e in (2, 3, 4)] == ["memory"] * 3, reports
     assert "starting a fresh one" not in log.read_text(), "no worker may have been restarted"
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -104,6 +115,7 @@ def test_workers_reshard_in_memory_across_plans(tmp_path):
     for e in (2, 3):
         last = max(s for ep, s in steps if ep == e - 1)
         assert reports[e]["step"] == last and min(s for ep, s in steps if ep == e) == last + 1
+    assert [s for ep, s in steps if ep == 2] == [reports[2]["step"] + 1], "drained while forming: one step"
     # the abort replays from the last snapshot: a multiple of 3 or where epoch 3 began
     assert reports[4]["step"] % 3 == 0 or reports[4]["step"] == reports[3]["step"]
     assert max(s for _, s in steps) == ITERS
