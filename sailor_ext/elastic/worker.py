@@ -230,6 +230,11 @@ class Worker:
                 g: replace(cluster.gpu(g), gpus_per_node=n) for g, n in a.gpus_per_node.items()}})
             layout = rank_layout(plan, cluster)
             device = compat.pick_device(self.index)
+            if not dist.is_initialized():
+                # Groups are named by torch's global counter, which destroy_process_group() resets; an
+                # epoch abandoned inside init_process_group advanced it without a destroy, and this rank
+                # would then name its groups unlike its peers and wait for keys no one writes.
+                dist.distributed_c10d._world.group_count = 0
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                     store=dist.PrefixStore(f"pg/{e}/", self.store), rank=rank,
                                     world_size=a.world_size, timeout=datetime.timedelta(seconds=args.dist_timeout))

@@ -13,6 +13,8 @@ weights must match a single process that trained the same batches.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -40,16 +42,66 @@ PLANS = [  # (plan, ranks)
 ]
 
 
-def _wait(what, timeout: float, describe: str, agent: subprocess.Popen, log: Path):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = what()
-        if value is not None:
-            return value
-        if agent.poll() is not None:
-            break
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {describe}:\n{log.read_text()[-4000:]}")
+class ScriptedController:
+    """The test in the controller's place: a store, one agent of four workers, plans by hand."""
+
+    def __init__(self, workdir: Path, train_args: list[str]):
+        workdir.mkdir()
+        self.metrics, self.log = workdir / "metrics.jsonl", workdir / "agent.log"
+        self.server = StoreServer()
+        host, port = self.server.address
+        self.server.set(P.JOB_ARGS, json.dumps(["--model", "tiny", *train_args, "--metrics-file",
+                                                str(self.metrics), "--log-interval", "0"]))
+        self.agent = subprocess.Popen([PYTHON, "-m", "planner.elastic.agent", "--store", f"{host}:{port}", "--gpus",
+                                       "CPU@local=4", "--node-id", "n", "--heartbeat-s", "0.25"], cwd=workdir,
+                                      env=env(), stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        self.wait(lambda: all(self.server.get(P.ready_key("n", i)) for i in range(4)) or None, 120, "the workers")
+
+    def wait(self, what, timeout: float, describe: str):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = what()
+            if value is not None:
+                return value
+            if self.agent.poll() is not None:
+                break
+            time.sleep(0.01)
+        raise AssertionError(f"timed out waiting for {describe}:\n{self.log.read_text()[-4000:]}")
+
+    def worker_pid(self, index: int) -> int:
+        return int(self.server.get(P.ready_key("n", index)))
+
+    def progress(self, epoch: int) -> int:
+        raw = self.server.get(f"progress/{epoch}")
+        return int(raw) if raw else 0
+
+    def at_step(self, epoch: int, step: int) -> None:
+        self.wait(lambda: self.progress(epoch) >= step or None, 120, f"step {step} in epoch {epoch}")
+
+    def publish(self, epoch: int, plan: dict, world: int, donors: tuple[int, ...] | None = None) -> None:
+        """Ranks 0..world-1 on workers 0..world-1; the other workers (or `donors`) donate their memory."""
+        donors = tuple(range(world, 4)) if donors is None else donors
+        a = P.Assignment(epoch, plan, tuple(("n", r) for r in range(world)), 512, {"CPU": 4},
+                         donors=tuple(("n", r) for r in donors))
+        self.server.set(P.plan_key(epoch), a.to_json())
+        self.server.set(P.EPOCH, str(epoch))
+
+    def stop(self, epoch: int, how: str) -> None:
+        self.server.set(P.stop_key(epoch), how)
+
+    def report(self, epoch: int) -> dict | None:
+        raw = self.server.get(P.report_key(epoch))
+        return json.loads(raw) if raw else None
+
+    def finish(self, epoch: int) -> None:
+        self.wait(lambda: self.server.get(P.finished_key(epoch)), 120, "the last step")
+        self.server.set(P.JOB_DONE, "1")
+        assert self.agent.wait(timeout=60) == 0
+
+    def close(self) -> None:
+        if self.agent.poll() is None:
+            self.agent.kill()
+        self.server.close()
 
 
 @pytest.mark.timeout(300)
@@ -58,54 +110,25 @@ def test_workers_reshard_in_memory_across_plans(tmp_path):
     assert_ok(reference)
     expected = {m["step"]: m["loss"] for m in reference.metrics}
 
-    workdir = tmp_path / "job"
-    workdir.mkdir()
-    metrics = workdir / "metrics.jsonl"
-    server = StoreServer()
-    host, port = server.address
-    server.set(P.JOB_ARGS, json.dumps(["--model", "tiny", *ARGS, "--metrics-file", str(metrics),
-                                       "--log-interval", "0"]))
-    log = workdir / "agent.log"
-    agent = subprocess.Popen([PYTHON, "-m", "planner.elastic.agent", "--store", f"{host}:{port}", "--gpus",
-                              "CPU@local=4", "--node-id", "n"], cwd=workdir, env=env(), stdout=open(log, "w"),
-                             stderr=subprocess.STDOUT)
+    job = ScriptedController(tmp_path / "job", ARGS)
     try:
-        _wait(lambda: all(server.get(P.ready_key("n", i)) for i in range(4)) or None, 120, "the workers", agent, log)
-
-        def progress(epoch: int) -> int:
-            raw = server.get(f"progress/{epoch}")
-            return int(raw) if raw else 0
-
-        def publish(epoch: int) -> None:
-            plan, world = PLANS[epoch - 1]
-            a = P.Assignment(epoch, plan, tuple(("n", r) for r in range(world)), 512, {"CPU": 4},
-                             donors=tuple(("n", r) for r in range(world, 4)))
-            server.set(P.plan_key(epoch), a.to_json())
-            server.set(P.EPOCH, str(epoch))
-
-        def at_step(epoch: int, step: int) -> None:
-            _wait(lambda: progress(epoch) >= step or None, 120, f"step {step} in epoch {epoch}", agent, log)
-
-        publish(1)
-        at_step(1, 2)
-        server.set(P.stop_key(1), P.DRAIN)
-        publish(2)
+        job.publish(1, *PLANS[0])
+        job.at_step(1, 2)
+        job.stop(1, P.DRAIN)
+        job.publish(2, *PLANS[1])
         # drained the moment it is published, while it forms: it must still form, restore,
         # agree on stopping after its first step, and hand over
-        server.set(P.stop_key(2), P.DRAIN)
-        at_step(2, 1)
-        publish(3)
-        at_step(3, 8)
-        server.set(P.stop_key(3), P.ABORT)  # mid-step: back to the last snapshot
-        publish(4)
-        _wait(lambda: server.get(P.finished_key(4)), 120, "the last step", agent, log)
-        server.set(P.JOB_DONE, "1")
-        assert agent.wait(timeout=60) == 0
+        job.stop(2, P.DRAIN)
+        job.at_step(2, 1)
+        job.publish(3, *PLANS[2])
+        job.at_step(3, 8)
+        job.stop(3, P.ABORT)  # mid-step: back to the last snapshot
+        job.publish(4, *PLANS[3])
+        job.finish(4)
     finally:
-        if agent.poll() is None:
-            agent.kill()
-        server.close()
-    reports = {e: json.loads(server.get(P.report_key(e)) or "null") for e in range(1, 5)}
+        job.close()
+    log, metrics = job.log, job.metrics
+    reports = {e: job.report(e) for e in range(1, 5)}
     assert all(reports.values()), (reports, log.read_text()[-3000:])
     assert [reports[e]["source"] for e in (2, 3, 4)] == ["memory"] * 3, reports
     assert "starting a fresh one" not in log.read_text(), "no worker may have been restarted"
@@ -125,8 +148,41 @@ def test_workers_reshard_in_memory_across_plans(tmp_path):
 
     import torch
 
-    meta, mine = read_logical(workdir / "ckpt")
+    meta, mine = read_logical(tmp_path / "job" / "ckpt")
     _, theirs = read_logical(reference.workdir / "ckpt")
     assert meta["step"] == ITERS and meta["consumed_samples"] == ITERS * 12
     for name in theirs:
         torch.testing.assert_close(mine[name], theirs[name], rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.timeout(240)
+def test_an_epoch_that_never_forms_is_left_behind(tmp_path):
+    """A worker hangs while a plan forms: the others wait in the rendezvous until the
+    controller gives up on that epoch; they must then form the next ones with the
+    same processes (torch names groups by a counter the abandoned epoch advanced),
+    and take the restarted worker back in."""
+    job = ScriptedController(tmp_path / "job", ["--train-iters", "1000", "--dist-timeout", "20",
+                                                "--save-interval", "3"])
+    four, two = PLANS[0], (plan_dict([((0, 5), [2])], [(6, 2)]), 2)
+    try:
+        job.publish(1, *four)
+        job.at_step(1, 4)
+        hung = job.worker_pid(3)
+        os.kill(hung, signal.SIGSTOP)
+        job.stop(1, P.ABORT)
+        job.publish(2, *four)  # cannot form: worker 3 is frozen
+        time.sleep(1.0)
+        job.stop(2, P.ABORT)
+        job.publish(3, *two, donors=(2,))
+        job.at_step(3, 2)
+        os.kill(hung, signal.SIGKILL)  # its agent starts a fresh worker
+        job.wait(lambda: job.worker_pid(3) != hung or None, 120, "the fresh worker")
+        job.stop(3, P.DRAIN)
+        job.publish(4, *four)  # workers 0-2 all went through the abandoned epoch 2
+        job.at_step(4, 2)
+        job.stop(4, P.FINISH)
+        job.finish(4)
+    finally:
+        job.close()
+    assert job.report(2) is None and job.report(3)["source"] == "memory"
+    assert job.report(4)["source"] == "memory" and job.report(4)["world"] == 4
