@@ -173,7 +173,7 @@ def test_an_epoch_that_never_forms_is_left_behind(tmp_path):
         job.publish(2, *four)  # cannot form: worker 3 is frozen
         time.sleep(1.0)
         job.stop(2, P.ABORT)
-        job.publish(3, *two, donors=(2,))
+        job.publish(3, *two, donors=())  # worker 2 sits this one out: nothing resets its group counter
         job.at_step(3, 2)
         os.kill(hung, signal.SIGKILL)  # its agent starts a fresh worker
         job.wait(lambda: job.worker_pid(3) != hung or None, 120, "the fresh worker")
