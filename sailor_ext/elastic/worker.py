@@ -358,7 +358,8 @@ class Worker:
             r = trainer.train_step(stop=watcher.stop.is_set())
             watcher.grace = max(watcher.grace, 2 * r.seconds)
             record = {"step": r.step, "loss": r.loss, "tokens": tokens, "step_time_s": r.seconds,
-                      "samples_per_replica": samples, "grad_norm": r.grad_norm, "lr": r.lr, "epoch": a.epoch}
+                      "samples_per_replica": samples, "grad_norm": r.grad_norm, "lr": r.lr, "epoch": a.epoch,
+                      "time": time.time()}
             last = r.step == args.train_iters
             if (args.save_interval and r.step % args.save_interval == 0) or (last and args.save):
                 record["save_blocked_s"] = trainer.save()
