@@ -3,6 +3,7 @@
 One concept per module: topology (who is where, process groups), model
 (stages on megatron layers), sharding (local slice <-> logical tensor), p2p
 (resharding between stages), schedule (1F1B), loss, grad_sync, optimizer,
-data, checkpoint, and train (the entry point). compat holds the few shims
-megatron-core needs on CPU.
+data, checkpoint (on disk), snapshot (in host memory, written in the
+background), and train (the entry point). compat holds the few shims
+megatron-core needs on CPU. elastic/ is the worker side of `sailor run`.
 """

@@ -93,6 +93,11 @@ def install(device: torch.device, seed: int, tp_rank: int) -> None:
     models in one process).
     """
     parallel_state._GLOBAL_MEMORY_BUFFER = DeviceMemoryBuffer(device)
+    seed_rng_tracker(device, seed, tp_rank)
+
+
+def seed_rng_tracker(device: torch.device, seed: int, tp_rank: int) -> None:
+    """(Re)start megatron's model-parallel RNG stream for this TP rank."""
     # The same offset megatron's model_parallel_cuda_manual_seed uses, so a
     # TP rank's dropout stream differs from its peers'.
     tp_seed = seed + 2718 + tp_rank

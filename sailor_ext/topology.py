@@ -16,6 +16,12 @@ launcher and the simulator agree on it. Groups:
 `torch.distributed.new_group` must be called by every rank, in the same order,
 for every group; we create all groups of the plan up front, in a fixed order.
 Point-to-point traffic between stages uses the default group.
+
+The process group may hold more ranks than the plan: in an elastic job,
+workers outside the plan join as donors of their in-memory state
+(elastic/reshard.py). A donor builds a Topology too (so that it creates the
+same groups) but holds no slot; the plan's own world-wide collectives run on
+`world_group`.
 """
 from __future__ import annotations
 
@@ -38,17 +44,25 @@ class Topology:
     tied_embeddings: bool = False
     timeout: datetime.timedelta | None = None
     groups: dict[RankSet, dist.ProcessGroup] = field(default_factory=dict, repr=False)
+    # the plan's ranks, when the process group also holds donors (None: the default group)
+    world_group: dist.ProcessGroup | None = field(default=None, repr=False)
 
     def __post_init__(self):
         for ranks in self.required_rank_sets():
             group = dist.new_group(list(ranks), timeout=self.timeout)
             if self.rank in ranks:
                 self.groups[ranks] = group
+        if dist.get_world_size() != self.layout.world_size:
+            self.world_group = dist.new_group(list(range(self.layout.world_size)), timeout=self.timeout)
         # A first collective over the world before any point-to-point batch
         # (NCCL requires it; for gloo it checks that every rank arrived).
         dist.barrier()
 
     # -- who am I --------------------------------------------------------------
+    @property
+    def in_plan(self) -> bool:
+        return self.rank < self.layout.world_size
+
     @property
     def slot(self) -> RankSlot:
         return self.layout.slots[self.rank]

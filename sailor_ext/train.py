@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g = p.add_argument_group("checkpoints and logging")
     g.add_argument("--save", help="checkpoint directory")
     g.add_argument("--save-interval", type=int, default=0, help="save every N steps (and at the end)")
+    g.add_argument("--keep-checkpoints", type=int, default=3,
+                   help="committed checkpoints to keep on disk (0: all); older ones are the fallback when the "
+                   "newest is damaged")
     g.add_argument("--load", help="resume from the latest checkpoint in this directory")
     g.add_argument("--metrics-file", help="append one JSON line per step (rank 0)")
     g.add_argument("--log-interval", type=int, default=1)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import sys
 import time
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +28,13 @@ from sailor_ext.model import StageModel, StageSpec, init_from_seed
 from sailor_ext.optimizer import Optimizer, OptimizerConfig
 from sailor_ext.p2p import StageLinks
 from sailor_ext.schedule import OneFOneB, PipelineShape
+from sailor_ext.sharding import chunks_of
+from sailor_ext.snapshot import Persister, PersistTarget, SnapshotRing, StoreBoard
 from sailor_ext.topology import Topology
+
+# Random streams are a function of (seed, step, TP rank) and nothing else, so
+# a checkpoint's "RNG state" is its step and the run's seed, valid under any plan.
+RNG_RULE = "derived from (seed, step, tp rank) at every step"
 
 
 def init_distributed(layout: Layout, rank: int, local_rank: int, timeout_s: float) -> torch.device:
@@ -36,7 +45,7 @@ def init_distributed(layout: Layout, rank: int, local_rank: int, timeout_s: floa
     return device
 
 
-def padded_vocab(model: ModelSpec, max_tp: int, divisor: int) -> int:
+def pad_vocab(model: ModelSpec, max_tp: int, divisor: int) -> int:
     """Megatron's padding, for the plan's largest TP degree, so every replica
     holds slices of the same logical embedding."""
     step = divisor * max_tp
@@ -50,6 +59,7 @@ class StepResult:
     grad_norm: float
     lr: float
     seconds: float
+    stop: bool = False  # some rank asked to stop after this step (every rank sees the same)
 
 
 class MetricsWriter:
@@ -64,18 +74,32 @@ class MetricsWriter:
             self.file.flush()
 
 
+def log(line: str) -> None:
+    print(f"sailor: {line}", file=sys.stderr, flush=True)
+
+
 class Trainer:
-    def __init__(self, args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, device: torch.device):
-        """After init_distributed; args are train.py's parsed arguments."""
+    def __init__(self, args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, device: torch.device,
+                 snapshots: SnapshotRing | None = None, persister: Persister | None = None,
+                 padded_vocab: int | None = None):
+        """After init_distributed; args are train.py's parsed arguments.
+
+        snapshots: the process's in-memory checkpoints (they outlive a Trainer
+        in an elastic job); persister: writes them to disk (default: to
+        --save, committing through the process group's store); padded_vocab:
+        fixed by an elastic job for all its plans (default: padded for this
+        plan's largest TP degree)."""
         self.args, self.plan, self.model_spec, self.rank = args, plan, model_spec, rank
         timeout = datetime.timedelta(seconds=args.dist_timeout)
         self.topology = topology = Topology(layout, rank, device, model_spec.tied_embeddings, timeout)
+        if not topology.in_plan:
+            raise ValueError(f"rank {rank} is not in the plan: a donor builds only a Topology")
         compat.install(device, args.seed, topology.tp_rank)
         stage = plan.stages[topology.stage]
         embedding_stages = topology.tied_stages() if model_spec.tied_embeddings else (0,)
         self.spec = StageSpec(
             model=model_spec, first=stage.first, last=stage.last, tp=topology.tp, tp_rank=topology.tp_rank,
-            padded_vocab=padded_vocab(model_spec, topology.max_tp, args.make_vocab_size_divisible_by),
+            padded_vocab=padded_vocab or pad_vocab(model_spec, topology.max_tp, args.make_vocab_size_divisible_by),
             embedding_stages=embedding_stages, stage=topology.stage,
             stage_chunks=topology.stage_tp(topology.stage),
             embedding_chunks=max(topology.stage_tp(s) for s in embedding_stages))
@@ -100,9 +124,18 @@ class Trainer:
             self.source = SyntheticTokens(model_spec.vocab, model_spec.seq_len, args.seed)
         self.slicer = BatchSlicer(plan)
         self.step, self.consumed = 0, 0
+        self.snapshots = snapshots if snapshots is not None else SnapshotRing()
+        self.designated = tuple((ch.param_name, ch.chunk) for ch in chunks_of(self.model.shards, topology)
+                                if ch.designated == rank)
+        self.persister = persister
+        if persister is None and args.save:
+            self.persister = Persister(
+                PersistTarget(args.save, rank, layout.world_size, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                              args.keep_checkpoints, args.dist_timeout),
+                StoreBoard(dist.distributed_c10d._get_default_store(), "sailor/ckpt/"), self.checkpoint_meta(),
+                log if rank == 0 else (lambda line: None))
         if args.load:
-            meta = checkpoint.load(args.load, self.model, self.optimizer, self.model.shards)
-            self.step, self.consumed = meta["step"], meta["consumed_samples"]
+            self.load(args.load)
         self.metrics = MetricsWriter(args.metrics_file, rank == 0)
 
     @property
@@ -117,27 +150,75 @@ class Trainer:
         return [torch.from_numpy(np.asarray(mb)).to(self.device)
                 for mb in microbatches(self.source, self.slicer, self.consumed, topo.replica)]
 
-    def train_step(self) -> StepResult:
+    def seed_step(self) -> None:
+        """Random streams of the next step (see RNG_RULE)."""
+        seed = zlib.crc32(f"{self.args.seed}/{self.step}/{self.topology.tp_rank}".encode())
+        torch.manual_seed(seed)
+        compat.seed_rng_tracker(self.device, seed, self.topology.tp_rank)
+
+    def train_step(self, stop: bool = False) -> StepResult:
+        """One step; `stop` (this rank's wish to stop after it) is agreed in the
+        step's own all-reduce, so every rank stops after the same step."""
         start = time.perf_counter()
         topo = self.topology
+        self.seed_step()
         loss_sum = self.schedule.run(self.microbatches())
         self.grad_sync.sync()
         counts_loss = topo.is_last_stage and topo.tp_rank == 0  # one copy of each pipeline's loss
         stats = torch.stack([self.optimizer.local_grad_sumsq(),
-                             (loss_sum if counts_loss else torch.zeros_like(loss_sum)).double()])
-        dist.all_reduce(stats)  # global grad norm and loss in one collective
+                             (loss_sum if counts_loss else torch.zeros_like(loss_sum)).double(),
+                             torch.tensor(float(stop), dtype=torch.float64, device=loss_sum.device)])
+        dist.all_reduce(stats, group=topo.world_group)  # grad norm, loss and stop requests in one collective
         grad_norm, loss = float(stats[0].sqrt()), float(stats[1])
         lr = self.optimizer.step(grad_norm)
         self.grad_sync.zero_grad()
         self.step += 1
         self.consumed += self.plan.global_batch_size
-        return StepResult(self.step, loss, grad_norm, lr, time.perf_counter() - start)
+        return StepResult(self.step, loss, grad_norm, lr, time.perf_counter() - start, bool(stats[2] > 0))
 
-    def save(self) -> None:
-        checkpoint.save(self.args.save, self.step, self.consumed, self.model, self.optimizer, self.model.shards,
-                        self.topology, extra={"model": self.model_spec.name, "seq_len": self.model_spec.seq_len,
-                                              "padded_vocab": self.spec.padded_vocab, "seed": self.args.seed,
-                                              "plan_global_batch_size": self.plan.global_batch_size})
+    # -- checkpoints -----------------------------------------------------------------
+    def checkpoint_meta(self) -> dict:
+        return {"model": self.model_spec.name, "seq_len": self.model_spec.seq_len,
+                "padded_vocab": self.spec.padded_vocab, "seed": self.args.seed, "rng": RNG_RULE,
+                "plan_global_batch_size": self.plan.global_batch_size}
+
+    def snapshot(self):
+        """Copy this rank's state into host memory (the blocking part of a checkpoint)."""
+        return self.snapshots.take(self.model, self.optimizer, self.model.shards, self.designated, self.step,
+                                   self.consumed)
+
+    def save(self) -> float:
+        """Checkpoint: snapshot now, write to disk in the background. Returns the
+        seconds the step was blocked."""
+        start = time.perf_counter()
+        snap = self.snapshot()
+        if self.persister is not None:
+            self.persister.submit(snap)
+        return time.perf_counter() - start
+
+    def choose_checkpoint(self, load_dir: str) -> checkpoint.Choice:
+        """The newest checkpoint in `load_dir` that verifies (collective: rank 0
+        checks the checksums, says which it skipped, and tells the others)."""
+        choice = [None]
+        if self.rank == 0:
+            try:
+                choice = [checkpoint.choose(load_dir)]
+            except Exception as e:  # every rank must leave the broadcast
+                choice = [e]
+        dist.broadcast_object_list(choice, src=0, group=self.topology.world_group)
+        if isinstance(choice[0], Exception):
+            raise choice[0]
+        if self.rank == 0:
+            for note in choice[0].notes():
+                log(note)
+        return choice[0]
+
+    def load(self, load_dir: str, choice: checkpoint.Choice | None = None) -> None:
+        """Resume from a checkpoint (default: the newest in `load_dir` that verifies)."""
+        choice = choice or self.choose_checkpoint(load_dir)
+        meta = checkpoint.load_into(checkpoint.open_directory(choice.directory), self.model, self.optimizer,
+                                    self.model.shards)
+        self.step, self.consumed = meta["step"], meta["consumed_samples"]
 
     def run(self) -> None:
         args, plan, layout = self.args, self.plan, self.topology.layout
@@ -149,11 +230,15 @@ class Trainer:
         tokens = plan.global_batch_size * self.model_spec.seq_len
         while self.step < args.train_iters:
             r = self.train_step()
-            self.metrics.write({"step": r.step, "loss": r.loss, "tokens": tokens, "step_time_s": r.seconds,
-                                "samples_per_replica": samples, "grad_norm": r.grad_norm, "lr": r.lr})
+            record = {"step": r.step, "loss": r.loss, "tokens": tokens, "step_time_s": r.seconds,
+                      "samples_per_replica": samples, "grad_norm": r.grad_norm, "lr": r.lr}
             if self.rank == 0 and args.log_interval and r.step % args.log_interval == 0:
                 print(f"step {r.step}/{args.train_iters} | loss {r.loss:.6f} | grad norm {r.grad_norm:.4f} | "
                       f"lr {r.lr:.3g} | {r.seconds:.3f} s", flush=True)
             at_interval = args.save_interval and r.step % args.save_interval == 0
             if args.save and (at_interval or r.step == args.train_iters):
-                self.save()
+                record["save_blocked_s"] = self.save()
+            self.metrics.write(record)
+        if self.persister is not None:
+            self.persister.flush()
+            self.persister.close()

@@ -1,0 +1,587 @@
+"""The sidecar controller of an elastic job: `sailor run`.
+
+    sailor run --model tiny --global-batch 12 --gpus CPU@local=6 --gpus-per-node 2 --local \\
+        -- --train-iters 100 --save ckpt --save-interval 5
+
+It hosts the job's store (store.py) and watches the set of nodes:
+
+  * agents join by registering (`sailor agent --store HOST:PORT ...`, or
+    started here with --local); a node counts once all its workers have
+    imported torch and wait for a plan;
+  * a node is lost when its agent's store connection drops (a dead process
+    is noticed in milliseconds), when its heartbeat stops for
+    --heartbeat-misses beats (a frozen or partitioned node), or when a
+    provider hook (--nodes-file / --nodes-command: the VMs the cloud says
+    exist) no longer lists it; lost nodes are fenced, so they can never
+    rejoin under the old plan (no split brain);
+  * a rank whose collective failed reports it.
+
+On a change it re-plans with the planner for the nodes present
+(replan.py), ends the running epoch (stop/<e>: "abort" when a node is gone,
+so the survivors leave their collectives at once; "drain" when nodes join
+or are announced to leave, so every rank stops after the same step and
+nothing is lost) and publishes the next epoch's plan (plan/<e+1>). The
+workers, still alive, re-form their process groups and reshard their state
+in place (sailor_ext/elastic/worker.py). A node that joins is folded in when
+the planner's plan with it saves more time over the remaining steps than a
+reconfiguration costs.
+
+Every decision goes to --events-file as one JSON line (time, event, details).
+Torch-free.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import queue
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.elastic import protocol as P
+from planner.elastic.replan import Proposal, Replanner, pays_off
+from planner.elastic.store import StoreServer
+from planner.errors import SailorError
+
+FORBIDDEN_TRAIN_ARGS = ("--plan", "--global-batch-size", "--micro-batch-size", "--tensor-model-parallel-size",
+                        "--pipeline-model-parallel-size")
+
+
+def _pdeathsig() -> None:
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+@dataclass
+class NodeState:
+    info: P.NodeInfo
+    joined: float  # monotonic
+    beat: bytes = b""
+    beat_at: float = 0.0
+    ready: bool = False
+    lost: str | None = None  # why the node is gone
+    leaving: bool = False  # the provider no longer lists it: drain it out
+
+
+@dataclass
+class Epoch:
+    number: int
+    proposal: Proposal
+    published: float  # wall clock
+    reason: str
+    stopping: str | None = None  # ABORT or DRAIN once stop/<e> is set
+    failures: dict = field(default_factory=dict)  # rank -> reason
+    first_failure: float = 0.0  # monotonic
+    reported: bool = False
+    progress: int = 0
+
+
+class EventLog:
+    """One JSON line per decision, and a human line on stderr."""
+
+    def __init__(self, path: str | None, quiet: bool = False):
+        self.file = open(path, "a") if path else None
+        self.quiet = quiet
+
+    def emit(self, event: str, message: str = "", **fields) -> None:
+        record = {"t": time.time(), "event": event, **fields}
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        if message and not self.quiet:
+            print(f"sailor run: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Settings:
+    train_args: list[str]
+    train_iters: int
+    heartbeat_s: float = 0.5
+    heartbeat_misses: int = 4
+    settle_s: float = 0.01  # batch changes this close together into one re-plan
+    reconfigure_cost_s: float | None = None  # None: the last measured reconfiguration (2 s before any)
+    min_gpus: int = 0  # wait for this many GPUs before the first plan
+    wait_s: float = 300.0  # how long to wait for nodes before giving up
+    provider_file: str | None = None
+    provider_command: str | None = None
+    provider_interval_s: float = 2.0
+    max_failures: int = 20  # epochs ended by failures without any node change
+    padded_vocab: int = 0
+    load: str | None = None
+    poll_s: float = 0.01
+
+
+class Controller:
+    def __init__(self, settings: Settings, replanner: Replanner, events: EventLog, host: str = "127.0.0.1",
+                 port: int = 0):
+        self.s, self.replanner, self.events = settings, replanner, events
+        self.disconnects: queue.Queue = queue.Queue()
+        self.server = StoreServer(host, port, on_disconnect=lambda who: self.disconnects.put((who, time.time())))
+        self.nodes: dict[str, NodeState] = {}
+        self.epoch: Epoch | None = None
+        self.next_epoch = 1
+        self.failure_epochs = 0
+        self.last_change = time.monotonic()
+        self.evaluated_at = -1.0  # membership time the join policy last looked at
+        self.measured_reconfigure_s: float | None = None
+        self.provider_listed: set[str] | None = None
+        self.provider_checked = 0.0
+        self.local_agents: list[subprocess.Popen] = []
+        self.waiting_logged = False
+        self.finish_requested = 0.0  # monotonic time of a stop request (SIGTERM/SIGINT), 0 if none
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.server.address
+
+    # -- membership ------------------------------------------------------------------
+    def _changed(self) -> None:
+        self.last_change = time.monotonic()
+
+    def _lose(self, node: NodeState, cause: str, detected: float) -> None:
+        if node.lost:
+            return
+        node.lost = cause
+        self.server.set(P.fence_key(node.info.id), cause)
+        self._changed()
+        self.events.emit("node_lost", f"node {node.info.id} lost ({cause})", node=node.info.id, cause=cause,
+                         t_detect=detected)
+
+    def _scan(self) -> None:
+        now = time.monotonic()
+        while True:
+            try:
+                who, at = self.disconnects.get_nowait()
+            except queue.Empty:
+                break
+            kind, node_id, index = P.parse_identity(who)
+            node = self.nodes.get(node_id)
+            if node is None or node.lost or self.server.get(P.JOB_DONE) is not None:
+                continue
+            if kind == "agent":
+                self._lose(node, "agent disconnected", at)
+            elif kind == "worker":
+                # a worker died on a live node: its agent starts a fresh one; until then the node is not ready
+                self.server.delete(P.ready_key(node_id, index))
+                if node.ready:
+                    node.ready = False
+                    self._changed()
+                    self.events.emit("worker_lost", f"worker {node_id}/{index} exited; its agent restarts it",
+                                     node=node_id, index=index, t_detect=at)
+        for key in self.server.keys("node/"):
+            node_id = key.split("/", 1)[1]
+            if node_id not in self.nodes:
+                info = P.NodeInfo.from_json(self.server.get(key))
+                self.nodes[node_id] = NodeState(info, now, beat_at=now)
+                self.events.emit("node_joined", f"node {node_id} joined: {info.gpus} x {info.gpu} in {info.zone}",
+                                 node=node_id, gpus=info.gpus, gpu=info.gpu, zone=info.zone, pid=info.pid)
+        ttl = self.s.heartbeat_s * self.s.heartbeat_misses
+        for node in self.nodes.values():
+            if node.lost:
+                continue
+            beat = self.server.get(P.heartbeat_key(node.info.id)) or b""
+            if beat != node.beat:
+                node.beat, node.beat_at = beat, now
+            elif now - node.beat_at > ttl:
+                self._lose(node, f"no heartbeat for {now - node.beat_at:.1f} s", time.time())
+                continue
+            if not node.ready and all(self.server.get(P.ready_key(node.info.id, i)) is not None
+                                      for i in range(node.info.gpus)):
+                node.ready = True
+                self._changed()
+                self.events.emit("node_ready", f"node {node.info.id}: {node.info.gpus} worker(s) ready",
+                                 node=node.info.id)
+        self._poll_provider(now)
+
+    def _poll_provider(self, now: float) -> None:
+        if not (self.s.provider_file or self.s.provider_command) or now - self.provider_checked < \
+                self.s.provider_interval_s:
+            return
+        self.provider_checked = now
+        listed = read_provider(self.s.provider_file, self.s.provider_command)
+        if listed is None:
+            return
+        if listed != self.provider_listed:
+            missing = sorted(listed - set(self.nodes))
+            self.events.emit("provider", f"provider lists {len(listed)} node(s)"
+                             + (f"; not joined yet: {', '.join(missing)}" if missing else ""),
+                             listed=sorted(listed))
+            self.provider_listed = listed
+        for node in self.nodes.values():
+            if not node.lost and not node.leaving and node.info.id not in listed:
+                node.leaving = True
+                self._changed()
+                self.events.emit("node_leaving", f"node {node.info.id} is no longer listed by the provider; "
+                                 "draining it out", node=node.info.id)
+
+    def usable(self) -> list[P.NodeInfo]:
+        nodes = [n for n in self.nodes.values() if n.ready and not n.lost and not n.leaving]
+        return [n.info for n in sorted(nodes, key=lambda n: n.joined)]
+
+    # -- epochs ----------------------------------------------------------------------
+    def _stop(self, how: str, why: str) -> None:
+        e = self.epoch
+        if e is None or e.stopping:
+            return
+        e.stopping = how
+        self.server.set(P.stop_key(e.number), how)
+        self.events.emit("epoch_stop", f"ending epoch {e.number} ({how}): {why}", epoch=e.number, how=how,
+                         reason=why)
+
+    def _publish(self, proposal: Proposal, reason: str) -> None:
+        number = self.next_epoch
+        self.next_epoch += 1
+        from planner.specs.plan import plan_to_dict
+
+        # every other worker joins as a donor of its in-memory state (leaving nodes too: not fenced yet)
+        used = set(proposal.ranks)
+        donors = tuple((n.info.id, i) for n in sorted(self.nodes.values(), key=lambda n: n.joined)
+                       if n.ready and not n.lost for i in range(n.info.gpus) if (n.info.id, i) not in used)
+        assignment = P.Assignment(number, plan_to_dict(proposal.plan), proposal.ranks, self.s.padded_vocab,
+                                  proposal.gpus_per_node, self.s.load, donors)
+        self.server.set(P.plan_key(number), assignment.to_json())
+        self.server.set(P.EPOCH, str(number))
+        self.epoch = Epoch(number, proposal, time.time(), reason)
+        self.events.emit("epoch_published", f"epoch {number}: {proposal.describe()} ({reason}; planned in "
+                         f"{proposal.planning_s * 1e3:.0f} ms, {proposal.iteration_time_s:.3g} s/step predicted)"
+                         + (f"; {len(donors)} other worker(s) hand over their state" if donors else ""),
+                         epoch=number, reason=reason, nodes=list(proposal.nodes), world=len(proposal.ranks),
+                         donors=len(donors),
+                         planning_s=proposal.planning_s, predicted_step_s=proposal.iteration_time_s)
+
+    def _poll_epoch(self) -> bool:
+        """Reports of the running epoch; True when the job is finished."""
+        e = self.epoch
+        if e is None:
+            return False
+        if self.server.get(P.finished_key(e.number)) is not None:
+            return True
+        if not e.reported and (raw := self.server.get(P.report_key(e.number))) is not None:
+            e.reported = True
+            report = json.loads(raw)
+            total = report["t_first_step"] - e.published
+            self.events.emit("epoch_started", f"epoch {e.number} running: state from {report['source']} at step "
+                             f"{report['step']}, first step done {total:.2f} s after the plan was published",
+                             **report, t_published=e.published)
+            if e.reason != "start":
+                self.measured_reconfigure_s = report["t_first_step"] - report["t_start"]
+            self.failure_epochs = 0  # it made progress
+            for node in self.nodes.values():  # nodes drained out are fenced once the next plan runs
+                if node.leaving and not node.lost:
+                    self._lose(node, "removed by the provider", time.time())
+        if (raw := self.server.get(f"progress/{e.number}")) is not None:
+            e.progress = int(raw)
+        for key in self.server.keys(f"failed/{e.number}/"):
+            rank = int(key.rsplit("/", 1)[1])
+            if rank not in e.failures:
+                e.failures[rank] = self.server.get(key).decode()
+                if e.failures[rank].startswith(P.FATAL):
+                    raise SailorError(f"rank {rank}: {e.failures[rank][len(P.FATAL):]}")
+                e.first_failure = e.first_failure or time.monotonic()
+                self.events.emit("rank_failed", f"epoch {e.number} rank {rank}: {e.failures[rank][:200]}",
+                                 epoch=e.number, rank=rank, reason=e.failures[rank])
+        return False
+
+    def _decide(self) -> None:
+        now = time.monotonic()
+        e = self.epoch
+        if self.finish_requested:
+            if e is None:
+                raise KeyboardInterrupt
+            if not e.stopping:
+                self._stop(P.FINISH, "stop requested: finishing the current step and saving")
+                return
+            if e.stopping == P.FINISH:
+                if e.failures or any(self.nodes[n].lost for n in e.proposal.nodes) or \
+                        now - self.finish_requested > 120:
+                    raise SailorError("stopped before a final checkpoint could be written; resume from the last "
+                                      "one with --load SAVE_DIR")
+                return
+            # a reconfiguration is under way: let it publish, then finish that epoch
+        if e is not None and not e.stopping:
+            gone = [n for n in e.proposal.nodes if self.nodes[n].lost]
+            unready = [n for n in e.proposal.nodes if not self.nodes[n].ready and not self.nodes[n].lost]
+            leaving = [n for n in e.proposal.nodes if self.nodes[n].leaving]
+            if gone or unready:
+                self._stop(P.ABORT, f"lost {', '.join(gone + unready)}")
+            elif e.failures and now - e.first_failure >= self.s.settle_s:
+                self.failure_epochs += 1
+                if self.failure_epochs > self.s.max_failures:
+                    raise SailorError(f"{self.failure_epochs} epochs in a row failed without any node change (last: "
+                                      f"{next(iter(e.failures.values()))[:200]}); see the workers' logs")
+                self._stop(P.ABORT, f"rank(s) {sorted(e.failures)} failed")
+            elif leaving:
+                self._stop(P.DRAIN, f"{', '.join(leaving)} leaving")
+            elif self.last_change > self.evaluated_at:
+                self.evaluated_at = self.last_change
+                self._consider_joins()
+            return
+        # no running epoch: plan for the nodes present
+        nodes = self.usable()
+        if self.epoch is None and sum(n.gpus for n in nodes) < self.s.min_gpus:
+            return
+        if e is not None and now - self.last_change < self.s.settle_s:
+            return
+        proposal = self.replanner.propose(nodes) if nodes else None
+        if proposal is None:
+            if not self.waiting_logged:
+                self.waiting_logged = True
+                self.events.emit("waiting", f"no plan fits the {len(nodes)} node(s) present; waiting for nodes",
+                                 nodes=[n.id for n in nodes])
+            return
+        self.waiting_logged = False
+        reason = "start" if e is None else ("recover" if e.stopping == P.ABORT else "replan")
+        self._publish(proposal, reason)
+        self.evaluated_at = self.last_change
+
+    def _consider_joins(self) -> None:
+        e = self.epoch
+        nodes = self.usable()
+        if set(n.id for n in nodes) <= set(e.proposal.nodes):
+            return
+        proposal = self.replanner.propose(nodes)
+        if proposal is None or set(proposal.nodes) == set(e.proposal.nodes):
+            return
+        cost = self.s.reconfigure_cost_s
+        if cost is None:
+            cost = self.measured_reconfigure_s if self.measured_reconfigure_s is not None else 2.0
+        remaining = self.s.train_iters - e.progress
+        if not pays_off(e.proposal.iteration_time_s, proposal.iteration_time_s, remaining, cost):
+            self.events.emit("join_deferred", f"a plan with the new node(s) would take "
+                             f"{proposal.iteration_time_s:.3g} s/step vs {e.proposal.iteration_time_s:.3g}: not "
+                             f"worth a {cost:.1f} s reconfiguration over {remaining} steps",
+                             proposed_step_s=proposal.iteration_time_s, current_step_s=e.proposal.iteration_time_s,
+                             remaining=remaining, cost_s=cost)
+            return
+        self._stop(P.DRAIN, f"node(s) {', '.join(sorted(set(proposal.nodes) - set(e.proposal.nodes)))} pay off")
+        self._publish(proposal, "scale")
+
+    # -- the loop ---------------------------------------------------------------------
+    def request_finish(self, signum=None, frame=None) -> None:
+        """First SIGTERM/SIGINT: finish the step, save, end the job. Second: stop now."""
+        if self.finish_requested:
+            raise KeyboardInterrupt
+        self.finish_requested = time.monotonic()
+
+    def run(self) -> int:
+        deadline = time.monotonic() + self.s.wait_s
+        try:
+            while True:
+                self._scan()
+                if self._poll_epoch():
+                    return self._finish()
+                self._decide()
+                if self.epoch is not None and not self.epoch.stopping:
+                    deadline = time.monotonic() + self.s.wait_s
+                elif time.monotonic() > deadline:
+                    raise SailorError(f"no plan could run for {self.s.wait_s:g} s (nodes present: "
+                                      f"{', '.join(n.id for n in self.usable()) or 'none'}); add nodes and resume "
+                                      "with --load SAVE_DIR")
+                time.sleep(self.s.poll_s)
+        finally:
+            self.server.set(P.JOB_DONE, "1")
+            self._stop_local_agents()
+
+    def _finish(self) -> int:
+        e = self.epoch
+        self.server.set(P.JOB_DONE, "1")
+        self.events.emit("finished", f"training finished in epoch {e.number} at step "
+                         f"{self.server.get(P.finished_key(e.number)).decode()}", epoch=e.number)
+        # keep the store up until every agent has read job/done and left (bounded)
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            while not self.disconnects.empty():
+                who, _ = self.disconnects.get_nowait()
+                kind, node_id, _ = P.parse_identity(who)
+                if kind == "agent" and node_id in self.nodes:
+                    self.nodes[node_id].lost = self.nodes[node_id].lost or "left at the end of the job"
+            if all(n.lost for n in self.nodes.values()) and all(a.poll() is not None for a in self.local_agents):
+                break
+            time.sleep(0.05)
+        return 0
+
+    def start_local_agents(self, nodes: list[tuple[str, str, int]], heartbeat_s: float, cluster: str | None) -> None:
+        host, port = self.address
+        for i, (gpu, zone, count) in enumerate(nodes):
+            cmd = [sys.executable, "-m", "planner.elastic.agent", "--store", f"{host}:{port}", "--gpus",
+                   f"{gpu}@{zone}={count}", "--node-id", f"node{i}", "--heartbeat-s", str(heartbeat_s)]
+            if cluster:
+                cmd += ["--cluster", cluster]
+            self.local_agents.append(subprocess.Popen(cmd, preexec_fn=_pdeathsig))
+
+    def _stop_local_agents(self) -> None:
+        for a in self.local_agents:
+            if a.poll() is None:
+                a.terminate()
+        for a in self.local_agents:
+            try:
+                a.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                a.kill()
+
+
+def read_provider(path: str | None, command: str | None) -> set[str] | None:
+    """Node ids the provider reports: one per line (or a JSON list); None if it cannot be read now."""
+    try:
+        if path:
+            text = Path(path).read_text()
+        else:
+            text = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=10,
+                                  check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            return {str(x) for x in json.loads(text)}
+        except json.JSONDecodeError:
+            return None
+    return {line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")}
+
+
+# -- the command ------------------------------------------------------------------------
+def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "run", help="train elastically: re-plan and reconfigure in place when nodes come and go",
+        description="Start the controller of an elastic job (it hosts the job's store), optionally with local "
+                    "node agents; arguments after '--' go to the training workers (sailor_ext.train's).")
+    p.add_argument("--model", required=True, help="model preset or config.json")
+    p.add_argument("--global-batch", type=int, required=True, help="samples per step, fixed for the whole job")
+    p.add_argument("--gpus", metavar="TYPE@ZONE=N,...",
+                   help="with --local: the GPUs to start agents for; else: wait for this many before the first plan")
+    p.add_argument("--gpus-per-node", type=int, help="with --local: GPUs per agent (default: the type's node size)")
+    p.add_argument("--local", action="store_true", help="start the node agents on this machine")
+    p.add_argument("--objective", default="throughput", choices=["throughput", "cost", "cost-per-token"])
+    p.add_argument("--host", default="127.0.0.1", help="address to serve the job's store on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port of the job's store (default: any free port)")
+    p.add_argument("--address-file", help="write HOST:PORT of the store here once it serves")
+    p.add_argument("--events-file", help="append one JSON line per event (joins, losses, plans, timings)")
+    p.add_argument("--heartbeat-s", type=float, default=0.5, help="agents' heartbeat period (default 0.5)")
+    p.add_argument("--heartbeat-misses", type=int, default=4,
+                   help="a node whose heartbeat stops this many periods is lost (default 4)")
+    p.add_argument("--reconfigure-cost-s", type=float,
+                   help="what a reconfiguration costs when deciding whether a joining node pays off (default: the "
+                        "last one measured, 2 s before any)")
+    p.add_argument("--nodes-file", help="provider hook: a file listing the node ids that exist (one per line)")
+    p.add_argument("--nodes-command", help="provider hook: a command that prints the node ids that exist")
+    p.add_argument("--nodes-interval-s", type=float, default=2.0,
+                   help="how often to ask the provider hook (default 2 s)")
+    p.add_argument("--max-tp", type=int, default=8,
+                   help="largest TP degree any plan of the job may use; the vocabulary is padded for it (default 8)")
+    p.add_argument("--wait-s", type=float, default=300.0, help="give up after this long without a runnable plan")
+    p.add_argument("--load", help="resume from this checkpoint directory (when the workers have no state in memory)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="-- TRAIN_ARGS",
+                   help="arguments for the workers (sailor_ext.train's), after '--'")
+    if add_common:
+        add_common(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _train_args(args) -> tuple[list[str], int, int]:
+    """The workers' arguments, checked here so a mistake is one line, not N crashed workers."""
+    rest = list(args.rest or [])
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    for flag in FORBIDDEN_TRAIN_ARGS:
+        if any(a == flag or a.startswith(flag + "=") for a in rest):
+            raise SailorError(f"{flag} is decided by the planner in `sailor run`; drop it (use --global-batch for "
+                              "the batch)")
+    if "--model" in rest:
+        i = rest.index("--model")
+        if i + 1 < len(rest) and rest[i + 1] != args.model:
+            raise SailorError(f"training argument --model {rest[i + 1]} contradicts sailor run --model {args.model}")
+    else:
+        rest = ["--model", args.model, *rest]
+    from sailor_ext.train import parse_args  # torch-free: argument parsing only
+
+    try:
+        parsed = parse_args(rest)
+    except SystemExit:
+        raise SailorError("bad training arguments after '--' (see the message above)") from None
+    if args.load and "--load" not in rest:
+        rest += ["--load", args.load]
+    return rest, parsed.train_iters, parsed.make_vocab_size_divisible_by
+
+
+def job_vocabulary(vocab: int, divisor: int, max_tp: int, load: str | None) -> tuple[int, int]:
+    """(padded vocabulary, largest TP degree) for every plan of the job.
+
+    The padding must not change between plans, or the logical embedding
+    would change shape; so it is fixed for the largest TP degree allowed. A
+    job that resumes a checkpoint keeps that checkpoint's padding and allows
+    only the TP degrees it divides into."""
+    step = divisor * max_tp
+    padded = math.ceil(vocab / step) * step
+    if not load:
+        return padded, max_tp
+    root = Path(load)
+    latest = root / "latest"
+    if not latest.exists() and not (root / "meta.json").exists():
+        raise SailorError(f"no checkpoint in {load} (no 'latest' file); give the --save directory of a previous run")
+    meta_path = (root / latest.read_text().strip() / "meta.json") if latest.exists() else root / "meta.json"
+    try:
+        saved = json.loads(meta_path.read_text()).get("padded_vocab")
+    except (OSError, json.JSONDecodeError):
+        return padded, max_tp  # the workers check the checkpoint and say what is wrong with it
+    if not saved:
+        return padded, max_tp
+    tp = max_tp
+    while tp > 1 and saved % (divisor * tp):
+        tp //= 2
+    return saved, tp
+
+
+def run(args) -> int:
+    from planner.profiles.store import load_profiles
+    from planner.search.goal import Goal
+    from planner.specs.hardware import load_cluster, parse_gpus
+    from planner.specs.model import get_model
+
+    train_args, train_iters, divisor = _train_args(args)
+    cluster = load_cluster(args.cluster)
+    model = get_model(args.model)
+    if args.max_tp < 1 or args.max_tp & (args.max_tp - 1):
+        raise SailorError(f"--max-tp {args.max_tp} must be a power of two")
+    padded_vocab, max_tp = job_vocabulary(model.vocab, divisor, args.max_tp, args.load)
+    profiles = load_profiles(args.profiles, dict(cluster.gpus), model.name)
+    replanner = Replanner(model, cluster, profiles, args.global_batch, Goal(args.objective),
+                          args.precision, max_tp)
+    pools = parse_gpus(args.gpus, cluster) if args.gpus else ()
+    settings = Settings(train_args, train_iters, args.heartbeat_s, args.heartbeat_misses,
+                        reconfigure_cost_s=args.reconfigure_cost_s,
+                        min_gpus=sum(p.count for p in pools), wait_s=args.wait_s, provider_file=args.nodes_file,
+                        provider_command=args.nodes_command, provider_interval_s=args.nodes_interval_s,
+                        padded_vocab=padded_vocab,
+                        load=args.load)
+    controller = Controller(settings, replanner, EventLog(args.events_file), args.host, args.port)
+    signal.signal(signal.SIGTERM, controller.request_finish)
+    signal.signal(signal.SIGINT, controller.request_finish)
+    host, port = controller.address
+    controller.server.set(P.JOB_ARGS, json.dumps(train_args))
+    if args.address_file:
+        tmp = Path(args.address_file + ".tmp")
+        tmp.write_text(f"{host}:{port}\n")
+        os.replace(tmp, args.address_file)
+    controller.events.emit("job_start", f"store at {host}:{port}; join nodes with `sailor agent --store "
+                           f"{host}:{port} --gpus TYPE@ZONE=N`", store=f"{host}:{port}", train_args=train_args,
+                           padded_vocab=padded_vocab)
+    if args.local:
+        if not pools:
+            raise SailorError("--local needs --gpus TYPE@ZONE=N,... to know which agents to start")
+        nodes = []
+        for pool in pools:
+            size = args.gpus_per_node or cluster.gpu(pool.gpu).gpus_per_node
+            full, extra = divmod(pool.count, size)
+            nodes += [(pool.gpu, pool.zone, size)] * full + ([(pool.gpu, pool.zone, extra)] if extra else [])
+        controller.start_local_agents(nodes, args.heartbeat_s, args.cluster)
+    return controller.run()

@@ -1,0 +1,120 @@
+"""From the nodes present to a plan and the worker that runs each of its ranks.
+
+The planner sees the nodes as pools (GPU type, zone, count); the node size of
+each GPU type is taken from the nodes themselves, since the rank layout
+(planner/launch.py: a TP group never spans nodes) depends on it. The layout's
+nodes are then matched to real nodes of the same type and zone, oldest
+first, so a plan keeps using the nodes it used before where it can.
+
+A new plan replaces a running one only when it pays off: the time it saves
+over the remaining steps must exceed what a reconfiguration costs.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from planner.elastic.protocol import NodeInfo
+from planner.errors import SailorError
+from planner.launch import check_runnable, rank_layout
+from planner.specs.hardware import Cluster, Pool
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
+
+
+@dataclass(frozen=True)
+class Proposal:
+    plan: Plan
+    iteration_time_s: float  # the simulator's estimate
+    ranks: tuple[tuple[str, int], ...]  # rank -> (node, worker index)
+    gpus_per_node: dict[str, int]
+    planning_s: float
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(n for n, _ in self.ranks))
+
+    def describe(self) -> str:
+        p = self.plan
+        tps = sorted({r.tp for s in p.stages for r in s.replicas})
+        mbs = sorted({q.microbatch_size for q in p.pipelines})
+        return (f"{p.pp} stage(s) x {p.dp} replica(s), TP {'/'.join(map(str, tps))}, microbatch "
+                f"{'/'.join(map(str, mbs))}, {len(self.ranks)} ranks on {len(self.nodes)} node(s)")
+
+
+def pays_off(current_s: float, proposed_s: float, remaining_steps: int, reconfigure_s: float) -> bool:
+    """Switch plans when the time saved over the remaining steps exceeds the switch."""
+    return (current_s - proposed_s) * max(0, remaining_steps) > reconfigure_s
+
+
+class Replanner:
+    """Plans with the planner for a set of nodes (no torch)."""
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, profiles, global_batch: int, goal,
+                 precision: str = "fp32", max_tp: int = 8):
+        self.model, self.cluster, self.profiles = model, cluster, profiles
+        self.global_batch, self.goal, self.precision, self.max_tp = global_batch, goal, precision, max_tp
+
+    def cluster_for(self, nodes: list[NodeInfo]) -> Cluster:
+        """The cluster with each GPU type's node size taken from the nodes (the smallest, if they differ)."""
+        sizes: dict[str, int] = {}
+        for n in nodes:
+            sizes[n.gpu] = min(sizes.get(n.gpu, n.gpus), n.gpus)
+        gpus = dict(self.cluster.gpus)
+        for gpu, size in sizes.items():
+            gpus[gpu] = replace(self.cluster.gpu(gpu), gpus_per_node=size)
+        pools: dict[tuple[str, str], int] = {}
+        for n in nodes:
+            # a node larger than its type's node size counts as whole nodes of that size
+            pools[(n.gpu, n.zone)] = pools.get((n.gpu, n.zone), 0) + n.gpus // sizes[n.gpu] * sizes[n.gpu]
+        return replace(self.cluster, gpus=gpus, available=tuple(Pool(g, z, c) for (g, z), c in pools.items()))
+
+    def propose(self, nodes: list[NodeInfo]) -> Proposal | None:
+        """The planner's best plan on `nodes` (oldest first), or None if nothing fits."""
+        from planner.search.planner import Planner
+        from planner.simulator.simulate import Simulator
+
+        if not nodes:
+            return None
+        start = time.perf_counter()
+        cluster = self.cluster_for(nodes)
+        sim = Simulator(self.model, cluster, self.profiles, self.precision)
+        max_tp = self.max_tp
+
+        class CappedPlanner(Planner):
+            """The planner, with TP degrees the job's vocabulary padding cannot take left out."""
+
+            def shapes(self):
+                return [shape for shape in super().shapes() if shape.tp <= max_tp]
+
+        try:
+            result = CappedPlanner(sim, self.global_batch, self.goal).run(top=1)
+        except SailorError:
+            return None
+        if not result.plans:
+            return None
+        plan, estimate = result.plans[0]
+        check_runnable(plan, self.model, cluster)
+        if any(r.tp > self.max_tp for s in plan.stages for r in s.replicas):
+            raise SailorError(f"the planner chose TP {max(r.tp for s in plan.stages for r in s.replicas)} but the "
+                              f"job pads the vocabulary for TP <= {self.max_tp}; restart with a larger --max-tp")
+        ranks = assign(plan, cluster, nodes)
+        sizes = {g: cluster.gpu(g).gpus_per_node for g in {n.gpu for n in nodes}}
+        return Proposal(plan, estimate.iteration_time_s, ranks, sizes, time.perf_counter() - start)
+
+
+def assign(plan: Plan, cluster: Cluster, nodes: list[NodeInfo]) -> tuple[tuple[str, int], ...]:
+    """(node id, worker index) of every rank: layout nodes onto real nodes of the same type and zone."""
+    layout = rank_layout(plan, cluster)
+    free: dict[tuple[str, str], list[NodeInfo]] = {}
+    for n in nodes:
+        free.setdefault((n.gpu, n.zone), []).append(n)
+    chosen: dict[int, NodeInfo] = {}
+    for ln in layout.nodes:
+        pool = free.get((ln.gpu, ln.zone), [])
+        fit = next((n for n in pool if n.gpus >= ln.nproc), None)
+        if fit is None:
+            raise SailorError(f"the plan needs a node of {ln.nproc} x {ln.gpu} in {ln.zone} that is not present")
+        pool.remove(fit)
+        chosen[ln.index] = fit
+    return tuple((chosen[s.node].id, s.local_rank) for s in layout.slots)

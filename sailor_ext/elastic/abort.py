@@ -1,0 +1,64 @@
+"""Leave collectives that wait on a peer that will never answer.
+
+A peer that dies closes its sockets and most collectives waiting on it fail
+at once. A peer that hangs (a frozen VM, a network partition) does not:
+gloo would wait for the full collective timeout. In torch 2.13
+ProcessGroupGloo.abort() and .shutdown() return without waking a blocked
+all_reduce, so for gloo we do two things:
+
+  * shut down this process's TCP connections (not listening sockets, whose
+    shutdown gloo treats as fatal, and not the store's): every pending gloo
+    operation fails with "connection closed";
+  * cut every group's default timeout to ABORT_TIMEOUT_S, so an operation
+    posted afterwards fails quickly too (we saw a send posted after its peer
+    died wait out the whole 30 s timeout without it).
+
+The training loop regains control, and the process group is destroyed and
+formed anew under the next epoch. NCCL has a working abort, used as is.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import stat
+
+import torch
+import torch.distributed as dist
+
+ABORT_TIMEOUT_S = 0.5
+
+
+def abort_collectives(keep_fds: set[int]) -> int:
+    """Make every pending collective of this process fail now; returns the
+    number of connections shut down (gloo) or -1 (NCCL abort)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        dist.distributed_c10d._abort_process_group()
+        return -1
+    short = datetime.timedelta(seconds=ABORT_TIMEOUT_S)
+    for group in list(dist.distributed_c10d._world.pg_map):
+        try:
+            group._get_backend(torch.device("cpu"))._set_default_timeout(short)
+        except (RuntimeError, AttributeError):
+            pass
+    severed = 0
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd in keep_fds:
+            continue
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM \
+                    and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                s.shutdown(socket.SHUT_RDWR)
+                severed += 1
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return severed

@@ -1,0 +1,426 @@
+"""An elastic worker: one process per GPU that outlives plans.
+
+Its node's agent (planner/elastic/agent.py) starts it before any plan exists,
+so it pays for importing torch and megatron once, not at every
+reconfiguration. Then, epoch after epoch:
+
+  1. wait for the controller to publish a plan (store key plan/<e>) that
+     gives it a rank (a worker without one stays idle and warm);
+  2. form the process groups through the controller's store, under the
+     prefix pg/<e>/;
+  3. build the stage model for the plan and restore the state: from the
+     ranks' host-memory snapshots (reshard.exchange) or, where those do not
+     cover the plan or are older, from the newest checkpoint on disk that
+     verifies;
+  4. train. A stop request (stop/<e>) is watched by a thread: "drain" raises
+     a flag that is agreed in the step's all-reduce, so every rank stops
+     after the same step and snapshots it (nothing lost); "abort" (a peer is
+     gone) also makes pending collectives fail at once (abort.py);
+  5. destroy the process groups and go back to 1.
+
+It exits when the job is done, when its node is fenced, or when the
+controller's store is gone. Started by an agent, it dies with it (the kernel
+sends SIGKILL when the agent exits, PR_SET_PDEATHSIG).
+
+    python -m sailor_ext.elastic.worker --store HOST:PORT --node ID --index I
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import faulthandler
+import gc
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+
+from planner.elastic import protocol as P
+from planner.elastic.store import StoreClient, StoreClosed, StoreTimeout
+from planner.errors import SailorError
+
+EXIT_LOST_CONTROLLER, EXIT_FENCED = 4, 5
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent (the agent) exits (Linux)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def log(line: str) -> None:
+    print(f"sailor: {line}", file=sys.stderr, flush=True)
+
+
+EXIT_WEDGED = 6
+WEDGED_GRACE_S = 1.0
+
+
+class StopWatcher:
+    """Watches stop/<e> of the current epoch on its own store connection.
+
+    Last resort: if the training thread has not left an aborted epoch
+    `grace` seconds later (max(WEDGED_GRACE_S, twice the slowest step): a
+    healthy thread leaves within one step plus abort.ABORT_TIMEOUT_S), it is
+    stuck in a collective nothing could wake. gloo sometimes leaves an
+    operation waiting for its full timeout on a connection that is already
+    gone (the process then holds no connection at all but the store's; seen
+    in 1 to 2 node kills out of 10 here). The process exits and its agent
+    starts a fresh one: a restart instead of an in-place reconfiguration,
+    for this worker only; the controller plans without its node until the
+    fresh worker is ready, then folds it back in."""
+
+    def __init__(self, client: StoreClient, keep_fds: set[int]):
+        self.client, self.keep_fds = client, keep_fds
+        self.lock = threading.Lock()
+        self.epoch: int | None = None
+        self.stop = threading.Event()  # the current epoch must end
+        self.left = threading.Event()  # the training thread left the epoch
+        self.cancelled: threading.Event | None = None  # set on abort: ends store waits of the epoch
+        self.grace = WEDGED_GRACE_S
+        self.thread = threading.Thread(target=self._run, name="stop-watcher", daemon=True)
+        self.thread.start()
+
+    def watch(self, epoch: int | None, cancelled: threading.Event | None = None) -> None:
+        with self.lock:
+            self.epoch, self.cancelled = epoch, cancelled
+            self.stop.clear()
+            if epoch is None:
+                self.left.set()
+            else:
+                self.left.clear()
+
+    def _run(self) -> None:
+        while True:
+            epoch = self.epoch
+            if epoch is None or self.stop.is_set():
+                time.sleep(0.01)
+                continue
+            try:
+                how = self.client.get(P.stop_key(epoch), 0.05).decode()
+            except StoreTimeout:
+                continue
+            except StoreClosed:
+                how = P.ABORT
+            from sailor_ext.elastic.abort import abort_collectives
+
+            with self.lock:
+                if self.epoch != epoch:
+                    continue
+                self.stop.set()
+                if how != P.ABORT:
+                    # drain/finish: an epoch still forming completes its rendezvous and restore, then
+                    # stops after its first step (every rank agrees on it), so nothing is lost
+                    continue
+                if self.cancelled is not None:
+                    self.cancelled.set()
+                abort_collectives(self.keep_fds)
+            if not self.left.wait(self.grace):
+                log(f"epoch {epoch}: training is still stuck in a collective {self.grace:g} s after the abort; "
+                    "exiting so the agent starts a fresh worker")
+                if os.environ.get("SAILOR_DEBUG"):
+                    faulthandler.dump_traceback(all_threads=True)
+                os._exit(EXIT_WEDGED)
+
+
+@dataclass
+class EpochResult:
+    outcome: str  # finished | stopped | failed
+    detail: str = ""
+    requested: bool = False  # the controller had asked the epoch to stop
+
+
+class Worker:
+    def __init__(self, host: str, port: int, node: str, index: int):
+        self.host, self.port, self.node, self.index = host, port, node, index
+        client = StoreClient(host, port, P.worker_identity(node, index))
+        args_json = client.get(P.JOB_ARGS, 60.0)
+        from sailor_ext.train import parse_args
+
+        self.args = parse_args(json.loads(args_json))
+        # the heavy imports, once per process
+        import torch.distributed  # noqa: F401
+
+        from sailor_ext.elastic.store import ControllerStore
+        from sailor_ext.snapshot import SnapshotRing
+        from sailor_ext import trainer  # noqa: F401  (megatron)
+
+        # The imports left ~10^6 long-lived objects; without this every full
+        # collection walks them all (0.2-0.3 s per reconfiguration here).
+        gc.collect()
+        gc.freeze()
+
+        self.store = ControllerStore(client, self.args.dist_timeout)
+        self.client = client
+        self.watch_client = StoreClient(host, port)
+        self.board_client = StoreClient(host, port)
+        keep = {c.sock.fileno() for c in (client, self.watch_client, self.board_client)}
+        self.watcher = StopWatcher(self.watch_client, keep)
+        self.ring = SnapshotRing()
+        self.ended_at = self.left_at = 0.0  # when the last epoch failed or stopped, and when it was torn down
+        client.set(P.ready_key(node, index), str(os.getpid()))
+
+    # -- between epochs -------------------------------------------------------------
+    def next_assignment(self, after: int) -> P.Assignment | None:
+        """The newest plan after epoch `after`; None when the job is over for us."""
+        while True:
+            if self.client.check([P.JOB_DONE]):
+                return None
+            if self.client.check([P.fence_key(self.node)]):
+                log(f"worker {self.node}/{self.index}: the controller fenced this node "
+                    f"({self.client.get(P.fence_key(self.node), 1.0).decode()}); exiting")
+                raise SystemExit(EXIT_FENCED)
+            try:
+                self.client.get(P.plan_key(after + 1), 0.05)
+            except StoreTimeout:
+                continue
+            newest = max(after + 1, int(self.client.get(P.EPOCH, 5.0)))
+            return P.Assignment.from_json(self.client.get(P.plan_key(newest), 5.0))
+
+    def run(self) -> int:
+        epoch = 0
+        try:
+            while True:
+                a = self.next_assignment(epoch)
+                if a is None:
+                    return 0
+                epoch = a.epoch
+                rank = a.rank_of(self.node, self.index)
+                if rank is None:
+                    continue  # idle in this plan; stay warm
+                result = self.run_epoch(a, rank)
+                if result.outcome == "failed" and not result.requested:
+                    self.client.set(P.failed_key(epoch, rank), result.detail[:500])
+        except StoreClosed:
+            log(f"worker {self.node}/{self.index}: lost the controller's store at {self.host}:{self.port}; exiting")
+            return EXIT_LOST_CONTROLLER
+
+    # -- one epoch ------------------------------------------------------------------
+    def run_epoch(self, a: P.Assignment, rank: int) -> EpochResult:
+        import torch.distributed as dist
+
+        from planner.launch import rank_layout
+        from planner.specs.hardware import load_cluster
+        from planner.specs.model import get_model
+        from planner.specs.plan import plan_from_dict
+        from sailor_ext import compat
+        from sailor_ext.snapshot import Persister, PersistTarget, StoreBoard
+        from sailor_ext.trainer import Trainer
+
+        args, e = self.args, a.epoch
+        cancelled = self.store.cancelled
+        cancelled.clear()
+        self.watcher.watch(e, cancelled)
+        t0 = time.time()
+        previous = {"t_prev_end": self.ended_at, "t_prev_left": self.left_at}
+        trainer = persister = None
+        result = EpochResult("failed")
+        try:
+            plan = plan_from_dict(a.plan)
+            model = get_model(args.model or plan.model, seq_len=args.seq_length)
+            cluster = load_cluster(args.cluster)
+            cluster = replace(cluster, gpus={**cluster.gpus, **{
+                g: replace(cluster.gpu(g), gpus_per_node=n) for g, n in a.gpus_per_node.items()}})
+            layout = rank_layout(plan, cluster)
+            device = compat.pick_device(self.index)
+            if not dist.is_initialized():
+                # Groups are named by torch's global counter, which destroy_process_group() resets; an
+                # epoch abandoned inside init_process_group advanced it without a destroy, and this rank
+                # would then name its groups unlike its peers and wait for keys no one writes.
+                dist.distributed_c10d._world.group_count = 0
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                    store=dist.PrefixStore(f"pg/{e}/", self.store), rank=rank,
+                                    world_size=a.world_size, timeout=datetime.timedelta(seconds=args.dist_timeout))
+            t_pg = time.time()
+            if rank >= a.plan_world:
+                result = self.donate(a, layout, rank, device, model.tied_embeddings)
+                return result
+            if args.save:
+                persister = Persister(
+                    PersistTarget(args.save, rank, a.plan_world, e, args.keep_checkpoints, args.dist_timeout),
+                    StoreBoard(self.board_client, f"ckpt/{e}/"), {}, log if rank == 0 else (lambda line: None))
+            trainer = Trainer(replace_ns(args, load=None), plan, model, layout, rank, device, self.ring, persister,
+                              a.padded_vocab)
+            if persister is not None:
+                persister.meta = trainer.checkpoint_meta()
+            t_built = time.time()
+            source = self.restore(trainer, a, rank)
+            t_loaded = time.time()
+            result = self.train(trainer, a, rank, {"epoch": e, "rank": rank, "world": a.world_size,
+                                                   "source": source, "step": trainer.step, "t_start": t0,
+                                                   "pg_s": t_pg - t0, "build_s": t_built - t_pg,
+                                                   "load_s": t_loaded - t_built, **previous})
+        except SailorError as err:  # a user mistake (e.g. a checkpoint of another model): retrying cannot help
+            result = EpochResult("failed", f"{P.FATAL}{err}")
+        except Exception as err:  # a peer died, hung or the epoch was superseded
+            self.ended_at = time.time()
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            if not self.watcher.stop.is_set():
+                log(f"rank {rank} (epoch {e}): {first[:300]}; waiting for the controller's next plan")
+            result = EpochResult("failed", f"{type(err).__name__}: {first[:300]}")
+        finally:
+            result.requested = self.watcher.stop.is_set()
+            if trainer is not None and trainer.metrics.file:
+                trainer.metrics.file.close()
+            if persister is not None:
+                if result.outcome == "failed":
+                    persister.close(cancel=True)
+                else:
+                    persister.flush(args.dist_timeout)
+                    persister.close()
+            del trainer
+            if dist.is_initialized():
+                try:
+                    dist.destroy_process_group()
+                except Exception:
+                    pass
+            self.watcher.watch(None)
+            gc.collect()
+            self.left_at = time.time()
+        return result
+
+    def restore(self, trainer, a: P.Assignment, rank: int) -> str:
+        """Fill the trainer from memory or disk (collective over every rank,
+        donors too; trainer is None on a donor); returns where the state came from."""
+        import torch.distributed as dist
+
+        from sailor_ext import checkpoint
+        from sailor_ext.elastic import reshard
+        from sailor_ext.trainer import log as say
+
+        # What the disk claims (cheap: the name in `latest`); verified only if it is needed.
+        disk = [None, -1]
+        if rank == 0:
+            for d in (self.args.save, a.load):
+                if d and (latest := checkpoint.find_latest(d)) is not None and latest.exists():
+                    disk = [d, int(latest.name.split("_")[1])]
+                    break
+        dist.broadcast_object_list(disk, src=0)
+        nodes = [a.node_index(r) for r in range(a.world_size)]
+        target = (trainer.model, trainer.optimizer, trainer.model.shards) if trainer else (None, None, None)
+        info = reshard.exchange(self.ring, *target, nodes, min_step=disk[1])
+        source = "memory"
+        if info is None and disk[0] is not None:
+            choice = [None]  # the newest checkpoint that verifies: maybe older than `latest` claims
+            if rank == 0:
+                try:
+                    choice = [checkpoint.choose(disk[0])]
+                except Exception as e:  # every rank must leave the broadcast
+                    choice = [e]
+            dist.broadcast_object_list(choice, src=0)
+            if isinstance(choice[0], Exception):
+                raise choice[0]
+            if rank == 0:
+                for note in choice[0].notes():
+                    say(note)
+            if choice[0].step < disk[1]:
+                info = reshard.exchange(self.ring, *target, nodes, min_step=choice[0].step)
+            if info is None and trainer is not None:
+                trainer.load(disk[0], choice[0])
+            source = "disk" if info is None else source
+        if trainer is None:
+            return source
+        if info is not None:
+            trainer.step, trainer.consumed = info.step, info.consumed
+        elif disk[0] is None:
+            source = "init"
+            if self.ring.slots:
+                log(f"rank {rank}: no snapshot or checkpoint covers the plan; starting from step 0")
+        self.ring.clear()
+        trainer.snapshot()  # the restored state, under the new plan
+        return source
+
+    def donate(self, a: P.Assignment, layout, rank: int, device, tied: bool) -> EpochResult:
+        """Outside the plan: create its groups, hand over this worker's snapshots, then wait out the epoch."""
+        from sailor_ext.topology import Topology
+
+        Topology(layout, rank, device, tied, datetime.timedelta(seconds=self.args.dist_timeout))
+        self.restore(None, a, rank)
+        while not self.watcher.stop.wait(0.05):
+            if self.client.check([P.JOB_DONE]) or self.client.check([P.finished_key(a.epoch)]):
+                return EpochResult("finished")
+        self.ended_at = time.time()
+        return EpochResult("stopped")
+
+    def train(self, trainer, a: P.Assignment, rank: int, report: dict) -> EpochResult:
+        args, watcher = self.args, self.watcher
+        samples = [p.samples for p in trainer.plan.pipelines]
+        tokens = trainer.plan.global_batch_size * trainer.model_spec.seq_len
+        first = True
+        while trainer.step < args.train_iters:
+            r = trainer.train_step(stop=watcher.stop.is_set())
+            watcher.grace = max(watcher.grace, 2 * r.seconds)
+            record = {"step": r.step, "loss": r.loss, "tokens": tokens, "step_time_s": r.seconds,
+                      "samples_per_replica": samples, "grad_norm": r.grad_norm, "lr": r.lr, "epoch": a.epoch,
+                      "time": time.time()}
+            last = r.step == args.train_iters
+            if (args.save_interval and r.step % args.save_interval == 0) or (last and args.save):
+                record["save_blocked_s"] = trainer.save()
+            elif r.stop or last:
+                trainer.snapshot()  # the step to resume from, in memory
+            trainer.metrics.write(record)
+            if rank == 0 and args.log_interval and r.step % args.log_interval == 0:
+                print(f"step {r.step}/{args.train_iters} | loss {r.loss:.6f} | grad norm {r.grad_norm:.4f} | "
+                      f"{r.seconds:.3f} s | epoch {a.epoch}", flush=True)
+            if rank == 0:
+                if first:
+                    self.client.set(P.report_key(a.epoch), json.dumps(
+                        {**report, "t_first_step": time.time(), "first_step_s": r.seconds}))
+                self.client.set(f"progress/{a.epoch}", str(r.step))
+            first = False
+            if r.stop and not last:
+                if self.client.get(P.stop_key(a.epoch), 5.0).decode() == P.FINISH:
+                    if args.save and "save_blocked_s" not in record:
+                        trainer.save()
+                    break
+                self.ended_at = time.time()
+                return EpochResult("stopped", f"step {r.step}")
+        if trainer.persister is not None:
+            trainer.persister.flush(args.dist_timeout)
+        if rank == 0:
+            self.client.set(P.finished_key(a.epoch), str(trainer.step))
+        return EpochResult("finished")
+
+
+def replace_ns(ns: argparse.Namespace, **changes) -> argparse.Namespace:
+    out = argparse.Namespace(**vars(ns))
+    for k, v in changes.items():
+        setattr(out, k, v)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sailor_ext.elastic.worker", description=__doc__.splitlines()[0])
+    p.add_argument("--store", required=True, help="HOST:PORT of the controller's store")
+    p.add_argument("--node", required=True)
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--parent", type=int, default=0, help="the agent's pid: exit if it is already gone")
+    opts = p.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: where is it stuck?
+    if opts.parent:
+        die_with_parent()
+        if os.getppid() != opts.parent:
+            return EXIT_LOST_CONTROLLER  # the agent died before we could tie ourselves to it
+    host, _, port = opts.store.rpartition(":")
+    try:
+        worker = Worker(host, int(port), opts.node, opts.index)
+        return worker.run()
+    except StoreClosed as e:
+        log(f"worker {opts.node}/{opts.index}: {e}; exiting")
+        return EXIT_LOST_CONTROLLER
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip destructors of process groups a dead peer may have wedged

@@ -1,0 +1,296 @@
+"""Pieces of the elastic runtime, one process each: the store, checkpoint
+verification, the reshard schedule, node-to-rank assignment, the join policy."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from planner.elastic import protocol as P
+from planner.elastic.replan import Replanner, assign, pays_off
+from planner.elastic.store import StoreClient, StoreServer, StoreTimeout
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- the store ----------------------------------------------------------------------------
+@pytest.mark.timeout(30)
+def test_store_operations_and_blocking_reads():
+    server = StoreServer()
+    host, port = server.address
+    a, b = StoreClient(host, port), StoreClient(host, port)
+    try:
+        a.set("k", b"v")
+        assert b.get("k", 1.0) == b"v" and b.check(["k"]) and not b.check(["k", "missing"])
+        assert a.add("n", 2) == 2 and b.add("n", 3) == 5
+        assert a.compare_set("c", "", "x") == b"x"  # absent + expected empty: set
+        assert a.compare_set("c", "y", "z") == b"x"  # mismatch: current value back
+        assert a.compare_set("c", "x", "z") == b"z"
+        with pytest.raises(StoreTimeout):
+            a.get("late", 0.1)
+        threading.Timer(0.2, lambda: server.set("late", "here")).start()
+        start = time.monotonic()
+        assert b.get("late", 5.0) == b"here" and time.monotonic() - start < 2.0  # woken, not polled
+        assert sorted(a.keys("")) == ["c", "k", "late", "n"] and a.delete("k") and not a.check(["k"])
+    finally:
+        a.close(), b.close(), server.close()
+
+
+@pytest.mark.timeout(30)
+def test_store_reports_a_dropped_connection_at_once():
+    gone = []
+    server = StoreServer(on_disconnect=lambda who: gone.append((who, time.monotonic())))
+    host, port = server.address
+    child = subprocess.Popen([sys.executable, "-c", f"import sys,time; sys.path.insert(0, {str(ROOT)!r}); "
+                              "from planner.elastic.store import StoreClient; "
+                              f"c = StoreClient('{host}', {port}, 'agent/n1'); print('up', flush=True); "
+                              "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        killed = time.monotonic()
+        child.kill()
+        child.wait()
+        deadline = time.monotonic() + 5
+        while not gone and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert gone and gone[0][0] == "agent/n1" and gone[0][1] - killed < 0.5
+    finally:
+        server.close()
+
+
+def test_planner_side_never_imports_torch():
+    code = ("import sys; import planner.elastic.controller, planner.elastic.agent, planner.elastic.replan; "
+            "import planner.cli; planner.cli.build_parser(); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+# -- checkpoints on disk --------------------------------------------------------------------
+def _write_checkpoint(save: Path, step: int, value: float) -> None:
+    import torch
+
+    from sailor_ext import checkpoint as C
+
+    pieces = [C.Piece("w", 0, 0, 4, {"param": torch.full((4, 3), value)}),
+              C.Piece("b", None, 0, 0, {"param": torch.full((3,), value)})]
+    record = C.write_pieces(C.staging_dir(save, step, 0), 0, pieces)
+    C.commit(save, step, 0, [record], {"consumed_samples": step * 12, "optimizer_steps": step,
+                                       "optimizer_state": []}, keep=3)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "no-meta", "missing-file"])
+def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, damage):
+    from sailor_ext import checkpoint as C
+
+    save = tmp_path / "ckpt"
+    for step in (2, 4, 6):
+        _write_checkpoint(save, step, float(step))
+    assert [d.name for d in C.committed(save)] == ["iter_0000006", "iter_0000004", "iter_0000002"]
+    newest = save / "iter_0000006"
+    rank_file = newest / "rank00000.pt"
+    if damage == "truncate":
+        rank_file.write_bytes(rank_file.read_bytes()[:-100])
+    elif damage == "flip":
+        data = bytearray(rank_file.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        rank_file.write_bytes(bytes(data))
+    elif damage == "no-meta":
+        (newest / "meta.json").unlink()
+    else:
+        rank_file.unlink()
+    assert C.verify(save / "iter_0000004") is None
+    problem = C.verify(newest)
+    assert problem, damage
+    choice = C.choose(save)
+    assert choice.directory.name == "iter_0000004" and choice.step == 4
+    note = choice.notes()[0]
+    assert "iter_0000006 is damaged" in note and "resuming from" in note and "(step 4)" in note
+    meta, params = C.read_logical(save)
+    assert meta["step"] == 4 and float(params["w"][0, 0]) == 4.0
+
+
+def test_a_checkpoint_becomes_visible_only_when_committed(tmp_path):
+    from sailor_ext import checkpoint as C
+
+    save = tmp_path / "ckpt"
+    _write_checkpoint(save, 2, 2.0)
+    import torch
+
+    C.write_pieces(C.staging_dir(save, 4, 1), 0, [C.Piece("w", 0, 0, 4, {"param": torch.zeros(4, 3)})])
+    assert C.choose(save).step == 2  # the staged step 4 was never committed
+    _write_checkpoint(save, 4, 4.0)  # a later epoch commits step 4: the leftover staging dir goes
+    assert C.choose(save).step == 4 and not list(save.glob("*.tmp"))
+
+
+def test_every_checkpoint_damaged_is_one_clear_error(tmp_path):
+    from planner.errors import SailorError
+    from sailor_ext import checkpoint as C
+
+    save = tmp_path / "ckpt"
+    _write_checkpoint(save, 2, 2.0)
+    (save / "iter_0000002" / "rank00000.pt").write_bytes(b"junk")
+    with pytest.raises(SailorError, match="every checkpoint in .* is damaged"):
+        C.choose(save)
+
+
+# -- resharding from memory -------------------------------------------------------------------
+def test_reshard_schedule_covers_every_need_from_the_newest_common_step():
+    from sailor_ext.elastic.reshard import Held, Need, StepInfo, plan_transfers
+
+    shape = (8, 4)
+
+    def held(step, start, stop):
+        return Held(step, "w", 0, start, stop, "w.local", shape)
+
+    def need(start, stop):
+        return Need("w", 0, start, stop, (stop - start, 4), "w.mine", shape)
+
+    info = {s: StepInfo(s, s * 12, s, ("exp_avg",)) for s in (4, 8)}
+    # old plan TP 2 on ranks 0, 1 (rows 0..3, 4..7) with snapshots of steps 4 and 8; rank 2 is new.
+    holdings = [[held(4, 0, 4), held(8, 0, 4)], [held(4, 4, 8), held(8, 4, 8)], []]
+    infos = [[info[4], info[8]], [info[4], info[8]], []]
+    # new plan: TP 1 on rank 2 (all rows), TP 2 on ranks 0, 1 swapped
+    needs = [[need(4, 8)], [need(0, 4)], [need(0, 8)]]
+    chosen, transfers = plan_transfers(holdings, infos, needs, nodes=[0, 0, 1])
+    assert chosen.step == 8 and chosen.consumed == 96
+    got = {(t.src, t.dst, t.src_offset, t.dst_offset, t.length) for t in transfers}
+    assert got == {(1, 0, 0, 0, 4), (0, 1, 0, 0, 4), (0, 2, 0, 0, 4), (1, 2, 0, 4, 4)}
+    # rank 1 lost its step-8 snapshot: only step 4 covers every need
+    holdings[1] = [held(4, 4, 8)]
+    assert plan_transfers(holdings, infos, needs, nodes=[0, 0, 1])[0].step == 4
+    # nothing newer than what the disk has: fall back to the disk
+    assert plan_transfers(holdings, infos, needs, nodes=[0, 0, 1], min_step=5) is None
+    # nobody holds rows 4..7 any more
+    holdings[1] = []
+    assert plan_transfers(holdings, infos, needs, nodes=[0, 0, 1]) is None
+
+
+def test_reshard_cuts_a_wider_old_slice_at_the_right_offset():
+    from sailor_ext.elastic.reshard import Held, Need, StepInfo, plan_transfers
+
+    shape = (8, 4)
+    # old plan TP 1 (rank 0 holds all rows); new plan TP 4: rank r needs rows 2r..2r+1
+    holdings = [[Held(6, "w", 0, 0, 8, "w", shape)], [], [], []]
+    infos = [[StepInfo(6, 72, 6, ())], [], [], []]
+    needs = [[Need("w", 0, 2 * r, 2 * r + 2, (2, 4), "w", shape)] for r in range(4)]
+    _, transfers = plan_transfers(holdings, infos, needs, nodes=[0, 0, 0, 0])
+    assert sorted((t.dst, t.src, t.src_offset, t.dst_offset, t.length) for t in transfers) == \
+        [(r, 0, 2 * r, 0, 2) for r in range(4)]
+
+
+def test_reshard_prefers_a_local_copy_then_the_same_node():
+    from sailor_ext.elastic.reshard import Held, Need, StepInfo, plan_transfers
+
+    shape = (6,)
+    whole = [Held(3, "bias", None, 0, 0, "b", shape)]
+    needs = [[Need("bias", None, 0, 0, shape, "b", shape)]] * 3
+    infos = [[StepInfo(3, 36, 3, ())]] * 3
+    _, transfers = plan_transfers([whole, whole, []], infos, needs, nodes=[0, 1, 1])
+    assert {(t.src, t.dst) for t in transfers} == {(0, 0), (1, 1), (1, 2)}
+
+
+# -- from nodes to ranks ----------------------------------------------------------------------
+def _replanner(global_batch=12) -> Replanner:
+    from planner.profiles.store import load_profiles
+    from planner.search.goal import Goal
+    from planner.specs.hardware import load_cluster
+    from planner.specs.model import get_model
+
+    cluster = load_cluster(None)
+    model = get_model("tiny")
+    return Replanner(model, cluster, load_profiles(None, dict(cluster.gpus), model.name), global_batch, Goal())
+
+
+def test_plans_follow_the_nodes_present():
+    replanner = _replanner()
+    nodes = [P.NodeInfo(n, "CPU", "local", 2) for n in ("a", "b", "c")]
+    three = replanner.propose(nodes)
+    assert sorted(three.nodes) == ["a", "b", "c"] and len(three.ranks) == 6
+    assert three.gpus_per_node == {"CPU": 2}
+    # every worker of every node used once, TP groups inside a node
+    assert sorted(three.ranks) == [(n, i) for n in "abc" for i in range(2)]
+    two = replanner.propose(nodes[1:])
+    assert sorted(two.nodes) == ["b", "c"] and three.iteration_time_s < two.iteration_time_s
+    assert replanner.propose([]) is None
+
+
+def test_layout_nodes_map_onto_nodes_of_the_same_type_and_zone():
+    from planner.specs.plan import plan_from_dict
+
+    plan = plan_from_dict({"format": "sailor-plan", "version": 1, "model": "tiny", "global_batch_size": 4,
+                           "stages": [{"layers": [0, 5], "replicas": [
+                               {"gpu": "CPU", "tp": 2, "zone": "z1"}, {"gpu": "CPU", "tp": 2, "zone": "z2"}]}],
+                           "pipelines": [{"microbatch_size": 2, "num_microbatches": 1}] * 2})
+    nodes = [P.NodeInfo("far", "CPU", "z2", 2), P.NodeInfo("near", "CPU", "z1", 2)]
+    replanner = _replanner()
+    ranks = assign(plan, replanner.cluster_for(nodes), nodes)
+    assert ranks == (("near", 0), ("near", 1), ("far", 0), ("far", 1))
+
+
+def test_plans_keep_to_the_tp_degrees_the_vocabulary_padding_allows():
+    replanner = _replanner()
+    replanner.max_tp = 1
+    plan = replanner.propose([P.NodeInfo(n, "CPU", "local", 2) for n in ("a", "b")]).plan
+    assert {r.tp for s in plan.stages for r in s.replicas} == {1}
+
+
+def test_a_resumed_job_keeps_its_checkpoints_vocabulary_padding(tmp_path):
+    from planner.elastic.controller import job_vocabulary
+
+    assert job_vocabulary(512, 128, 8, None) == (1024, 8)
+    (tmp_path / "iter_0000002").mkdir()
+    (tmp_path / "iter_0000002" / "meta.json").write_text(json.dumps({"padded_vocab": 512}))
+    (tmp_path / "latest").write_text("iter_0000002\n")
+    assert job_vocabulary(512, 128, 8, str(tmp_path)) == (512, 4)
+
+
+def test_a_joining_node_is_worth_it_only_if_it_saves_more_than_the_switch():
+    assert pays_off(current_s=0.20, proposed_s=0.15, remaining_steps=100, reconfigure_s=2.0)  # saves 5 s
+    assert not pays_off(current_s=0.20, proposed_s=0.15, remaining_steps=30, reconfigure_s=2.0)  # saves 1.5 s
+    assert not pays_off(current_s=0.20, proposed_s=0.25, remaining_steps=10**6, reconfigure_s=0.0)
+
+
+def test_assignment_round_trips_through_json():
+    a = P.Assignment(3, {"x": 1}, (("n1", 0), ("n1", 1), ("n2", 0)), 1024, {"CPU": 2}, "ckpt")
+    b = P.Assignment.from_json(a.to_json())
+    assert b == a and b.rank_of("n2", 0) == 2 and b.rank_of("n3", 0) is None and b.node_index(2) == 1
+
+
+def test_provider_list_file_and_command(tmp_path):
+    from planner.elastic.controller import read_provider
+
+    f = tmp_path / "nodes"
+    f.write_text("# the VMs that exist\na\nb\n\n")
+    assert read_provider(str(f), None) == {"a", "b"}
+    f.write_text(json.dumps(["x", "y"]))
+    assert read_provider(str(f), None) == {"x", "y"}
+    assert read_provider(None, "printf 'n1\\nn2\\n'") == {"n1", "n2"}
+    assert read_provider(str(tmp_path / "missing"), None) is None  # unreadable now: keep the last list
+
+
+# -- bad input: one line, non-zero exit ---------------------------------------------------------
+@pytest.mark.parametrize("extra, fragment", [
+    (["--", "--train-iters", "5", "--plan", "p.json"], "--plan is decided by the planner"),
+    (["--", "--train-iters", "5", "--micro-batch-size", "2"], "--micro-batch-size is decided by the planner"),
+    (["--max-tp", "3", "--", "--train-iters", "5"], "--max-tp 3 must be a power of two"),
+    (["--local", "--", "--train-iters", "5"], "--local needs --gpus"),
+    (["--load", "/nonexistent", "--", "--train-iters", "5"], "no checkpoint in /nonexistent"),
+])
+def test_sailor_run_refuses_bad_input_in_one_line(extra, fragment):
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "run", "--model", "tiny", "--global-batch", "12",
+                          *extra], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 2, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("sailor: error:")]
+    assert len(errors) == 1 and fragment in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_agent_with_a_bad_store_address_says_so():
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "agent", "--store", "localhost", "--gpus",
+                          "CPU@local=2"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 2 and "bad --store 'localhost'" in out.stderr and "Traceback" not in out.stderr
