@@ -9,8 +9,9 @@ how many of its GPUs move data in parallel. Between two endpoints the link is
 Bandwidth comes from a measured fit where one exists (Sailor's providers/ or
 `sailor profile network`, keyed by zone, GPU type and GPU count on each side),
 else from the catalog: the node NIC shared in proportion to the GPUs taking
-part, capped for WAN links. Measured fits already contain latency effects;
-default links add a per-message latency.
+part, capped for WAN links. Sailor's measured fits already contain latency
+effects; default links add a per-message latency, and fits from `sailor profile
+network` carry their own measured latency.
 
     p2p(x)        = latency + x / BW(x)                                      [s]
     allreduce(G)  = max over ring edges e of 2(D-1)/D * G / (BW_e * AR_EFF)
@@ -98,7 +99,10 @@ class Network:
 
     def latency(self, a: Endpoint, b: Endpoint) -> float:
         kind = self.link_class(a, b)
-        if kind != "intra" and self._inter_fit(a, b) is not None:
+        fit = self.fits.intra_fit(a.gpu, 2) if kind == "intra" else self._inter_fit(a, b)
+        if fit is not None and fit.latency_s is not None:
+            return fit.latency_s  # measured by `sailor profile network`
+        if kind != "intra" and fit is not None:
             return 0.0  # the fit was measured end to end
         return LATENCY_S[kind]
 
