@@ -152,7 +152,7 @@ def cmd_replay(args) -> int:
 
 
 # Each has add_parser(subparsers, add_common_options) and sets args.func on its parser.
-COMMAND_MODULES: list[str] = ["planner.launch"]
+COMMAND_MODULES: list[str] = ["planner.launch", "planner.profile_cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,13 +7,15 @@ The simulator moves a message of x bytes over a link in
 (planner.profiles.network_fits; the quadratic-in-log form of Sailor's fits).
 From one-way times t_i of messages x_i we take
 
-  * latency: the time of the smallest message (1 KB: all latency), but at most
-    half the time of the smallest fitted message, so the bandwidth left is
-    never swamped by noise in a latency estimate;
-  * BW: least squares of x_i / (t_i - latency) on y_i over the messages of at
-    least `min_bytes` (64 KB, as Sailor's fits), and the range that was fitted
-    (the quadratic is only trusted inside it: the simulator clamps y to it);
-  * the cap: the largest bandwidth measured.
+  * BW for a given latency: least squares of x_i / (t_i - latency) on y_i,
+    weighted so that residuals are relative errors of the time, over the
+    messages of at least `min_bytes` (64 KB, as Sailor's fits), and the
+    range that was fitted (the quadratic is only trusted inside it: the
+    simulator clamps y to it, so smaller messages get the 64 KB bandwidth);
+  * the latency: the one whose model reproduces every measured time, small
+    messages included, with the least relative error (RMS of log(model /
+    measured); searched between 0 and the fastest fitted message's time);
+  * the cap: the largest bandwidth the fit saw.
 
 Inter-node fits with n GPUs per side are aggregate bandwidth of n pairs sending
 at once, as a function of the message each GPU sends (Sailor's convention);
@@ -76,22 +78,47 @@ class LinkFit:
         return self.latency_s + nbytes / (self.bandwidth.bytes_per_s(nbytes) / self.link.gpus)
 
 
+def _quadratic(fitted: list[tuple[float, float]], latency: float, pairs: int) -> tuple[np.ndarray, float]:
+    """Least-squares BW(y) through x / (t - latency) of the fitted messages; (coefficients, largest BW)."""
+    y = np.log2(np.array([x for x, _ in fitted]) / 1e6)
+    t = np.array([t for _, t in fitted])
+    gbps = np.array([pairs * x / 1e9 for x, _ in fitted]) / (t - latency)  # aggregate over the pairs
+    # Weights make the residual the relative error of the modelled *time* (to first order),
+    # so a noisy, latency-dominated point cannot pull the curve around.
+    weights = (t - latency) / (t * gbps)
+    return np.polyfit(y, gbps, 2, w=weights), float(gbps.max() * 1e9)
+
+
+def _log_error(link: LinkMeasurement, fit: "LinkFit") -> float:
+    """RMS of log(modelled / measured time) over every measured size."""
+    return float(np.sqrt(np.mean([np.log(fit.seconds(x) / t) ** 2 for x, t in zip(link.nbytes, link.seconds)])))
+
+
 def fit_link(link: LinkMeasurement, min_bytes: float = FIT_MIN_BYTES) -> LinkFit:
+    """The latency and bandwidth curve that reproduce the measured times best (relative error)."""
     if len(link.nbytes) != len(link.seconds) or not link.nbytes:
         raise SailorError("network measurements need as many times as message sizes")
-    if any(t <= 0 or not math.isfinite(t) for t in link.seconds):
+    if any(not math.isfinite(t) or t <= 0 for t in link.seconds):
         raise SailorError(f"network measurement of the {link.kind} link has non-positive or missing times")
     pairs = sorted(zip(link.nbytes, link.seconds))
     fitted = [(x, t) for x, t in pairs if x >= min_bytes]
     if len(fitted) < 3:
         raise SailorError(f"the {link.kind} link needs at least 3 message sizes of {min_bytes / 1e3:g} KB or more "
                           f"to fit, got {len(fitted)}; raise --max-size")
-    latency = min(pairs[0][1], 0.5 * min(t for _, t in fitted)) if pairs[0][0] < min_bytes else 0.0
-    y = np.log2(np.array([x for x, _ in fitted]) / 1e6)
-    gbps = np.array([link.gpus * x / (t - latency) / 1e9 for x, t in fitted])  # aggregate over the pairs
-    c0, c1, c2 = np.polyfit(y, gbps, 2)
-    return LinkFit(link, (float(c0), float(c1), float(c2)), float(gbps.max() * 1e9), float(latency),
-                   float(fitted[0][0]), float(fitted[-1][0]))
+    lo, hi = float(fitted[0][0]), float(fitted[-1][0])
+
+    def candidate(latency: float) -> LinkFit:
+        coeffs, cap = _quadratic(fitted, latency, link.gpus)
+        return LinkFit(link, tuple(float(c) for c in coeffs), cap, float(latency), lo, hi)
+
+    # The latency is searched on a grid below the fastest fitted message (so every
+    # bandwidth stays positive), then refined around the best grid point.
+    top = 0.98 * min(t for _, t in fitted)
+    grid = np.linspace(0.0, top, 99)
+    best = min(grid, key=lambda lat: _log_error(link, candidate(lat)))
+    step = grid[1] - grid[0]
+    fine = np.linspace(max(0.0, best - step), min(top, best + step), 41)
+    return candidate(min(fine, key=lambda lat: _log_error(link, candidate(lat))))
 
 
 @dataclass(frozen=True)
