@@ -70,7 +70,7 @@ def device_facts(device: str, threads: int, concurrency: int) -> dict:
         return {"type": "cuda", "name": props.name, "memory_bytes": props.total_memory,
                 "count": torch.cuda.device_count(), "cuda": torch.version.cuda}
     return {"type": "cpu", "name": _cpu_name(), "threads_per_process": threads,
-            "concurrent_processes": concurrency, "cores": _cores()}
+            "concurrent_processes": concurrency, "cores": cores()}
 
 
 def _cpu_name() -> str:
@@ -83,7 +83,8 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cores() -> int:
+def cores() -> int:
+    """CPU cores this process may run on."""
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -36,7 +36,7 @@ from sailor_ext import compat
 from sailor_ext.loss import vocab_parallel_cross_entropy
 from sailor_ext.model import StageModel, StageSpec, init_from_seed
 from sailor_ext.optimizer import Optimizer, OptimizerConfig
-from sailor_ext.profile.timing import Clock, median
+from sailor_ext.profile.timing import STATISTICS, Clock, median
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class LayerBench:
             torch.cuda.synchronize(self.device)
 
     # -- measurements ------------------------------------------------------------------
-    def measure(self, mbs: int, warmup: int, repeats: int) -> PointMeasurement:
+    def measure(self, mbs: int, warmup: int, repeats: int, statistic: str = "median") -> PointMeasurement:
         inputs = self._inputs(mbs)
         n = len(self.layers)
         fwd: list[list[float]] = [[] for _ in range(n)]
@@ -151,7 +151,8 @@ class LayerBench:
                     fwd[i].append(tf)
                     bwd[i].append(tb)
         self.stage.zero_grad(set_to_none=True)
-        medians = torch.tensor([median(x) for x in fwd] + [median(x) for x in bwd], dtype=torch.float64)
+        stat = STATISTICS[statistic]
+        medians = torch.tensor([stat(x) for x in fwd] + [stat(x) for x in bwd], dtype=torch.float64)
         if self.tp > 1:  # the group moves at its slowest rank's pace
             medians = medians.to(self.device)
             dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=self.tp_group)
@@ -196,8 +197,8 @@ class LayerBench:
         self.stage.zero_grad(set_to_none=True)
         return peaks
 
-    def optimizer_seconds(self, warmup: int, repeats: int) -> tuple[float, int]:
-        """Median seconds of the runtime's optimizer step over the built layers, and their parameters."""
+    def optimizer_seconds(self, warmup: int, repeats: int, statistic: str = "median") -> tuple[float, int]:
+        """Seconds (median or mean) of the runtime's optimizer step over the built layers, and their parameters."""
         for p in self.stage.parameters():
             p.grad = torch.randn(p.shape, generator=self._generator).to(p.device, p.dtype) * 1e-3
         opt = Optimizer(self.stage, self.stage.shards, _SoloTopology(0), OptimizerConfig())
@@ -212,7 +213,7 @@ class LayerBench:
             if rep >= warmup:
                 times.append(t)
         self.stage.zero_grad(set_to_none=True)
-        value = torch.tensor([median(times)], dtype=torch.float64, device=self.device)
+        value = torch.tensor([STATISTICS[statistic](times)], dtype=torch.float64, device=self.device)
         if self.tp > 1:
             dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.tp_group)
         return float(value.item()), sum(p.numel() for p in self.stage.parameters())

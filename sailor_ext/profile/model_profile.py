@@ -69,6 +69,14 @@ class Settings:
     threads: int
     concurrency: int
     seed: int
+    statistic: str  # median, or mean where busy processes outnumber the cores
+
+
+STATISTIC_NOTES = {
+    "median": "median over repetitions (robust to a slow one); with TP > 1 the slowest TP rank's",
+    "mean": "mean over repetitions: more busy processes than cores make time-sharing the steady state, which "
+            "the median would not see; with TP > 1 the slowest TP rank's",
+}
 
 
 class Interrupted(SailorError):
@@ -78,7 +86,7 @@ class Interrupted(SailorError):
 # -- checking the request ---------------------------------------------------------------
 def check_request(req: ModelProfileRequest) -> tuple[ModelSpec, Settings]:
     """Every mistake in the request, as one SailorError, before any process starts."""
-    from sailor_ext.profile.device import resolve_gpu
+    from sailor_ext.profile.device import cores, resolve_gpu
 
     model = get_model(req.model)
     if model.family not in RUNTIME_FAMILIES:
@@ -112,9 +120,10 @@ def check_request(req: ModelProfileRequest) -> tuple[ModelSpec, Settings]:
     if precision == "bf16" and req.device == "cpu":
         raise SailorError("the runtime trains in fp32 on CPU; profile with --precision fp32")
     gpu = resolve_gpu(req.gpu, req.device)
+    oversubscribed = req.device == "cpu" and max(req.concurrency, *req.tp_degrees) * req.threads > cores()
     settings = Settings(canonical_name(model.name), gpu, req.device, precision, model.seq_len,
                         min(req.blocks, model.num_blocks), req.warmup, req.repeats, req.threads, req.concurrency,
-                        req.seed)
+                        req.seed, "mean" if oversubscribed else "median")
     return model, settings
 
 
@@ -190,6 +199,7 @@ def _run_workers(req: ModelProfileRequest, settings: Settings, tp: int, sizes: l
            "load_mbs": min(req.microbatch_sizes), "warmup": settings.warmup,
            "repeats": settings.repeats, "blocks": settings.blocks, "threads": settings.threads,
            "precision": settings.precision, "seed": settings.seed, "timeout_s": req.timeout_s,
+           "statistic": settings.statistic,
            "stop_dir": str(workdir / f"stop-tp{tp}")}
     cfg_path = workdir / f"worker-tp{tp}.json"
     cfg_path.write_text(json.dumps(cfg))
@@ -295,8 +305,8 @@ def assemble(model: ModelSpec, settings: Settings, progress: Progress) -> Profil
     notes = {
         "seq_len": settings.seq_len, "blocks_measured": settings.blocks,
         "blocks": "every transformer block gets the median of the measured blocks (identical shapes)",
-        "warmup": settings.warmup, "repeats": settings.repeats, "statistic": "median over repetitions; "
-        "with TP > 1 the slowest TP rank's median",
+        "warmup": settings.warmup, "repeats": settings.repeats,
+        "statistic": STATISTIC_NOTES[settings.statistic],
         "timer": "cuda events" if settings.device == "cuda" else "perf_counter",
         "activation_bytes": "storages saved for backward (saved_tensors_hooks) per sample, parameters excluded",
         "optimizer": "sailor_ext.optimizer (AdamW, global norm, clipping) over the built layers",

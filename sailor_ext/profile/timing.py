@@ -4,6 +4,9 @@ On a GPU the host returns long before the kernels finish, so a wall clock
 around a layer measures launch time; CUDA events on the stream measure the
 kernels. Each measurement is repeated and the median kept: one slow
 repetition (a page fault, another process taking the core) does not move it.
+Where more processes are busy than there are cores, being descheduled is not
+an outlier but the steady state (each process gets cores/processes of a core
+over time, in slices longer than a layer), and only the mean sees it.
 """
 from __future__ import annotations
 
@@ -41,3 +44,10 @@ class Clock:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+STATISTICS = {"median": median, "mean": mean}

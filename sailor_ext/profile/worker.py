@@ -40,6 +40,7 @@ class WorkerConfig:
     blocks: int = 2
     threads: int = 1  # CPU threads per process (torch.set_num_threads)
     precision: str = "fp32"
+    statistic: str = "median"  # median | mean over the repetitions (timing.py says when each)
     seed: int = 1234
     timeout_s: float = 600.0
     stop_dir: str = ""  # where rank 0 signals the load ranks; default: a folder named after MASTER_PORT
@@ -98,13 +99,13 @@ def run(cfg: WorkerConfig) -> int:
         return result
 
     if cfg.optimizer:
-        result = task(lambda: bench.optimizer_seconds(cfg.warmup, cfg.repeats), cfg.load_mbs)
+        result = task(lambda: bench.optimizer_seconds(cfg.warmup, cfg.repeats, cfg.statistic), cfg.load_mbs)
         if rank == 0:
             _emit({"kind": "optimizer", "tp": cfg.tp, "seconds": result[0], "params": result[1]})
     for mbs in cfg.mbs:
         def measure(mbs=mbs):
             try:
-                return bench.measure(mbs, cfg.warmup, cfg.repeats)
+                return bench.measure(mbs, cfg.warmup, cfg.repeats, cfg.statistic)
             except _oom_types():
                 torch.cuda.empty_cache()
                 return None
