@@ -116,3 +116,16 @@ def test_expand_to_model_repeats_the_median_block():
     model = get_model("tiny")  # 4 blocks
     kinds = ["embedding", "block", "block", "block", "head"]
     assert expand_to_model([1.0, 5.0, 3.0, 4.0, 9.0], kinds, model) == [1.0, 4.0, 4.0, 4.0, 4.0, 9.0]
+
+
+def test_concurrency_runs_load_ranks(tmp_path):
+    """More busy processes than cores: load ranks run beside the measured one, and the mean is kept."""
+    import os
+
+    n = len(os.sched_getaffinity(0)) + 1
+    run = sailor("profile", "model", "--model", "tiny", "--device", "cpu", "--micro-batch-sizes", "1", *QUICK,
+                 "--concurrency", n, "-o", tmp_path, "--quiet", timeout=300)
+    assert run.returncode == 0, run.stderr
+    d = json.loads((tmp_path / "tiny" / "CPU" / "profile.json").read_text())
+    assert d["device"]["concurrent_processes"] == n and d["notes"]["statistic"].startswith("mean")
+    assert set(d["times"]) == {"1"}
