@@ -167,7 +167,7 @@ def profile(work: Path, worlds: set[int], quick: bool, quiet: Quiet) -> tuple[di
         d = work / f"profiles-c{n}"
         _, foreign[f"model, {n} busy processes"] = quiet(lambda: sailor(
             "profile", "model", "--model", MODEL, "--device", "cpu", "--micro-batch-sizes", "1,2,4,8", "--tp", "1,2",
-            "--concurrency", str(n), "--repeats", "10" if quick else "30", "-o", str(d), "--quiet"),
+            "--concurrency", str(n), "--repeats", "10" if quick else "20", "-o", str(d), "--quiet"),
             f"model profile with {n} processes")
         shutil.copy(net, d / "network.json")
         dirs[n] = d

@@ -108,8 +108,11 @@ def _network_config(args) -> dict:
     if hi < 2**20:
         raise SailorError(f"--max-size {args.max_size} is too small: the fit needs messages of 64 KB, 256 KB and "
                           "1 MB at least; use --max-size 1MB or more")
+    if args.compute_between is not None and args.compute_between < 0:
+        raise SailorError(f"--compute-between {args.compute_between:g} must be >= 0 (milliseconds)")
     return {"out": args.output, "plot": args.plot, "min_bytes": lo, "max_bytes": hi, "gpu": args.gpu,
-            "zone": args.zone, "timeout_s": args.timeout}
+            "zone": args.zone, "timeout_s": args.timeout,
+            "compute_between_s": None if args.compute_between is None else args.compute_between / 1e3}
 
 
 def _labels(text: str | None, n: int, flag: str, default, cast=str) -> list:
@@ -272,6 +275,9 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     n.add_argument("--gpu", help="GPU type label (default: detected; CPU without CUDA)")
     n.add_argument("--min-size", default="1KB")
     n.add_argument("--max-size", default="64MB", help="largest message (default 64MB; 1GB on GPUs with memory)")
+    n.add_argument("--compute-between", type=float, metavar="MS",
+                   help="milliseconds of matrix multiplications before each timed transfer, as in training "
+                        "(default 2 on CPU, 0 on GPUs)")
     n.add_argument("--timeout", type=float, default=600)
     n.set_defaults(func=cmd_network)
 

@@ -58,11 +58,12 @@ def network_summary(d: ProfileDir) -> dict | None:
     links = []
     for key, e in intra.items():
         links.append({"kind": "intra", "link": f"{key[0]} x{key[1]}", "latency_s": e.get("latency_s"),
-                      "range_bytes": [e.get("min_bytes"), e.get("max_bytes")], "bytes_per_s": _bandwidths(e)})
+                      "range_bytes": [e.get("min_bytes"), e.get("max_bytes")], "bytes_per_s": _bandwidths(e),
+                      "allreduce_efficiency": e.get("allreduce_efficiency")})
     for key, e in inter.items():
         links.append({"kind": "inter", "link": f"{key[0]}/{key[1]} x{key[2]} -> {key[3]}/{key[4]} x{key[5]}",
                       "latency_s": e.get("latency_s"), "range_bytes": [e.get("min_bytes"), e.get("max_bytes")],
-                      "bytes_per_s": _bandwidths(e)})
+                      "bytes_per_s": _bandwidths(e), "allreduce_efficiency": e.get("allreduce_efficiency")})
     return {"links": links, "allreduce": [{"group": a["group"], "ranks": a["ranks"], "efficiency": a.get("efficiency")}
                                           for a in allreduce],
             "notes": (d.network or {}).get("notes", "")}
@@ -117,19 +118,22 @@ def print_summary(summary: dict) -> None:
     net = summary["network"]
     if net:
         t = Table(title="network fits (GB/s at a message size per GPU)", title_justify="left")
-        for col in ("kind", "link", "latency", "64 KB", "1 MB", "16 MB", "largest fitted", "fitted range"):
+        for col in ("kind", "link", "latency", "64 KB", "1 MB", "16 MB", "largest fitted", "fitted range",
+                    "all-reduce eff."):
             t.add_column(col, justify="right" if col not in ("kind", "link") else "left")
         for link in net["links"]:
             bw = list(link["bytes_per_s"].values())
             lat = link["latency_s"]
             lo, hi = link["range_bytes"]
+            eff = link.get("allreduce_efficiency")
             t.add_row(link["kind"], link["link"], "-" if lat is None else f"{lat * 1e6:.0f} us",
-                      *(f"{x / 1e9:.3f}" for x in bw), f"{_size(lo)} .. {_size(hi)}" if lo else "64 KB .. 1 GB")
+                      *(f"{x / 1e9:.3f}" for x in bw), f"{_size(lo)} .. {_size(hi)}" if lo else "64 KB .. 1 GB",
+                      "default" if eff is None else f"{eff:.2f}")
         out.print(t)
         for a in net["allreduce"]:
             eff = a["efficiency"]
-            out.print(f"all-reduce over {a['group']} (ranks {', '.join(map(str, a['ranks']))}): "
-                      + (f"{eff:.2f} of the ring model's speed at full link bandwidth" if eff else "no fit to compare"))
+            out.print(f"all-reduce over {a['group']} (ranks {', '.join(map(str, a['ranks']))}): the ring model "
+                      + (f"matches at efficiency {eff:.2f}" if eff else "has no fit to compare with"))
         if net.get("notes"):
             out.print(f"note: {net['notes']}")
     if not summary["profiles"] and not net:

@@ -26,15 +26,22 @@ intra-node fits are per GPU pair.
     {"format": "sailor-network", "version": 1, "created": ..., "software": {...},
      "ranks": [{"rank", "node", "zone", "gpu"}, ...],
      "intra": [{"gpu", "gpus": 2, "coeffs": [c0, c1, c2], "max_bytes_per_s", "latency_s",
-                "min_bytes", "max_bytes", "measured": {"bytes": [...], "seconds": [...]}}],
+                "min_bytes", "max_bytes", "allreduce_efficiency",
+                "measured": {"bytes": [...], "seconds": [...], "pairs": n}}],
      "inter": [{"src_zone", "src_gpu", "src_gpus", "dst_zone", "dst_gpu", "dst_gpus", ...same...}],
      "allreduce": [{"group", "ranks", "link", "bytes", "seconds", "ring_model_seconds", "efficiency"}]}
+
+All-reduce: the simulator models a ring all-reduce of G bytes over D ranks as
+2(D-1)/D * G / (BW * efficiency) + 2(D-1) * latency. A two-rank all-reduce over
+each measured link gives that link's `allreduce_efficiency` (median over 64 KB
+and more of what makes the model match); the larger groups are reported with
+their own matching efficiency, for information.
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -67,11 +74,13 @@ class LinkFit:
     latency_s: float
     min_bytes: float
     max_bytes: float
+    allreduce_efficiency: float | None = None  # measured; see allreduce_efficiency()
 
     @property
     def bandwidth(self) -> BandwidthFit:
         return BandwidthFit(*self.coeffs, self.max_bytes_per_s, latency_s=self.latency_s,
-                            min_bytes=self.min_bytes, max_bytes=self.max_bytes)
+                            min_bytes=self.min_bytes, max_bytes=self.max_bytes,
+                            allreduce_efficiency=self.allreduce_efficiency)
 
     def seconds(self, nbytes: float) -> float:
         """Modelled one-way time of a message of `nbytes` per GPU pair."""
@@ -130,29 +139,43 @@ class AllReduceMeasurement:
     seconds: tuple[float, ...]
 
 
-def ring_model_seconds(fit: LinkFit, nbytes: float, members: int) -> float:
-    """The simulator's ring all-reduce over links like `fit`, at full efficiency."""
+def ring_model_seconds(fit: LinkFit, nbytes: float, members: int, efficiency: float = 1.0) -> float:
+    """The simulator's ring all-reduce of `nbytes` over `members` ranks joined by links like `fit`
+    (planner.simulator.network.Network.allreduce_time)."""
     volume = 2 * (members - 1) / members * nbytes
-    step = nbytes / members
-    return volume / fit.bandwidth.bytes_per_s(step) + 2 * (members - 1) * fit.latency_s
+    return volume / (fit.bandwidth.bytes_per_s(nbytes / members) * efficiency) + 2 * (members - 1) * fit.latency_s
+
+
+def allreduce_efficiency(fit: LinkFit, m: AllReduceMeasurement) -> float | None:
+    """The efficiency that makes the ring model match the measured all-reduces of 64 KB and more:
+    median of (volume / BW) / (measured - latency terms). None if nothing was measurable."""
+    d = len(m.ranks)
+    ratios = []
+    for x, t in zip(m.nbytes, m.seconds):
+        rest = t - 2 * (d - 1) * fit.latency_s
+        if x >= FIT_MIN_BYTES and rest > 0:
+            ratios.append(2 * (d - 1) / d * x / fit.bandwidth.bytes_per_s(x / d) / rest)
+    return float(np.median(ratios)) if ratios else None
+
+
+def with_allreduce(fit: LinkFit, m: AllReduceMeasurement | None) -> LinkFit:
+    return replace(fit, allreduce_efficiency=allreduce_efficiency(fit, m)) if m is not None else fit
 
 
 def allreduce_entry(m: AllReduceMeasurement, fit: LinkFit | None) -> dict:
-    """The measurement, what the ring model says, and their ratio (the all-reduce efficiency)."""
+    """The measurement, what the ring model says at full efficiency, and the efficiency that matches."""
     entry = {"group": m.group, "ranks": list(m.ranks), "link": m.link, "bytes": list(m.nbytes),
              "seconds": list(m.seconds)}
     if fit is not None:
-        model = [ring_model_seconds(fit, x, len(m.ranks)) for x in m.nbytes]
-        entry["ring_model_seconds"] = model
-        big = [mo / t for x, mo, t in zip(m.nbytes, model, m.seconds) if x >= FIT_MIN_BYTES]
-        entry["efficiency"] = float(np.median(big)) if big else None
+        entry["ring_model_seconds"] = [ring_model_seconds(fit, x, len(m.ranks)) for x in m.nbytes]
+        entry["efficiency"] = allreduce_efficiency(fit, m)
     return entry
 
 
 def link_entry(f: LinkFit) -> dict:
     l = f.link
     entry = {"coeffs": list(f.coeffs), "max_bytes_per_s": f.max_bytes_per_s, "latency_s": f.latency_s,
-             "min_bytes": f.min_bytes, "max_bytes": f.max_bytes,
+             "min_bytes": f.min_bytes, "max_bytes": f.max_bytes, "allreduce_efficiency": f.allreduce_efficiency,
              "measured": {"bytes": list(l.nbytes), "seconds": list(l.seconds), "pairs": l.gpus}}
     if l.kind == "intra":
         return {"gpu": l.src_gpu, "gpus": 2, **entry}
@@ -171,8 +194,7 @@ def network_document(fits: list[LinkFit], allreduce: list[dict], meta: dict) -> 
         l = f.link
         if (l.src_zone, l.src_gpu) != (l.dst_zone, l.dst_gpu):
             back = LinkMeasurement(l.kind, l.dst_zone, l.dst_gpu, l.src_zone, l.src_gpu, l.gpus, l.nbytes, l.seconds)
-            doc["inter"].append(link_entry(LinkFit(back, f.coeffs, f.max_bytes_per_s, f.latency_s, f.min_bytes,
-                                                   f.max_bytes)))
+            doc["inter"].append(link_entry(replace(f, link=back)))
     return doc
 
 

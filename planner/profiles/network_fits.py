@@ -11,8 +11,10 @@ The quadratic was fitted on 64 KB..1 GB messages and goes wrong outside (it
 can even turn negative), so y is clamped to that range: bigger messages get the
 1 GB bandwidth, smaller ones the 64 KB bandwidth (latency-bound, conservative).
 Our fits (planner.profiles.network_fit) record the range they were fitted on
-(`min_bytes`, `max_bytes`) and the link's measured latency (`latency_s`); the
-simulator then clamps to that range and adds that latency per message.
+(`min_bytes`, `max_bytes`), the link's measured latency (`latency_s`) and how
+close a ring all-reduce over such links came to the ring model
+(`allreduce_efficiency`); the simulator then clamps to that range, adds that
+latency per message and uses that efficiency.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ class BandwidthFit:
     latency_s: float | None = None  # measured per-message latency; None: the simulator's default for the link
     min_bytes: float | None = None  # fitted range; None: Sailor's 64 KB .. 1 GB
     max_bytes: float | None = None
+    allreduce_efficiency: float | None = None  # measured ring all-reduce speed / this fit's; None: the default
 
     def bytes_per_s(self, nbytes: float) -> float:
         lo = Y_MIN if self.min_bytes is None else math.log2(self.min_bytes / 1e6)
@@ -71,7 +74,7 @@ def _fit(entry, extra: dict | None = None) -> BandwidthFit:
         return float(extra[key]) if extra.get(key) is not None else None
 
     return BandwidthFit(float(c0), float(c1), float(c2), float(cap), optional("latency_s"), optional("min_bytes"),
-                        optional("max_bytes"))
+                        optional("max_bytes"), optional("allreduce_efficiency"))
 
 
 def load_sailor_network(providers: Path, gpu_name) -> NetworkFits:

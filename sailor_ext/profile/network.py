@@ -12,10 +12,18 @@ What is measured, for message sizes 1 KB .. --max-size (powers of 4):
   * between two nodes of every pair of (zone, GPU type) pools: a ping-pong of 1
     pair, and of n pairs at once where nodes have n ranks (the aggregate
     bandwidth Sailor's inter-node fits describe);
-  * all-reduce over the ranks of one node, over one rank per node, and over
-    the world, next to what the simulator's ring model predicts from the fits.
+  * an all-reduce between the two ranks of every one-pair link above (its
+    `allreduce_efficiency`, which the simulator uses), and, for information,
+    over the ranks of one node, over one rank per node and over the world.
 Each size is repeated (more often for small messages) and the median kept;
 with several pairs at once, the slowest pair's median.
+
+On CPUs, communication right after computing is slower than on idle cores
+(on the 2-core VM this was developed on, a 64 KB exchange took 0.2 ms idle and
+0.4-1.2 ms right after a burst of matrix multiplications; the cores share
+caches and clocks with the compute). Training always communicates right
+after computing, so on CPU every timed repetition follows a short burst of
+matrix multiplications on every rank (`compute_between_s`).
 
 Rank 0 fits planner.profiles.network_fit's model to the ping-pongs, writes
 network.json and, if asked, a PNG of the fits against the measurements.
@@ -28,7 +36,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -44,6 +52,9 @@ class NetworkRequest:
     gpu: str | None = None  # GPU type label; default: detected
     zone: str = "local"  # this node's zone (torchrun); local runs read SAILOR_ZONE per rank
     timeout_s: float = 300.0
+    # Seconds of matrix multiplications every rank runs before each timed repetition; None: 2 ms on
+    # CPU, 0 on GPUs. Training sends right after computing, and on CPUs that matters (see below).
+    compute_between_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,9 +127,20 @@ def plan_links(labels: list[RankLabel]) -> list[LinkTest]:
 
 
 class Bench:
-    def __init__(self, rank: int, world: int, device: torch.device, max_bytes: int):
+    def __init__(self, rank: int, world: int, device: torch.device, max_bytes: int, compute_between_s: float):
         self.rank, self.world, self.device = rank, world, device
         self.buffer = torch.zeros(max(max_bytes // 4, 1), dtype=torch.float32, device=device)
+        self.compute_between_s = compute_between_s
+        self._matrix = torch.randn(256, 256, device=device) / 16
+
+    def _compute(self) -> None:
+        """What training does between two transfers: matrix multiplications, for a while."""
+        if self.compute_between_s <= 0:
+            return
+        x, end = self._matrix, time.perf_counter() + self.compute_between_s
+        while time.perf_counter() < end:
+            x = torch.tanh(x @ self._matrix)
+        self._sync()
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -134,6 +156,7 @@ class Bench:
         msg = self.buffer[: max(nbytes // 4, 1)]
         times = []
         for rep in range(WARMUP + repeats_for(nbytes)):
+            self._compute()
             dist.barrier()
             for a, b in pairs:
                 if self.rank == a:
@@ -153,6 +176,7 @@ class Bench:
         msg = self.buffer[: max(nbytes // 4, 1)]
         times = []
         for rep in range(WARMUP + repeats_for(nbytes)):
+            self._compute()
             dist.barrier()
             if self.rank in ranks:
                 self._sync()
@@ -207,7 +231,7 @@ def _loopback_note(labels: list[RankLabel]) -> str:
 def run(req: NetworkRequest, say=print) -> dict | None:
     """Measure, fit, write (rank 0); returns the network document on rank 0, None elsewhere."""
     from planner.profiles.network_fit import (AllReduceMeasurement, LinkMeasurement, allreduce_entry, fit_link,
-                                              network_document, plot_network, write_network)
+                                              network_document, plot_network, with_allreduce, write_network)
     from sailor_ext.compat import pick_device
     from sailor_ext.profile.device import software_versions, today
 
@@ -220,17 +244,28 @@ def run(req: NetworkRequest, say=print) -> dict | None:
         raise SystemExit("sailor profile network needs at least 2 ranks (--local 2, or torchrun with 2 processes)")
     labels = _labels(req, rank, world, device)
     sizes = message_sizes(req.min_bytes, req.max_bytes)
-    bench = Bench(rank, world, device, sizes[-1])
+    between = req.compute_between_s if req.compute_between_s is not None else (0.002 if device.type == "cpu" else 0.0)
+    bench = Bench(rank, world, device, sizes[-1], between)
+    tests = plan_links(labels)
+    # every rank creates every group, in one order, before any is used
+    pair_groups = {i: dist.new_group(list(t.pairs[0])) for i, t in enumerate(tests) if len(t.pairs) == 1}
+    paired = {tuple(sorted(t.pairs[0])) for t in tests if len(t.pairs) == 1}
+    info_groups = [(name, ranks, kind, dist.new_group(list(ranks))) for name, ranks, kind in _allreduce_groups(labels)
+                   if tuple(sorted(ranks)) not in paired]
     links: list[LinkMeasurement] = []
-    for test in plan_links(labels):
+    pair_reductions: dict[int, AllReduceMeasurement] = {}
+    for i, test in enumerate(tests):
         if rank == 0:
             say(f"p2p {test.name}: {len(sizes)} sizes, {sizes[0] // 1024} KB .. {sizes[-1] / 2**20:g} MB", flush=True)
         seconds = [bench.ping_pong(test.pairs, x) for x in sizes]
         links.append(LinkMeasurement(test.kind, test.src.zone, test.src.gpu, test.dst.zone, test.dst.gpu,
                                      len(test.pairs), tuple(sizes), tuple(seconds)))
+        if i in pair_groups:
+            seconds = [bench.allreduce(pair_groups[i], test.pairs[0], x) for x in sizes]
+            pair_reductions[i] = AllReduceMeasurement(f"pair {test.pairs[0][0]}-{test.pairs[0][1]}", test.pairs[0],
+                                                      test.kind, tuple(sizes), tuple(seconds))
     reductions = []
-    for name, ranks, kind in _allreduce_groups(labels):
-        group = dist.new_group(list(ranks))
+    for name, ranks, kind, group in info_groups:
         if rank == 0:
             say(f"all-reduce over {name} (ranks {', '.join(map(str, ranks))})", flush=True)
         seconds = [bench.allreduce(group, ranks, x) for x in sizes]
@@ -240,13 +275,28 @@ def run(req: NetworkRequest, say=print) -> dict | None:
     if rank != 0:
         return None
     fits = [fit_link(m) for m in links]
+    # each link's all-reduce efficiency; links of several pairs take their one-pair sibling's
+    for i, f in enumerate(fits):
+        if i in pair_reductions:
+            fits[i] = with_allreduce(f, pair_reductions[i])
+    for i, f in enumerate(fits):
+        if f.allreduce_efficiency is None:
+            sibling = next((g for g in fits if g.link.gpus == 1 and g.allreduce_efficiency is not None and
+                            (g.link.kind, g.link.src_zone, g.link.src_gpu, g.link.dst_zone, g.link.dst_gpu) ==
+                            (f.link.kind, f.link.src_zone, f.link.src_gpu, f.link.dst_zone, f.link.dst_gpu)), None)
+            if sibling is not None:
+                fits[i] = replace(f, allreduce_efficiency=sibling.allreduce_efficiency)
     by_kind = {}
     for f in fits:
         if f.link.gpus == 1:
             by_kind.setdefault(f.link.kind, f)
+    entries = [allreduce_entry(m, fits[i]) for i, m in pair_reductions.items()]
+    entries += [allreduce_entry(m, by_kind.get(m.link)) for m in reductions]
     meta = {"created": today(), "software": software_versions(), "device": device.type,
             "ranks": [lab.__dict__ for lab in labels], "notes": _loopback_note(labels)}
-    doc = network_document(fits, [allreduce_entry(m, by_kind.get(m.link)) for m in reductions], meta)
+    meta["method"] = {"statistic": "median over repetitions; with several pairs, the slowest pair's",
+                      "compute_between_s": between, "repeats": {str(x): repeats_for(x) for x in sizes}}
+    doc = network_document(fits, entries, meta)
     write_network(doc, req.out)
     if req.plot:
         plot_network(fits, req.plot, title=f"sailor profile network ({world} ranks, {device.type})")

@@ -9,8 +9,8 @@ import pytest
 from _profiler_helpers import one_line_error, sailor
 
 from planner.errors import SailorError
-from planner.profiles.network_fit import (LinkMeasurement, ring_model_seconds, fit_link, network_document,
-                                          write_network)
+from planner.profiles.network_fit import (AllReduceMeasurement, LinkMeasurement, allreduce_efficiency, fit_link,
+                                          network_document, ring_model_seconds, with_allreduce, write_network)
 from planner.profiles.network_fits import load_network_file
 from planner.simulator.network import Endpoint, Network
 from planner.specs.hardware import Cluster
@@ -59,8 +59,21 @@ def test_fit_needs_enough_sizes():
         fit_link(LinkMeasurement("intra", "a", "CPU", "a", "CPU", 1, (1, 2), (1.0, -1.0)))
 
 
+def test_allreduce_efficiency_is_recovered():
+    fit = fit_link(synthetic((-0.01, 0.2, 2.0), 80e-6))
+    sizes = SIZES[4:]
+    for members, eff in ((2, 0.3), (4, 0.8)):
+        seconds = tuple(ring_model_seconds(fit, x, members, eff) for x in sizes)
+        m = AllReduceMeasurement("g", tuple(range(members)), "intra", sizes, seconds)
+        assert allreduce_efficiency(fit, m) == pytest.approx(eff, rel=1e-6)
+
+
 def test_simulator_uses_the_written_fit(tmp_path):
     fit = fit_link(synthetic((-0.01, 0.2, 2.0), 80e-6))
+    sizes = SIZES[4:]
+    fit = with_allreduce(fit, AllReduceMeasurement("pair", (0, 1), "intra", sizes,
+                                                   tuple(ring_model_seconds(fit, x, 2, 0.4) for x in sizes)))
+    assert fit.allreduce_efficiency == pytest.approx(0.4)
     path = write_network(network_document([fit], [], {}), str(tmp_path / "network.json"))
     loaded = load_network_file(path)
     net = Network(Cluster(), loaded)
@@ -70,9 +83,10 @@ def test_simulator_uses_the_written_fit(tmp_path):
     # beyond the fitted range the bandwidth is the range's edge, not the quadratic's extrapolation
     bw = loaded.intra_fit("CPU", 2)
     assert bw.bytes_per_s(8e9) == bw.bytes_per_s(fit.max_bytes)
-    # the all-reduce the simulator predicts is the ring model the file reports against
-    members = 2
-    assert net.allreduce_time(4e6, members, [(a, b, 1)]) == pytest.approx(ring_model_seconds(fit, 4e6, members))
+    # the all-reduce the simulator predicts is the ring model at the measured efficiency
+    assert net.allreduce_efficiency(a, b) == pytest.approx(0.4)
+    for x in (1e5, 4e6):
+        assert net.allreduce_time(x, 2, [(a, b, 1)]) == pytest.approx(ring_model_seconds(fit, x, 2, 0.4))
 
 
 def test_inter_fits_are_written_both_ways(tmp_path):
@@ -94,7 +108,9 @@ def test_profile_network_locally(tmp_path):
     assert [e["gpu"] for e in d["intra"]] == ["CPU"]
     assert {(e["src_zone"], e["dst_zone"], e["src_gpus"]) for e in d["inter"]} == {
         ("z-a", "z-b", 1), ("z-b", "z-a", 1), ("z-a", "z-b", 2), ("z-b", "z-a", 2)}
-    assert {a["group"] for a in d["allreduce"]} == {"intra-node", "one rank per node", "world"}
+    # a two-rank all-reduce per one-pair link (its efficiency), and the larger groups for information
+    assert {a["group"] for a in d["allreduce"]} == {"pair 0-1", "pair 0-2", "world"}
+    assert all(e["allreduce_efficiency"] > 0 for e in d["intra"] + d["inter"])
     assert all(len(e["measured"]["seconds"]) == 6 for e in d["intra"] + d["inter"])  # 1 KB .. 1 MB
     assert "loopback" in d["notes"]
     assert png.stat().st_size > 10_000
