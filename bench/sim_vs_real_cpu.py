@@ -43,7 +43,8 @@ GBS = 32
 
 def _plan(stages, pipelines) -> dict:
     """stages: [((first, last), [tp per replica])]; pipelines: [(mbs, n)]."""
-    return {"format": "sailor-plan", "version": 1, "model": MODEL, "global_batch_size": sum(m * n for m, n in pipelines),
+    return {"format": "sailor-plan", "version": 1, "model": MODEL,
+            "global_batch_size": sum(m * n for m, n in pipelines),
             "stages": [{"layers": list(layers), "replicas": [{"gpu": "CPU", "tp": t, "zone": "local"} for t in tps]}
                        for layers, tps in stages],
             "pipelines": [{"microbatch_size": m, "num_microbatches": n} for m, n in pipelines]}

@@ -153,7 +153,7 @@ def cmd_network(args) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        procs, logs = [], []
+        procs, logs, handles = [], [], []
         try:
             for rank in range(args.local):
                 env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(args.local), "LOCAL_RANK": str(rank),
@@ -161,9 +161,10 @@ def cmd_network(args) -> int:
                        "SAILOR_NODE": str(nodes[rank]), "SAILOR_ZONE": zones[rank], "PYTHONWARNINGS": "ignore",
                        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
                 logs.append(Path(tmp) / f"rank{rank}.log")
+                handles.append(open(logs[-1], "w"))
                 procs.append(subprocess.Popen([sys.executable, "-m", "sailor_ext.profile.network", str(cfg_path)],
                                               env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                                              stderr=open(logs[-1], "w"), text=True))
+                                              stderr=handles[-1], text=True))
             for line in procs[0].stdout:
                 if not line.startswith("{"):
                     print(line.rstrip(), file=sys.stderr, flush=True)
@@ -173,6 +174,8 @@ def cmd_network(args) -> int:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
+            for h in handles:
+                h.close()
         if any(codes):
             rank = next(i for i, c in enumerate(codes) if c)
             tail = [x for x in logs[rank].read_text().splitlines() if x.strip()]

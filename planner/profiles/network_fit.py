@@ -173,14 +173,14 @@ def allreduce_entry(m: AllReduceMeasurement, fit: LinkFit | None) -> dict:
 
 
 def link_entry(f: LinkFit) -> dict:
-    l = f.link
+    link = f.link
     entry = {"coeffs": list(f.coeffs), "max_bytes_per_s": f.max_bytes_per_s, "latency_s": f.latency_s,
              "min_bytes": f.min_bytes, "max_bytes": f.max_bytes, "allreduce_efficiency": f.allreduce_efficiency,
-             "measured": {"bytes": list(l.nbytes), "seconds": list(l.seconds), "pairs": l.gpus}}
-    if l.kind == "intra":
-        return {"gpu": l.src_gpu, "gpus": 2, **entry}
-    return {"src_zone": l.src_zone, "src_gpu": l.src_gpu, "src_gpus": l.gpus,
-            "dst_zone": l.dst_zone, "dst_gpu": l.dst_gpu, "dst_gpus": l.gpus, **entry}
+             "measured": {"bytes": list(link.nbytes), "seconds": list(link.seconds), "pairs": link.gpus}}
+    if link.kind == "intra":
+        return {"gpu": link.src_gpu, "gpus": 2, **entry}
+    return {"src_zone": link.src_zone, "src_gpu": link.src_gpu, "src_gpus": link.gpus,
+            "dst_zone": link.dst_zone, "dst_gpu": link.dst_gpu, "dst_gpus": link.gpus, **entry}
 
 
 def network_document(fits: list[LinkFit], allreduce: list[dict], meta: dict) -> dict:
@@ -191,9 +191,9 @@ def network_document(fits: list[LinkFit], allreduce: list[dict], meta: dict) -> 
             doc["intra"].append(link_entry(f))
             continue
         doc["inter"].append(link_entry(f))
-        l = f.link
-        if (l.src_zone, l.src_gpu) != (l.dst_zone, l.dst_gpu):
-            back = LinkMeasurement(l.kind, l.dst_zone, l.dst_gpu, l.src_zone, l.src_gpu, l.gpus, l.nbytes, l.seconds)
+        m = f.link
+        if (m.src_zone, m.src_gpu) != (m.dst_zone, m.dst_gpu):
+            back = LinkMeasurement(m.kind, m.dst_zone, m.dst_gpu, m.src_zone, m.src_gpu, m.gpus, m.nbytes, m.seconds)
             doc["inter"].append(link_entry(replace(f, link=back)))
     return doc
 
@@ -214,15 +214,15 @@ def plot_network(fits: list[LinkFit], path: str, title: str = "") -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(len(fits), 1, figsize=(7, 3.2 * len(fits)), squeeze=False)
     for ax, f in zip(axes[:, 0], fits):
-        l = f.link
-        xs = np.array(l.nbytes, dtype=float)
-        ax.loglog(xs, xs / np.array(l.seconds) / 1e9, "o", label="measured")
+        m = f.link
+        xs = np.array(m.nbytes, dtype=float)
+        ax.loglog(xs, xs / np.array(m.seconds) / 1e9, "o", label="measured")
         grid = np.geomspace(xs.min(), xs.max(), 200)
         ax.loglog(grid, grid / np.array([f.seconds(x) for x in grid]) / 1e9, "-",
                   label=f"model: {f.latency_s * 1e6:.0f} us + x / BW(x)")
         ax.axvspan(f.min_bytes, f.max_bytes, color="0.9", zorder=0, label="fitted range")
-        where = f"{l.src_gpu}" if l.kind == "intra" else f"{l.src_zone} -> {l.dst_zone}, {l.gpus} pair(s)"
-        ax.set_title(f"{l.kind}: {where}")
+        where = f"{m.src_gpu}" if m.kind == "intra" else f"{m.src_zone} -> {m.dst_zone}, {m.gpus} pair(s)"
+        ax.set_title(f"{m.kind}: {where}")
         ax.set_xlabel("message bytes (per GPU pair)")
         ax.set_ylabel("GB/s per pair")
         ax.legend(fontsize=8)

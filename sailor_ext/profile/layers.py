@@ -100,7 +100,8 @@ class LayerBench:
     def _inputs(self, mbs: int) -> dict:
         m, s = self.model, self.model.seq_len
         tokens = torch.randint(0, m.vocab, (mbs, s), generator=self._generator).to(self.device)
-        hidden = torch.randn(s, mbs, m.hidden, generator=self._generator).to(self.device)
+        # activations arrive in the compute dtype, as StageLinks sends them
+        hidden = torch.randn(s, mbs, m.hidden, generator=self._generator).to(self.device, self.dtype)
         return {"tokens": tokens, "positions": torch.arange(s, device=self.device).unsqueeze(0),
                 "hidden": hidden.requires_grad_(), "labels": tokens.t().contiguous(),
                 "grad": torch.randn(s, mbs, m.hidden, generator=self._generator).to(self.device, self.dtype)}
@@ -125,7 +126,7 @@ class LayerBench:
 
     @staticmethod
     def _backward(out: torch.Tensor, grad: torch.Tensor | None) -> None:
-        out.backward(grad)
+        out.backward(None if grad is None else grad.to(out.dtype))  # as schedule.OneFOneB does
 
     def _sync(self) -> None:
         """Start TP ranks together: a timed layer should not include waiting for a peer."""

@@ -90,8 +90,9 @@ def check_request(req: ModelProfileRequest) -> tuple[ModelSpec, Settings]:
 
     model = get_model(req.model)
     if model.family not in RUNTIME_FAMILIES:
-        raise SailorError(f"the runtime (and so the profiler) runs GPT/OPT-style models ({', '.join(RUNTIME_FAMILIES)}),"
-                          f" not {model.family} ({model.name}); pick one of those models")
+        raise SailorError(f"the runtime (and so the profiler) runs GPT/OPT-style models "
+                          f"({', '.join(RUNTIME_FAMILIES)}), not {model.family} ({model.name}); "
+                          "pick one of those models")
     if req.device not in ("cpu", "cuda"):
         raise SailorError(f"unknown --device {req.device!r}: use cpu or cuda")
     if not req.microbatch_sizes or min(req.microbatch_sizes) < 1:
@@ -204,18 +205,18 @@ def _run_workers(req: ModelProfileRequest, settings: Settings, tp: int, sizes: l
     cfg_path = workdir / f"worker-tp{tp}.json"
     cfg_path.write_text(json.dumps(cfg))
     port = _free_port()
-    procs, logs = [], []
+    procs, logs, handles = [], [], []
     try:
         for rank in range(world):
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                    "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                    "OMP_NUM_THREADS": str(settings.threads), "PYTHONWARNINGS": "ignore",
                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-            log = workdir / f"tp{tp}-rank{rank}.log"
-            logs.append(log)
+            logs.append(workdir / f"tp{tp}-rank{rank}.log")
+            handles.append(open(logs[-1], "w"))
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "sailor_ext.profile.worker", str(cfg_path)], env=env,
-                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=open(log, "w"), text=True))
+                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=handles[-1], text=True))
         for line in procs[0].stdout:
             if line.startswith("{"):
                 on_message(json.loads(line))
@@ -225,6 +226,8 @@ def _run_workers(req: ModelProfileRequest, settings: Settings, tp: int, sizes: l
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        for h in handles:
+            h.close()
     if any(codes):
         rank = next(i for i, c in enumerate(codes) if c)
         tail = [line for line in logs[rank].read_text().splitlines() if line.strip()]
@@ -272,10 +275,6 @@ def profile_model(req: ModelProfileRequest, on_progress: Callable[[str, int, int
 
 
 # -- from measurements to a Profile ------------------------------------------------------------
-def _median(values):
-    return statistics.median(values)
-
-
 def assemble(model: ModelSpec, settings: Settings, progress: Progress) -> Profile:
     """The profile of `model` from the finished points (blocks expanded to the whole model)."""
     from sailor_ext.profile.device import device_facts, software_versions, today
@@ -298,7 +297,8 @@ def assemble(model: ModelSpec, settings: Settings, progress: Progress) -> Profil
         acts = [expand_to_model(r["activation_bytes"], kinds, model) for r in recs]
         outs = [expand_to_model(r["output_bytes"], kinds, model) for r in recs]
         memory[tp] = LayerMemory(tuple(int(p) for p in params),
-                                 tuple(_median(col) for col in zip(*acts)), tuple(_median(col) for col in zip(*outs)))
+                                 tuple(statistics.median(c) for c in zip(*acts)),
+                                 tuple(statistics.median(c) for c in zip(*outs)))
     per_param = {int(t): o["seconds"] / o["params"] for t, o in progress.optimizer.items() if o["params"]}
     if not per_param:
         raise SailorError("the optimizer step was not measured; rerun with --resume")
