@@ -161,7 +161,12 @@ def cmd_replay(args) -> int:
 
 
 # Each has add_parser(subparsers, add_common_options) and sets args.func on its parser.
-COMMAND_MODULES: list[str] = ["planner.launch", "planner.elastic.controller", "planner.elastic.agent"]
+COMMAND_MODULES: list[str] = [
+    "planner.launch",
+    "planner.profile_cli",
+    "planner.elastic.controller",
+    "planner.elastic.agent",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,11 @@ or inside one node (`intra`: GPU type and GPU count):
 The quadratic was fitted on 64 KB..1 GB messages and goes wrong outside (it
 can even turn negative), so y is clamped to that range: bigger messages get the
 1 GB bandwidth, smaller ones the 64 KB bandwidth (latency-bound, conservative).
+Our fits (planner.profiles.network_fit) record the range they were fitted on
+(`min_bytes`, `max_bytes`), the link's measured latency (`latency_s`) and how
+close a ring all-reduce over such links came to the ring model
+(`allreduce_efficiency`); the simulator then clamps to that range, adds that
+latency per message and uses that efficiency.
 """
 from __future__ import annotations
 
@@ -29,9 +34,15 @@ class BandwidthFit:
     c1: float
     c2: float
     max_bytes_per_s: float
+    latency_s: float | None = None  # measured per-message latency; None: the simulator's default for the link
+    min_bytes: float | None = None  # fitted range; None: Sailor's 64 KB .. 1 GB
+    max_bytes: float | None = None
+    allreduce_efficiency: float | None = None  # measured ring all-reduce speed / this fit's; None: the default
 
     def bytes_per_s(self, nbytes: float) -> float:
-        y = min(max(math.log2(max(nbytes, 1.0) / 1e6), Y_MIN), Y_MAX)
+        lo = Y_MIN if self.min_bytes is None else math.log2(self.min_bytes / 1e6)
+        hi = Y_MAX if self.max_bytes is None else math.log2(self.max_bytes / 1e6)
+        y = min(max(math.log2(max(nbytes, 1.0) / 1e6), lo), hi)
         gbps = self.c0 * y * y + self.c1 * y + self.c2
         return max(min(gbps * 1e9, self.max_bytes_per_s), 1e6)  # never below 1 MB/s
 
@@ -55,9 +66,15 @@ class NetworkFits:
         return self.intra.get((gpu, n))
 
 
-def _fit(entry) -> BandwidthFit:
+def _fit(entry, extra: dict | None = None) -> BandwidthFit:
     (c0, c1, c2), cap = entry
-    return BandwidthFit(float(c0), float(c1), float(c2), float(cap))
+    extra = extra or {}
+
+    def optional(key):
+        return float(extra[key]) if extra.get(key) is not None else None
+
+    return BandwidthFit(float(c0), float(c1), float(c2), float(cap), optional("latency_s"), optional("min_bytes"),
+                        optional("max_bytes"), optional("allreduce_efficiency"))
 
 
 def load_sailor_network(providers: Path, gpu_name) -> NetworkFits:
@@ -91,9 +108,11 @@ def load_network_file(path: Path) -> NetworkFits:
         fits = NetworkFits(sources=[str(path)])
         for e in d.get("inter", []):
             key = (e["src_zone"], e["src_gpu"], int(e["src_gpus"]), e["dst_zone"], e["dst_gpu"], int(e["dst_gpus"]))
-            fits.inter[key] = _fit((e["coeffs"], e["max_bytes_per_s"]))
+            fits.inter[key] = _fit((e["coeffs"], e["max_bytes_per_s"]), e)
         for e in d.get("intra", []):
-            fits.intra[(e["gpu"], int(e["gpus"]))] = _fit((e["coeffs"], e["max_bytes_per_s"]))
+            fits.intra[(e["gpu"], int(e["gpus"]))] = _fit((e["coeffs"], e["max_bytes_per_s"]), e)
         return fits
+    except json.JSONDecodeError as e:
+        raise SailorError(f"network profile {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
     except (KeyError, TypeError, ValueError) as e:
         raise SailorError(f"network profile {path} is malformed ({e}); see docs/formats.md") from None

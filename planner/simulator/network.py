@@ -9,12 +9,16 @@ how many of its GPUs move data in parallel. Between two endpoints the link is
 Bandwidth comes from a measured fit where one exists (Sailor's providers/ or
 `sailor profile network`, keyed by zone, GPU type and GPU count on each side),
 else from the catalog: the node NIC shared in proportion to the GPUs taking
-part, capped for WAN links. Measured fits already contain latency effects;
-default links add a per-message latency.
+part, capped for WAN links. Sailor's measured fits already contain latency
+effects; default links add a per-message latency, and fits from `sailor profile
+network` carry their own measured latency.
 
     p2p(x)        = latency + x / BW(x)                                      [s]
-    allreduce(G)  = max over ring edges e of 2(D-1)/D * G / (BW_e * AR_EFF)
+    allreduce(G)  = max over ring edges e of 2(D-1)/D * G / (BW_e * AR_EFF_e)
                     + 2(D-1) * latency                                        [s]
+
+AR_EFF_e is measured by `sailor profile network` where its fit carries it
+(`allreduce_efficiency`), else AR_EFFICIENCY between nodes and 1 inside one.
 
 G is the gradient bytes of one replica (all its TP shards), D the replicas in
 the ring; the ring visits replicas in plan order, and every edge carries
@@ -96,9 +100,21 @@ class Network:
             self._cache[key] = fit
         return self._cache[key]
 
+    def allreduce_efficiency(self, a: Endpoint, b: Endpoint) -> float:
+        """Share of the link's p2p bandwidth a ring all-reduce reaches over it: measured by
+        `sailor profile network` where the fit carries it, else AR_EFFICIENCY between nodes
+        and 1 inside one."""
+        fit = self.fits.intra_fit(a.gpu, 2) if self.link_class(a, b) == "intra" else self._inter_fit(a, b)
+        if fit is not None and fit.allreduce_efficiency is not None:
+            return fit.allreduce_efficiency
+        return AR_EFFICIENCY if a.node != b.node else 1.0
+
     def latency(self, a: Endpoint, b: Endpoint) -> float:
         kind = self.link_class(a, b)
-        if kind != "intra" and self._inter_fit(a, b) is not None:
+        fit = self.fits.intra_fit(a.gpu, 2) if kind == "intra" else self._inter_fit(a, b)
+        if fit is not None and fit.latency_s is not None:
+            return fit.latency_s  # measured by `sailor profile network`
+        if kind != "intra" and fit is not None:
             return 0.0  # the fit was measured end to end
         return LATENCY_S[kind]
 
@@ -119,7 +135,7 @@ class Network:
         for a, b, _ in edges:
             n = min(a.gpus, b.gpus)
             step = min(nbytes, BUCKET_BYTES * n) / D  # what the edge moves in one ring step
-            bw = self.bytes_per_s(step, a, b) * (AR_EFFICIENCY if a.node != b.node else 1.0)
+            bw = self.bytes_per_s(step, a, b) * self.allreduce_efficiency(a, b)
             worst = max(worst, volume / bw)
             lat = max(lat, self.latency(a, b))
         return worst + 2 * (D - 1) * lat

@@ -1,0 +1,250 @@
+"""Per-layer costs of the runtime's own layers, measured on this rank.
+
+`LayerBench` builds the model the way the training runtime does
+(`sailor_ext.model.StageModel`: megatron-core's `LanguageModelEmbedding`,
+`TransformerLayer` from the local spec, our head with the vocabulary-parallel
+loss), at one TP degree, and measures for one microbatch size:
+
+  * forward and backward seconds of each layer. Each layer runs on its own
+    input ([s, b, h] activations, or tokens for the embedding) and its backward
+    gets a fixed output gradient (the head's gets the loss). Every repetition
+    runs all layers once, so slow drift of the machine affects all layers
+    alike; the median over repetitions is kept, and with TP > 1 the slowest
+    TP rank's median (the group moves at its pace);
+  * activation bytes kept for backward, per sample: the storages autograd
+    saves during the layer's forward (torch.autograd.graph.saved_tensors_hooks),
+    each counted once, parameters and buffers excluded. This is what 1F1B holds
+    per microbatch in flight, on CPU and GPU alike;
+  * output bytes per sample (what a stage boundary sends), parameters on this
+    rank; on CUDA also the allocator's peak during forward + backward.
+
+Only `blocks` transformer blocks are built: blocks have identical shapes, so
+every block of the model gets the median of the measured blocks (Sailor
+profiles two). The optimizer step is the runtime's `Optimizer` (AdamW, global
+norm, clipping) over the built layers, reported per parameter.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+
+from planner.specs.model import BLOCK, EMBEDDING, HEAD, ModelSpec
+from sailor_ext import compat
+from sailor_ext.loss import vocab_parallel_cross_entropy
+from sailor_ext.model import StageModel, StageSpec, init_from_seed
+from sailor_ext.optimizer import Optimizer, OptimizerConfig
+from sailor_ext.profile.timing import STATISTICS, Clock, median
+
+
+@dataclass(frozen=True)
+class PointMeasurement:
+    """One (microbatch size, TP degree): lists run over the built layers
+    (embedding, the measured blocks, head)."""
+
+    mbs: int
+    tp: int
+    fwd: list[float]  # seconds
+    bwd: list[float]
+    activation_bytes: list[float]  # per sample
+    output_bytes: list[float]  # per sample
+    params: list[int]  # on one GPU of the TP group
+    peak_bytes: list[float] | None = None  # CUDA allocator peak of forward + backward (per microbatch)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class _SoloTopology:
+    """What `Optimizer` asks of a topology, for a rank with no replicas: it is
+    the only holder of every chunk, so it counts all of them in the norm."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def whole_owners(self, stages):
+        return (self.rank,)
+
+    def chunk_owners(self, stages, chunk, num_chunks):
+        return (self.rank,)
+
+
+class LayerBench:
+    """The embedding, `blocks` transformer blocks and the head of `model` on one TP rank."""
+
+    def __init__(self, model: ModelSpec, blocks: int, tp: int, tp_rank: int, tp_group, device: torch.device,
+                 precision: str = "fp32", seed: int = 1234):
+        self.model, self.tp, self.tp_group, self.device = model, tp, tp_group, device
+        self.blocks = min(blocks, model.num_blocks)
+        reduced = replace(model, num_blocks=self.blocks)
+        spec = StageSpec(reduced, 0, reduced.num_layers - 1, tp, tp_rank, model.padded_vocab(tp),
+                         stage=0, stage_chunks=tp, embedding_chunks=tp)
+        compat.install(device, seed, tp_rank)
+        self.stage = StageModel(spec, tp_group, device)
+        init_from_seed(self.stage, seed)
+        self.layers = list(self.stage.layers.values())
+        self.kinds = [reduced.kind(i) for i in range(reduced.num_layers)]
+        self.clock = Clock(device)
+        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        self._excluded = {t.untyped_storage().data_ptr() for t in (*self.stage.parameters(), *self.stage.buffers())}
+        self._generator = torch.Generator().manual_seed(seed + tp_rank)
+
+    # -- one layer's forward, as the runtime runs it ---------------------------------
+    def _autocast(self):
+        if self.dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def _inputs(self, mbs: int) -> dict:
+        m, s = self.model, self.model.seq_len
+        tokens = torch.randint(0, m.vocab, (mbs, s), generator=self._generator).to(self.device)
+        # activations arrive in the compute dtype, as StageLinks sends them
+        hidden = torch.randn(s, mbs, m.hidden, generator=self._generator).to(self.device, self.dtype)
+        return {"tokens": tokens, "positions": torch.arange(s, device=self.device).unsqueeze(0),
+                "hidden": hidden.requires_grad_(), "labels": tokens.t().contiguous(),
+                "grad": torch.randn(s, mbs, m.hidden, generator=self._generator).to(self.device, self.dtype)}
+
+    def _forward(self, index: int, inputs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(tensor to call backward on, its gradient or None for a scalar loss)."""
+        layer, kind = self.layers[index], self.kinds[index]
+        with self._autocast():
+            if kind == EMBEDDING:
+                return layer(inputs["tokens"], inputs["positions"]), inputs["grad"]
+            if kind == BLOCK:
+                x = inputs["hidden"]
+                out, _ = layer(x, attention_mask=self.stage.mask[..., : x.size(0), : x.size(0)])
+                return out, inputs["grad"]
+            if kind == HEAD:
+                reused = self.layers[0].word_embeddings.weight if layer.output_layer.weight is None else None
+                logits = layer(inputs["hidden"], reused)
+                token_loss = vocab_parallel_cross_entropy(logits, inputs["labels"], self.stage.vocab_start,
+                                                          self.tp_group)
+                return token_loss.sum() / token_loss.numel(), None
+        raise ValueError(f"layer kind {kind} is not supported by the runtime")
+
+    @staticmethod
+    def _backward(out: torch.Tensor, grad: torch.Tensor | None) -> None:
+        out.backward(None if grad is None else grad.to(out.dtype))  # as schedule.OneFOneB does
+
+    def _sync(self) -> None:
+        """Start TP ranks together: a timed layer should not include waiting for a peer."""
+        if self.tp > 1:
+            dist.barrier(group=self.tp_group)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # -- measurements ------------------------------------------------------------------
+    def measure(self, mbs: int, warmup: int, repeats: int, statistic: str = "median") -> PointMeasurement:
+        inputs = self._inputs(mbs)
+        n = len(self.layers)
+        fwd: list[list[float]] = [[] for _ in range(n)]
+        bwd: list[list[float]] = [[] for _ in range(n)]
+        for rep in range(warmup + repeats):
+            for i in range(n):
+                self._sync()
+                (out, grad), tf = self.clock.time(lambda: self._forward(i, inputs))
+                self._sync()
+                _, tb = self.clock.time(lambda: self._backward(out, grad))
+                inputs["hidden"].grad = None
+                if rep >= warmup:
+                    fwd[i].append(tf)
+                    bwd[i].append(tb)
+        self.stage.zero_grad(set_to_none=True)
+        stat = STATISTICS[statistic]
+        medians = torch.tensor([stat(x) for x in fwd] + [stat(x) for x in bwd], dtype=torch.float64)
+        if self.tp > 1:  # the group moves at its slowest rank's pace
+            medians = medians.to(self.device)
+            dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=self.tp_group)
+        medians = medians.cpu().tolist()
+        saved, outputs = zip(*(self._saved_and_output_bytes(i, inputs) for i in range(n)))
+        return PointMeasurement(
+            mbs, self.tp, medians[:n], medians[n:], [b / mbs for b in saved], [b / mbs for b in outputs],
+            [sum(p.numel() for p in layer.parameters()) for layer in self.layers],
+            self._cuda_peaks(inputs) if self.device.type == "cuda" else None)
+
+    def _saved_and_output_bytes(self, index: int, inputs: dict) -> tuple[float, float]:
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr and ptr not in self._excluded:
+                seen[ptr] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out, _ = self._forward(index, inputs)
+        if self.kinds[index] == HEAD:
+            output = 4.0 * inputs["tokens"].numel()  # the per-token loss: one fp32 per token
+        else:
+            output = float(out.numel() * out.element_size())
+        del out
+        return float(sum(seen.values())), output
+
+    def _cuda_peaks(self, inputs: dict) -> list[float]:
+        peaks = []
+        for i in range(len(self.layers)):
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+            out, grad = self._forward(i, inputs)
+            self._backward(out, grad)
+            del out
+            torch.cuda.synchronize(self.device)
+            peaks.append(float(torch.cuda.max_memory_allocated(self.device) - base))
+            inputs["hidden"].grad = None
+        self.stage.zero_grad(set_to_none=True)
+        return peaks
+
+    def optimizer_seconds(self, warmup: int, repeats: int, statistic: str = "median") -> tuple[float, int]:
+        """Seconds (median or mean) of the runtime's optimizer step over the built layers, and their parameters."""
+        for p in self.stage.parameters():
+            p.grad = torch.randn(p.shape, generator=self._generator).to(p.device, p.dtype) * 1e-3
+        opt = Optimizer(self.stage, self.stage.shards, _SoloTopology(0), OptimizerConfig())
+
+        def step():
+            opt.step(float(opt.local_grad_sumsq().sqrt()))
+
+        times = []
+        for rep in range(warmup + repeats):
+            self._sync()
+            _, t = self.clock.time(step)
+            if rep >= warmup:
+                times.append(t)
+        self.stage.zero_grad(set_to_none=True)
+        value = torch.tensor([STATISTICS[statistic](times)], dtype=torch.float64, device=self.device)
+        if self.tp > 1:
+            dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.tp_group)
+        return float(value.item()), sum(p.numel() for p in self.stage.parameters())
+
+    def busy(self, mbs: int, stop) -> int:
+        """Run forward and backward of every layer until `stop()` is true (a load rank
+        standing in for a co-located training process); returns the passes run."""
+        inputs = self._inputs(mbs)
+        passes = 0
+        while not stop():
+            for i in range(len(self.layers)):
+                out, grad = self._forward(i, inputs)
+                self._backward(out, grad)
+                inputs["hidden"].grad = None
+            passes += 1
+        self.stage.zero_grad(set_to_none=True)
+        return passes
+
+
+def expand_to_model(values: list, kinds: list[str], model: ModelSpec, combine=median) -> list:
+    """Per built layer -> per model layer: every block gets `combine` of the measured blocks."""
+    blocks = [v for v, k in zip(values, kinds) if k == BLOCK]
+    block = combine(blocks) if blocks else None
+    out = []
+    for layer in range(model.num_layers):
+        kind = model.kind(layer)
+        if kind == BLOCK:
+            out.append(block)
+        elif kind == EMBEDDING:
+            out.append(values[kinds.index(EMBEDDING)])
+        else:
+            out.append(values[kinds.index(kind)])
+    return out

@@ -1,0 +1,131 @@
+"""`sailor profile model`: the profile it writes is the one the planner reads, measured on the runtime's layers."""
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+from _profiler_helpers import QUICK, one_line_error, sailor
+
+from planner.profiles.store import load_profiles
+from planner.specs.model import get_model
+
+
+def test_profile_loads_with_the_store(tiny_profile):
+    model = get_model("tiny")
+    store = load_profiles([str(tiny_profile)], model="tiny")
+    p = store.measured[("tiny", "CPU")]
+    assert p.source == "measured" and p.precision == "fp32" and p.num_layers == model.num_layers == 6
+    assert sorted(p.times) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert sorted(p.memory) == [1, 2]
+    for lt in p.times.values():
+        assert len(lt.fwd) == len(lt.bwd) == 6 and all(t > 0 for t in lt.fwd + lt.bwd)
+    assert p.optimizer_s_per_param > 0
+    # the store hands the measured profile to the simulator, not an estimate
+    assert store.get(model, store._gpus["CPU"]) is p
+
+
+def test_file_keys_and_tags(tiny_profile):
+    d = json.loads((tiny_profile / "tiny" / "CPU" / "profile.json").read_text())
+    assert d["format"] == "sailor-profile" and d["version"] == 1 and d["model"] == "tiny" and d["gpu"] == "CPU"
+    assert set(d["times"]) == {"1", "2"} and set(d["times"]["1"]) == {"1", "2"}
+    assert set(d["times"]["2"]["2"]) == {"fwd", "bwd"}
+    assert set(d["memory"]["2"]) == {"params", "activation_bytes", "output_bytes"}
+    assert d["created"] == datetime.date.today().isoformat()
+    assert d["software"]["torch"].startswith("2.") and "megatron-core" in d["software"]
+    assert d["device"]["type"] == "cpu" and d["device"]["concurrent_processes"] == 1
+    assert d["notes"]["blocks_measured"] == 2
+    assert not (tiny_profile / "tiny" / "CPU" / "profile.partial.json").exists()
+
+
+def test_memory_facts_come_from_the_runtime_layers(tiny_profile):
+    """Parameters per GPU are those of the megatron layers the runtime builds, which the
+    planner's model description counts independently (Megatron's TP layout)."""
+    model = get_model("tiny")
+    p = load_profiles([str(tiny_profile)], model="tiny").measured[("tiny", "CPU")]
+    for tp in (1, 2):
+        mem = p.layer_memory(tp)
+        assert list(mem.params) == [model.params(layer, tp) for layer in range(model.num_layers)]
+        # a stage boundary carries [s, b, h] fp32 activations: s * h * 4 bytes per sample
+        assert mem.output_bytes[1] == model.seq_len * model.hidden * 4
+        # blocks keep activations for backward; TP shards part of them
+        assert mem.activation_bytes[1] > 0
+    assert p.layer_memory(2).activation_bytes[1] < p.layer_memory(1).activation_bytes[1]
+
+
+def test_simulate_and_plan_accept_it(tiny_profile, tmp_path):
+    plan = {"model": "tiny", "global_batch_size": 4,
+            "stages": [{"layers": [0, 2], "replicas": [{"gpu": "CPU", "tp": 2, "zone": "local"}]},
+                       {"layers": [3, 5], "replicas": [{"gpu": "CPU", "tp": 1, "zone": "local"}]}],
+            "pipelines": [{"microbatch_size": 2, "num_microbatches": 2}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    run = sailor("simulate", tmp_path / "plan.json", "--profiles", tiny_profile, "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["sources"]["profile tiny on CPU"] == "measured" and out["iteration_time_s"] > 0
+    run = sailor("plan", "--model", "tiny", "--gpus", "CPU@local=2", "--global-batch", "4", "--profiles", tiny_profile,
+                 "--microbatch-sizes", "1,2", "-o", tmp_path / "best.json", "--json")
+    assert run.returncode == 0, run.stderr
+
+
+def _partial(tmp_path, points: dict, **settings_over):
+    """A progress file as an interrupted run leaves it, with the settings this run will have."""
+    from dataclasses import asdict, replace
+
+    from sailor_ext.profile.model_profile import ModelProfileRequest, check_request
+
+    _, settings = check_request(ModelProfileRequest("tiny", str(tmp_path), warmup=1, repeats=3))
+    settings = replace(settings, **settings_over)
+    path = tmp_path / "tiny" / "CPU" / "profile.partial.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"format": "sailor-profile-partial", "settings": asdict(settings), "points": points,
+                                "optimizer": {"1": {"seconds": 1e-3, "params": 100000}}, "oom": []}))
+    return path
+
+
+def test_resume_skips_finished_points(tmp_path):
+    kinds = ["embedding", "block", "block", "head"]
+    done = {"mbs": 1, "tp": 1, "kinds": kinds, "fwd": [123.0] * 4, "bwd": [456.0] * 4,
+            "activation_bytes": [1.0] * 4, "output_bytes": [2.0] * 4, "params": [1, 2, 2, 3], "peak_bytes": None}
+    _partial(tmp_path, {"1/1": {"kind": "point", **done}})
+    run = sailor("profile", "model", "--model", "tiny", "--device", "cpu", "--micro-batch-sizes", "1,2", *QUICK,
+                 "-o", tmp_path, "--resume", "--quiet")
+    assert run.returncode == 0, run.stderr
+    assert "[1/2] resuming" in run.stderr and "TP 1, microbatch 2: done" in run.stderr
+    assert "microbatch 1: done" not in run.stderr  # not measured again
+    d = json.loads((tmp_path / "tiny" / "CPU" / "profile.json").read_text())
+    assert d["times"]["1"]["1"]["fwd"] == [123.0] * 6  # the finished point, kept (blocks expanded)
+    assert 0 < max(d["times"]["2"]["1"]["fwd"]) < 1  # the new one, measured
+    assert d["optimizer_s_per_param"] == pytest.approx(1e-8)  # the optimizer was timed before: kept too
+
+
+def test_resume_with_other_settings_is_refused(tmp_path):
+    _partial(tmp_path, {}, repeats=50)
+    run = sailor("profile", "model", "--model", "tiny", "--device", "cpu", *QUICK, "-o", tmp_path, "--resume")
+    one_line_error(run, "other settings", "repeats 50 -> 3", "without --resume")
+
+
+def test_resume_without_a_run_is_refused(tmp_path):
+    run = sailor("profile", "model", "--model", "tiny", "--device", "cpu", "-o", tmp_path, "--resume")
+    one_line_error(run, "nothing to resume", "without --resume")
+
+
+def test_expand_to_model_repeats_the_median_block():
+    from sailor_ext.profile.layers import expand_to_model
+
+    model = get_model("tiny")  # 4 blocks
+    kinds = ["embedding", "block", "block", "block", "head"]
+    assert expand_to_model([1.0, 5.0, 3.0, 4.0, 9.0], kinds, model) == [1.0, 4.0, 4.0, 4.0, 4.0, 9.0]
+
+
+def test_concurrency_runs_load_ranks(tmp_path):
+    """More busy processes than cores: load ranks run beside the measured one, and the mean is kept."""
+    import os
+
+    n = len(os.sched_getaffinity(0)) + 1
+    run = sailor("profile", "model", "--model", "tiny", "--device", "cpu", "--micro-batch-sizes", "1", *QUICK,
+                 "--concurrency", n, "-o", tmp_path, "--quiet", timeout=300)
+    assert run.returncode == 0, run.stderr
+    d = json.loads((tmp_path / "tiny" / "CPU" / "profile.json").read_text())
+    assert d["device"]["concurrent_processes"] == n and d["notes"]["statistic"].startswith("mean")
+    assert set(d["times"]) == {"1"}
