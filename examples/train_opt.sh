@@ -57,6 +57,6 @@ JSON
 fi
 
 rm -f "$OUT/metrics.jsonl"
-"$PYTHON" -m planner.launch "$OUT/plan.json" --local --master-port "${MASTER_PORT:-29500}" -- "${ARGS[@]}" ${DATA_ARGS[@]+"${DATA_ARGS[@]}"} \
+"$PYTHON" -m planner.cli launch "$OUT/plan.json" --local --master-port "${MASTER_PORT:-29500}" -- "${ARGS[@]}" ${DATA_ARGS[@]+"${DATA_ARGS[@]}"} \
   --metrics-file "$OUT/metrics.jsonl" --log-interval 5
 echo "metrics: $OUT/metrics.jsonl, checkpoint: $OUT/ckpt"

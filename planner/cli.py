@@ -8,8 +8,10 @@ Every user mistake ends in one line `sailor: error: ...` and exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +25,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="training precision the profiles describe (default fp32)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print nothing but errors (files are still written; the exit code tells the outcome)")
 
 
 def _context(args, model_name: str):
@@ -229,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     try:
+        if getattr(args, "quiet", False):
+            with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+                return args.func(args)
         return args.func(args)
     except SailorError as e:
         print(f"sailor: error: {e}", file=sys.stderr)

@@ -255,20 +255,3 @@ def run(args) -> int:
         sys.stdout.write(text)
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m planner.launch` until the lead wires `sailor launch` into planner/cli.py."""
-    parser = argparse.ArgumentParser(prog="sailor")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_parser(sub)
-    args = parser.parse_args(["launch", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return run(args)
-    except SailorError as e:
-        print(f"sailor: error: {e}", file=sys.stderr)
-        return e.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-

@@ -14,16 +14,12 @@ import argparse
 import json
 import os
 import re
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from planner.errors import SailorError
 
-ROOT = Path(__file__).resolve().parents[1]
 UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
          "G": 2**30, "GB": 2**30, "GIB": 2**30}
 
@@ -60,15 +56,17 @@ def cmd_model(args) -> int:
         tp_degrees=parse_ints(args.tp, "--tp"), warmup=args.warmup, repeats=args.repeats, blocks=args.blocks,
         threads=args.threads, concurrency=args.concurrency, precision=args.precision, seed=args.seed,
         resume=args.resume, timeout_s=args.timeout)
+    if args.quiet:
+        profile_model(req)
+        return 0
     with _progress() as report:
         path = profile_model(req, report)
     print(f"profile written to {path}")
-    if not args.quiet:
-        from planner.profile_report import print_summary, profile_summary
-        from planner.profiles.profile import load_profile_file
+    from planner.profile_report import print_summary, profile_summary
+    from planner.profiles.profile import load_profile_file
 
-        print_summary({"directory": args.output, "profiles": [profile_summary(load_profile_file(path))],
-                       "network": None})
+    print_summary({"directory": args.output, "profiles": [profile_summary(load_profile_file(path))],
+                   "network": None})
     return 0
 
 
@@ -147,43 +145,18 @@ def cmd_network(args) -> int:
     for node in set(nodes):
         if len({z for n, z in zip(nodes, zones) if n == node}) > 1:
             raise SailorError(f"--zones puts ranks of node {node} in different zones; a node is in one zone")
+    from sailor_ext.profile.ranks import run_local_ranks
+
     with tempfile.TemporaryDirectory(prefix="sailor-net-") as tmp:
         cfg_path = Path(tmp) / "network.json"
         cfg_path.write_text(json.dumps(cfg))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        procs, logs, handles = [], [], []
-        try:
-            for rank in range(args.local):
-                env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(args.local), "LOCAL_RANK": str(rank),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-                       "SAILOR_NODE": str(nodes[rank]), "SAILOR_ZONE": zones[rank], "PYTHONWARNINGS": "ignore",
-                       "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-                logs.append(Path(tmp) / f"rank{rank}.log")
-                handles.append(open(logs[-1], "w"))
-                procs.append(subprocess.Popen([sys.executable, "-m", "sailor_ext.profile.network", str(cfg_path)],
-                                              env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                                              stderr=handles[-1], text=True))
-            for line in procs[0].stdout:
-                if not line.startswith("{"):
-                    print(line.rstrip(), file=sys.stderr, flush=True)
-            codes = [p.wait(timeout=args.timeout) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            for h in handles:
-                h.close()
-        if any(codes):
-            rank = next(i for i, c in enumerate(codes) if c)
-            tail = [x for x in logs[rank].read_text().splitlines() if x.strip()]
-            kept = Path(tempfile.mkdtemp(prefix="sailor-net-logs-"))
-            for log in logs:
-                shutil.copy(log, kept / log.name)
-            raise SailorError(f"network profiling failed on rank {rank} (exit {codes[rank]}): "
-                              f"{tail[-1] if tail else 'no output'}; logs in {kept}")
+
+        def on_line(line: str) -> None:
+            if not line.startswith("{"):
+                print(line.rstrip(), file=sys.stderr, flush=True)
+
+        run_local_ranks("sailor_ext.profile.network", cfg_path, args.local, on_line, Path(tmp), args.timeout,
+                        "network profiling", lambda rank: {"SAILOR_NODE": str(nodes[rank]), "SAILOR_ZONE": zones[rank]})
     _print_network(args)
     return 0
 
@@ -262,7 +235,7 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     m.add_argument("--precision", choices=["fp32", "bf16"], help="default: bf16 on CUDA, fp32 on CPU (the runtime's)")
     m.add_argument("--seed", type=int, default=1234)
     m.add_argument("--timeout", type=float, default=1800, help="seconds a profiling process may take")
-    m.add_argument("--quiet", action="store_true", help="do not print the summary")
+    m.add_argument("-q", "--quiet", action="store_true", help="no progress and no summary; errors only")
     m.set_defaults(func=cmd_model)
 
     n = sub.add_parser("network", help="time p2p and all-reduce between ranks; fit the simulator's network model",

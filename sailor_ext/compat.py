@@ -24,7 +24,13 @@ model always passes one (see model.causal_mask).
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
+
+# Megatron's TP layers overlap their gradient all-reduce with compute only when
+# CUDA runs one hardware queue (and warn on every layer otherwise); set before
+# any CUDA context exists, as Megatron-LM's launch scripts do.
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
 
 import torch
 

@@ -563,7 +563,7 @@ def run(args) -> int:
                         provider_command=args.nodes_command, provider_interval_s=args.nodes_interval_s,
                         padded_vocab=padded_vocab,
                         load=args.load)
-    controller = Controller(settings, replanner, EventLog(args.events_file), args.host, args.port)
+    controller = Controller(settings, replanner, EventLog(args.events_file, quiet=args.quiet), args.host, args.port)
     signal.signal(signal.SIGTERM, controller.request_finish)
     signal.signal(signal.SIGINT, controller.request_finish)
     host, port = controller.address

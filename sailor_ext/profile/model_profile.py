@@ -15,12 +15,7 @@ profile describes one of N training processes sharing this machine's cores
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,9 +25,9 @@ from planner.errors import SailorError
 from planner.launch import RUNTIME_FAMILIES
 from planner.profiles.profile import MEASURED, LayerMemory, LayerTimes, Profile, save_profile
 from planner.specs.model import ModelSpec, canonical_name, get_model
+from sailor_ext.profile.ranks import run_local_ranks
 
 PARTIAL_FORMAT = "sailor-profile-partial"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -186,12 +181,6 @@ def open_progress(path: Path, settings: Settings, resume: bool) -> Progress:
 
 
 # -- running the workers ---------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_workers(req: ModelProfileRequest, settings: Settings, tp: int, sizes: list[int], need_optimizer: bool,
                  on_message: Callable[[dict], None], workdir: Path) -> None:
     """One TP degree: start its ranks, pass rank 0's results on as they come."""
@@ -204,38 +193,13 @@ def _run_workers(req: ModelProfileRequest, settings: Settings, tp: int, sizes: l
            "stop_dir": str(workdir / f"stop-tp{tp}")}
     cfg_path = workdir / f"worker-tp{tp}.json"
     cfg_path.write_text(json.dumps(cfg))
-    port = _free_port()
-    procs, logs, handles = [], [], []
-    try:
-        for rank in range(world):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                   "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   "OMP_NUM_THREADS": str(settings.threads), "PYTHONWARNINGS": "ignore",
-                   "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-            logs.append(workdir / f"tp{tp}-rank{rank}.log")
-            handles.append(open(logs[-1], "w"))
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "sailor_ext.profile.worker", str(cfg_path)], env=env,
-                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=handles[-1], text=True))
-        for line in procs[0].stdout:
-            if line.startswith("{"):
-                on_message(json.loads(line))
-        codes = [p.wait(timeout=req.timeout_s) for p in procs]
-    finally:
-        for p in procs:  # never leave our own workers behind
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for h in handles:
-            h.close()
-    if any(codes):
-        rank = next(i for i, c in enumerate(codes) if c)
-        tail = [line for line in logs[rank].read_text().splitlines() if line.strip()]
-        kept = Path(tempfile.mkdtemp(prefix="sailor-profile-logs-"))
-        for log in logs:
-            shutil.copy(log, kept / log.name)
-        raise SailorError(f"profiling at TP {tp} failed on rank {rank} (exit {codes[rank]}): "
-                          f"{tail[-1] if tail else 'no output'}; logs in {kept}")
+
+    def on_line(line: str) -> None:
+        if line.startswith("{"):
+            on_message(json.loads(line))
+
+    run_local_ranks("sailor_ext.profile.worker", cfg_path, world, on_line, workdir, req.timeout_s,
+                    f"profiling at TP {tp}", lambda rank: {"OMP_NUM_THREADS": str(settings.threads)})
 
 
 def profile_model(req: ModelProfileRequest, on_progress: Callable[[str, int, int], None] | None = None) -> Path:

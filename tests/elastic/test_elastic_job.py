@@ -8,7 +8,6 @@ folded in, an orphaned worker does not keep the job from recovering.
 """
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path

@@ -107,3 +107,12 @@ def test_cli_reference_is_current():
     from gen_cli_docs import OUT, render
 
     assert OUT.read_text() == render(), "docs/cli.md is stale: run python tools/gen_cli_docs.py"
+
+
+def test_quiet_prints_only_errors(tmp_path):
+    out = sailor("plan", "--model", "tiny", "--gpus", "A100-40@us-central1-a=4", "--global-batch", "8", "--quiet",
+                 "-o", str(tmp_path / "best.json"))
+    assert out.returncode == 0 and out.stdout == "" and out.stderr == ""
+    assert json.loads((tmp_path / "best.json").read_text())["model"] == "tiny"
+    bad = sailor("simulate", str(write_plan(tmp_path, model="gpt-9")), "-q")
+    assert bad.returncode == 2 and bad.stdout == "" and "unknown model 'gpt-9'" in bad.stderr

@@ -89,7 +89,7 @@ def test_resume_skips_finished_points(tmp_path):
             "activation_bytes": [1.0] * 4, "output_bytes": [2.0] * 4, "params": [1, 2, 2, 3], "peak_bytes": None}
     _partial(tmp_path, {"1/1": {"kind": "point", **done}})
     run = sailor("profile", "model", "--model", "tiny", "--device", "cpu", "--micro-batch-sizes", "1,2", *QUICK,
-                 "-o", tmp_path, "--resume", "--quiet")
+                 "-o", tmp_path, "--resume")
     assert run.returncode == 0, run.stderr
     assert "[1/2] resuming" in run.stderr and "TP 1, microbatch 2: done" in run.stderr
     assert "microbatch 1: done" not in run.stderr  # not measured again

@@ -87,7 +87,7 @@ def test_launch_cli_prints_torchrun_per_node(tmp_path):
     from planner.specs.plan import save_plan
 
     save_plan(geo_plan(), str(tmp_path / "plan.json"))
-    out = subprocess.run([sys.executable, "-m", "planner.launch", str(tmp_path / "plan.json"), "--master-addr",
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(tmp_path / "plan.json"), "--master-addr",
                           "head", "--", "--train-iters", "10"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     lines = [l for l in out.stdout.splitlines() if l.startswith("torchrun")]
@@ -98,7 +98,7 @@ def test_launch_cli_prints_torchrun_per_node(tmp_path):
 
 def test_launch_cli_bad_plan_is_one_line(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(plan_dict([((0, 3), [1])], [(4, 1)])))
-    out = subprocess.run([sys.executable, "-m", "planner.launch", str(tmp_path / "plan.json")],
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(tmp_path / "plan.json")],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2
     assert out.stderr.startswith("sailor: error: plan: stages cover layers 0..3")

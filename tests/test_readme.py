@@ -1,0 +1,74 @@
+"""The README, followed to the letter: its commands run as written and do what it says.
+
+The set-up block's `bash tools/setup.sh && ...` prefix is what CI has just run, so only the
+command after it runs here (re-running the installer inside a test would reinstall the
+package from the test's directory); the test-suite command is this very run and is skipped.
+The tour runs in a scratch copy of the checkout (top-level entries linked), beside a link to
+the shared data, so its relative paths resolve as in a checkout and its outputs land there.
+"""
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+SETUP = "bash tools/setup.sh && "
+
+
+def bash_blocks(section: str) -> list[str]:
+    body = README.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)```", body, flags=re.S)
+
+
+@pytest.fixture
+def checkout(tmp_path, sailor_data):
+    if not (ROOT / ".venv" / "bin" / "activate").exists():
+        pytest.skip("no .venv in the checkout: run `bash tools/setup.sh` first")
+    work = tmp_path / "sailor"
+    work.mkdir()
+    for entry in ROOT.iterdir():
+        (work / entry.name).symlink_to(entry)
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "sailor-data").symlink_to(sailor_data)
+    return work
+
+
+def run(script: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "SAILOR_PROFILES")}
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_setup_block_main_job(checkout):
+    (block,) = bash_blocks("Set up and run")
+    commands = [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    assert len(commands) == 2 and all(c.startswith(SETUP) for c in commands), "README's two set-up commands"
+    main_job, tests = (c[len(SETUP):] for c in commands)
+    assert tests.endswith("pytest -q tests") and "pytest -q tests" in (ROOT / ".ci" / "run").read_text()
+    out = run(main_job, checkout, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "best plan written to plan.json" in out.stdout
+    assert json.loads((checkout / "plan.json").read_text())["model"] == "opt-350m"
+
+
+def test_tour(checkout):
+    (block,) = bash_blocks("A five-minute tour")
+    out = run(block, checkout, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for made in ("plan.json", "cheap.json", "front.png", "timeline.png", "cpu-plan.json", "train.sbatch"):
+        assert (checkout / made).stat().st_size > 0, made
+    assert (checkout / "cpu-profiles" / "tiny" / "CPU" / "profile.json").exists()
+    assert "step 20/20" in out.stdout + out.stderr  # `sailor launch --local` trained
+    cheap = json.loads((checkout / "cheap.json").read_text())
+    assert cheap["model"] == "opt-350m"
+    # the elastic run: a node was lost, the survivors re-planned onto 4 ranks and finished the job
+    events = [json.loads(line) for line in (checkout / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert "node_lost" in kinds and kinds[-1] == "finished", kinds
+    later = [e for e in events if e["event"] == "epoch_published" and e["epoch"] >= 2]
+    assert later and later[0]["world"] == 4, later
+    assert "training finished" in out.stderr
