@@ -164,16 +164,20 @@ def cmd_replay(args) -> int:
     return 0
 
 
-# Each has add_parser(subparsers, add_common_options) and sets args.func on its parser.
-COMMAND_MODULES: list[str] = [
-    "planner.launch",
-    "planner.profile_cli",
-    "planner.elastic.controller",
-    "planner.elastic.agent",
-]
+# Commands in modules of their own: each has add_parser(subparsers, add_common_options) and sets
+# args.func. Imported only when their command runs (or for the full help), which keeps
+# `sailor plan`'s start-up free of the elastic and profiling machinery.
+BUILTIN_COMMANDS = ("simulate", "plan", "replay")
+COMMAND_MODULES: dict[str, str] = {
+    "launch": "planner.launch",
+    "profile": "planner.profile_cli",
+    "run": "planner.elastic.controller",
+    "agent": "planner.elastic.agent",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or (command given) the built-in commands plus that command's module."""
     ap = argparse.ArgumentParser(prog="sailor", description="Plan, simulate and run transformer training on "
                                  "heterogeneous, geo-distributed GPUs.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -224,13 +228,16 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_replay)
 
-    for name in COMMAND_MODULES:  # subcommands that live in their own (torch-free) modules
-        importlib.import_module(name).add_parser(sub, _common)
+    for name, module in COMMAND_MODULES.items():
+        if command is None or command == name:
+            importlib.import_module(module).add_parser(sub, _common)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    ap = build_parser(command if command in BUILTIN_COMMANDS or command in COMMAND_MODULES else None)
     args = ap.parse_args(argv)
     try:
         if getattr(args, "quiet", False):

@@ -208,10 +208,24 @@ def cmd_merge(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from planner.profiles.collection import read_dir
+    from planner.profiles.sailor_data import save_sailor_dir
+
+    src = read_dir(args.directory)
+    if Path(args.output).resolve() == src.root.resolve():
+        raise SailorError(f"the output {args.output} is the source; export to a new directory")
+    if not src.profiles:
+        raise SailorError(f"{args.directory} holds no model profiles to export (network fits stay in our format)")
+    paths = save_sailor_dir([src.profiles[k] for k in sorted(src.profiles)], Path(args.output))
+    print(f"wrote {len(paths)} profile(s) and llm_info.json in Sailor's layout under {args.output}")
+    return 0
+
+
 # -- argparse ----------------------------------------------------------------------------------
 def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("profile", help="measure a model or the network on this hardware; show or merge "
-                              "profiles", description=__doc__.splitlines()[0])
+    p = subparsers.add_parser("profile", help="measure a model or the network on this hardware; show, merge or "
+                              "export profiles", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="profile_command", required=True)
 
     m = sub.add_parser("model", help="time the runtime's layers per microbatch size and TP degree",
@@ -270,4 +284,11 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     g.add_argument("--prefer", choices=["first", "last"], help="which source wins where two measured the same point")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=cmd_merge)
+
+    x = sub.add_parser("export", help="write a profiles directory in Sailor's layout, for Sailor's own planner")
+    x.add_argument("directory")
+    x.add_argument("-o", "--output", required=True, metavar="DIR", help="writes DIR/profiles/MODEL/GPU/profile.json "
+                   "and DIR/llm_info.json (models already there are kept)")
+    x.add_argument("--format", default="sailor", choices=["sailor"], help="target layout (default sailor)")
+    x.set_defaults(func=cmd_export)
     return p

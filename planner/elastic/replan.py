@@ -79,25 +79,14 @@ class Replanner:
         start = time.perf_counter()
         cluster = self.cluster_for(nodes)
         sim = Simulator(self.model, cluster, self.profiles, self.precision)
-        max_tp = self.max_tp
-
-        class CappedPlanner(Planner):
-            """The planner, with TP degrees the job's vocabulary padding cannot take left out."""
-
-            def shapes(self):
-                return [shape for shape in super().shapes() if shape.tp <= max_tp]
-
         try:
-            result = CappedPlanner(sim, self.global_batch, self.goal).run(top=1)
+            result = Planner(sim, self.global_batch, self.goal, max_tp=self.max_tp).run(top=1)
         except SailorError:
             return None
         if not result.plans:
             return None
         plan, estimate = result.plans[0]
         check_runnable(plan, self.model, cluster)
-        if any(r.tp > self.max_tp for s in plan.stages for r in s.replicas):
-            raise SailorError(f"the planner chose TP {max(r.tp for s in plan.stages for r in s.replicas)} but the "
-                              f"job pads the vocabulary for TP <= {self.max_tp}; restart with a larger --max-tp")
         ranks = assign(plan, cluster, nodes)
         sizes = {g: cluster.gpu(g).gpus_per_node for g in {n.gpu for n in nodes}}
         return Proposal(plan, estimate.iteration_time_s, ranks, sizes, time.perf_counter() - start)

@@ -1,4 +1,4 @@
-"""Read the data published with the Sailor paper, in its own layout.
+"""Read (and write) the data published with the Sailor paper, in its own layout.
 
     ROOT/profiles/profiles_tmp.json          {model: {gpu: {mbs: {tp: {layer: [fwd, bwd, update]}}}}}
     ROOT/profiles/MODEL/GPU/profile.json     {mbs: {tp: {layer: [fwd, bwd, update]}}}
@@ -15,6 +15,11 @@ Quirks handled here (from the data's README):
   * llm_info lacks some TP degrees for which times exist (GPT-Neo TP 8): those
     are derived per layer from the measured ones with the Megatron structure
     x(t) = replicated + sharded/t, fitted by least squares.
+
+`save_sailor_dir` writes our profiles in this layout (profiles/MODEL/GPU/profile.json
+and llm_info.json), so Sailor's own planner can use what `sailor profile model`
+measured. It inverts the reading above: `update` = seconds per parameter x the
+parameters of the two-block profiling model, floats = bytes / 4.
 """
 from __future__ import annotations
 
@@ -24,8 +29,8 @@ from pathlib import Path
 
 from planner.profiles.network_fits import NetworkFits, load_sailor_network
 from planner.profiles.profile import MEASURED, LayerMemory, LayerTimes, Profile
-from planner.specs.hardware import canonical_gpu
-from planner.specs.model import canonical_name, get_model
+from planner.specs.hardware import SAILOR_GPU_NAMES, canonical_gpu
+from planner.specs.model import SAILOR_NAMES, canonical_name, get_model
 
 FP32_BYTES = 4
 
@@ -125,3 +130,38 @@ def _profile(model, gpu: str, data: dict, memory: dict[int, LayerMemory]) -> Pro
         optimizer_s_per_param=statistics.median(per_param) if per_param else 0.0,
         memory=memory, meta={"origin": "sailor-data"},
     )
+
+
+def save_sailor_dir(profiles: list[Profile], root: Path) -> list[Path]:
+    """Write profiles in Sailor's layout under root; llm_info.json keeps the models it already has."""
+    info_path = root / "llm_info.json"
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    written = []
+    for p in profiles:
+        model = get_model(p.model)
+        name = SAILOR_NAMES.get(canonical_name(p.model), p.model)
+        data: dict = {}
+        for (mbs, tp), lt in sorted(p.times.items()):
+            mem = p.memory.get(tp)
+            update = p.optimizer_s_per_param * (mem.params[0] + 2 * mem.params[1] + mem.params[-1]) if mem else 0.0
+            data.setdefault(str(mbs), {})[str(tp)] = {str(i): [f, b, update] for i, (f, b) in
+                                                      enumerate(zip(lt.fwd, lt.bwd))}
+        path = root / "profiles" / name / SAILOR_GPU_NAMES.get(p.gpu, p.gpu) / "profile.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        written.append(path)
+        by_tp = info.setdefault(name, {})
+        for tp, mem in sorted(p.memory.items()):
+            layers = {}
+            for i in range(p.num_layers):
+                out = mem.output_bytes[i] / FP32_BYTES
+                inp = mem.output_bytes[i - 1] / FP32_BYTES if i else float(model.seq_len)  # token ids
+                act = mem.activation_bytes[i] / FP32_BYTES
+                layers[str(i)] = {"params_floats": mem.params[i], "act_output_floats": out, "act_input_floats": inp,
+                                  "act_mem_floats": act, "params_bytes": FP32_BYTES * mem.params[i],
+                                  "act_output_bytes": FP32_BYTES * out, "act_input_bytes": FP32_BYTES * inp,
+                                  "act_mem_bytes": FP32_BYTES * act}
+            by_tp[str(tp)] = layers
+    root.mkdir(parents=True, exist_ok=True)
+    info_path.write_text(json.dumps(info, indent=1) + "\n")
+    return written

@@ -55,7 +55,7 @@ class Result:
 class Planner(SinglePool, TwoPools, TwoTypes):
     def __init__(self, sim: Simulator, global_batch: int, goal: Goal, runtime: str = "sailor",
                  max_stages: int | None = None, microbatch_sizes: list[int] | None = None, two_pools: bool = True,
-                 two_classes: bool = True):
+                 two_classes: bool = True, max_tp: int | None = None):
         if global_batch < 1:
             raise SailorError("--global-batch must be positive")
         if not sim.cluster.available:
@@ -67,6 +67,7 @@ class Planner(SinglePool, TwoPools, TwoTypes):
         self.L = self.model.num_layers
         self.max_stages = min(max_stages or self.L, self.L)
         self.mbs_filter = set(microbatch_sizes) if microbatch_sizes else None
+        self.max_tp = max_tp  # e.g. what an elastic job's vocabulary padding allows
         self.two_pools = two_pools  # also search designs whose first stages run on another pool
         self.two_classes = two_classes  # also search plans with pipelines of two GPU types
         self.evaluated = 0
@@ -104,7 +105,8 @@ class Planner(SinglePool, TwoPools, TwoTypes):
                 if self.gbs % mbs or (self.mbs_filter and mbs not in self.mbs_filter):
                     continue
                 for tp in profile.tp_degrees():
-                    if tp > spec.gpus_per_node or (mbs, tp) not in profile.times or tp not in profile.memory:
+                    if tp > min(spec.gpus_per_node, self.max_tp or tp) or (mbs, tp) not in profile.times \
+                            or tp not in profile.memory:
                         continue
                     mem = profile.layer_memory(tp)
                     costs = StageCosts(profile.times[(mbs, tp)], mem, profile.layer_memory(1), mbs=mbs,

@@ -119,3 +119,42 @@ def test_bad_show_and_merge_input(tmp_path, setup, args, needles):
         (tmp_path / "net").mkdir()
         (tmp_path / "net" / "network.json").write_text(json.dumps({"intra": [{"gpu": "CPU"}]}))
     one_line_error(sailor("profile", *[a.format(tmp=tmp_path) for a in args]), *needles)
+
+
+def test_export_to_sailors_layout_reads_back_the_same(tmp_path):
+    """Our profile -> Sailor's layout -> read as Sailor's data: the same times, memory and optimizer cost."""
+    from planner.profiles.sailor_data import is_sailor_dir, load_sailor_dir
+
+    ours = make_profile(points=((1, 1), (2, 1), (1, 2), (2, 2)))
+    save_profile(ours, tmp_path / "ours")
+    (tmp_path / "sailor" / "llm_info.json").parent.mkdir()
+    (tmp_path / "sailor" / "llm_info.json").write_text(json.dumps({"OPT-350": {"1": {}}}))  # kept
+    run = sailor("profile", "export", tmp_path / "ours", "-o", tmp_path / "sailor")
+    assert run.returncode == 0, run.stderr
+    root = tmp_path / "sailor"
+    assert is_sailor_dir(root) and (root / "profiles" / "tiny" / "CPU" / "profile.json").exists()
+    info = json.loads((root / "llm_info.json").read_text())
+    assert set(info) == {"OPT-350", "tiny"} and set(info["tiny"]) == {"1", "2"}
+    profiles, _ = load_sailor_dir(root, "tiny")
+    back = profiles[("tiny", "CPU")]
+    assert back.times == ours.times
+    assert {tp: back.memory[tp] for tp in ours.memory} == ours.memory  # the reader also derives TP 4 and 8
+    assert back.optimizer_s_per_param == pytest.approx(ours.optimizer_s_per_param)
+
+
+def test_export_of_sailors_own_data_round_trips(sailor_data, tmp_path):
+    from planner.profiles.sailor_data import load_sailor_dir
+
+    original, _ = load_sailor_dir(sailor_data, "OPT-350")
+    run = sailor("profile", "export", sailor_data, "-o", tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "profiles" / "OPT-350" / "GH-96" / "profile.json").exists()
+    again, _ = load_sailor_dir(tmp_path, "OPT-350")
+    assert again.keys() == original.keys()
+    for key, p in original.items():
+        assert again[key].times == p.times and again[key].memory == p.memory, key
+        assert again[key].optimizer_s_per_param == pytest.approx(p.optimizer_s_per_param), key
+
+
+def test_export_refuses_its_source(tiny_profile):
+    one_line_error(sailor("profile", "export", tiny_profile, "-o", tiny_profile), "is the source")
