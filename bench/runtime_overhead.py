@@ -10,8 +10,9 @@
    report the medians after warm-up and ours / DDP.
 2. Heterogeneous plans on the same model: median step time from the metrics
    file of a normal training run, next to the simulator's prediction for
-   the plan (planner.simulator with the "CPU" GPU type; there is no measured
-   CPU profile, so the simulator uses its analytic estimate).
+   the plan from a profile measured here: `sailor profile model` on the
+   same model with as many busy processes as the plan has ranks, and
+   `sailor profile network --local 2` for the loopback links.
 
     python bench/runtime_overhead.py [--steps 20] [--replicas 2] [--quick]
 
@@ -142,7 +143,26 @@ def homogeneous(work: Path, config: Path, replicas: int, steps: int, warmup: int
             "within_10_percent": ours <= 1.10 * ddp, "gradient_buckets": t["buckets"]}
 
 
-def heterogeneous(work: Path, config: Path, name: str, plan: dict, steps: int, warmup: int) -> dict:
+def measure_profiles(work: Path, config: Path, worlds: set[int]) -> dict[int, Path]:
+    """A profiles directory per number of busy processes (the ranks share the cores)."""
+    def sailor(*argv: str) -> None:
+        out = subprocess.run([sys.executable, "-m", "planner.cli", *argv], capture_output=True, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if out.returncode:
+            raise SystemExit(f"sailor {' '.join(argv)} failed: {out.stderr.strip()[-2000:]}")
+
+    network = work / "network.json"
+    sailor("profile", "network", "--local", "2", "-o", str(network))
+    dirs = {}
+    for n in sorted(worlds):
+        dirs[n] = work / f"profiles-{n}"
+        sailor("profile", "model", "--model", str(config), "--device", "cpu", "--tp", "1,2",
+               "--micro-batch-sizes", "1,2,4", "--concurrency", str(n), "-o", str(dirs[n]), "--quiet")
+        (dirs[n] / "network.json").write_text(network.read_text())
+    return dirs
+
+
+def heterogeneous(work: Path, config: Path, name: str, plan: dict, steps: int, warmup: int, profiles: Path) -> dict:
     from planner.profiles.store import load_profiles
     from planner.simulator.simulate import Simulator
     from planner.specs.hardware import load_cluster
@@ -158,14 +178,12 @@ def heterogeneous(work: Path, config: Path, name: str, plan: dict, steps: int, w
     model = get_model(str(config))
     parsed = plan_from_dict({**plan, "model": str(config)})
     cluster = load_cluster(None)
-    try:
-        predicted = Simulator(model, cluster, load_profiles(None), "fp32").simulate(parsed).iteration_time_s
-    except Exception as e:  # report, don't hide: the simulator may reject what the runtime runs
-        predicted = f"simulator failed: {e}"
+    store = load_profiles([str(profiles)], dict(cluster.gpus), model.name)
+    predicted = Simulator(model, cluster, store, "fp32").simulate(parsed).iteration_time_s
     measured = statistics.median(times)
     return {"plan": name, "ranks": world, "measured_median_s": round(measured, 4),
-            "simulator_predicted_s": predicted if isinstance(predicted, str) else round(predicted, 4),
-            "simulator_profile": "estimated (no measured CPU profile)"}
+            "simulator_predicted_s": round(predicted, 4), "error_pct": round(100 * (predicted / measured - 1), 1),
+            "simulator_profile": f"measured here with {world} busy processes"}
 
 
 def main() -> int:
@@ -193,8 +211,13 @@ def main() -> int:
                                                                          [(2, 4), (1, 8)]),
                 "1 stage, replicas TP 2 and TP 1, mbs 4 and 2": _plan([((0, 5), [2, 1])], [(4, 2), (2, 4)]),
             }
-            result["heterogeneous"] = [heterogeneous(work, config, f"het{i}", p, max(3, steps // 4), 2)
-                                       | {"plan": name} for i, (name, p) in enumerate(plans.items())]
+            worlds = {sum(r["tp"] for s in p["stages"] for r in s["replicas"]) for p in plans.values()}
+            profiles = measure_profiles(work, config, worlds)
+            result["heterogeneous"] = []
+            for i, (name, p) in enumerate(plans.items()):
+                world = sum(r["tp"] for s in p["stages"] for r in s["replicas"])
+                result["heterogeneous"].append(heterogeneous(work, config, f"het{i}", p, steps, args.warmup,
+                                                             profiles[world]) | {"plan": name})
     print(json.dumps(result, indent=1))
     return 0
 
