@@ -189,5 +189,9 @@ def test_an_epoch_that_never_forms_is_left_behind(tmp_path):
         job.finish(4)
     finally:
         job.close()
-    assert job.report(2) is None and job.report(3)["source"] == "memory"
+    assert job.report(2) is None
+    # Where gloo left a survivor's aborted collective unwakeable (see the test above), that worker
+    # restarted without its memory; this job saves nothing to disk, so epoch 3 may have to start over.
+    wedged = "still stuck in a collective" in job.log.read_text()
+    assert job.report(3)["source"] in (("memory", "init") if wedged else ("memory",)), job.report(3)
     assert job.report(4)["source"] == "memory" and job.report(4)["world"] == 4
