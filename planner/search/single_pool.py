@@ -1,7 +1,8 @@
 """Designs on one pool of GPUs: every stage on one GPU type with one TP degree.
 
 Pipelines fill the type's zones (cheapest first, then fastest network, then
-largest). For a design the simulator's time is
+largest); a placement that needs only some of the cheapest zones is also tried
+starting from each of them. For a design the simulator's time is
     T = max_zones[sum(F+B) + 2(P-1) c_z + (m_z - 1) slot(split, c_z)] + sync(D, G) + u G
 and for fixed (P, m, D) the best split is on the (slot, G) frontier (partition.SplitTable).
 """
@@ -46,17 +47,27 @@ class SinglePool:
 
     def _single_configs(self, shape, P, caps, d_cap, fill, slot_lb, upd):
         tp = shape.tp
+        cheapest = min(shape.prices[z] for z, _ in shape.zones)
+        # Zones at the lowest price are interchangeable for cost, and the fill order's network key
+        # is a heuristic: a placement that needs fewer of them is tried starting from each one.
+        firsts = [i for i, (z, _) in enumerate(shape.zones) if shape.prices[z] == cheapest]
+        orders = [[i, *(j for j in range(len(shape.zones)) if j != i)] for i in firsts]
         for m, D in self._microbatch_counts(self.gbs // shape.mbs, d_cap):
-            placed, left = [], D
-            for (z, _), cap in zip(shape.zones, caps):
-                k = min(cap, left)
-                if k:
-                    placed.append((z, k))
-                    left -= k
-            usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
-            t_lb = fill + (m - 1) * slot_lb + upd
-            if self._could_admit(t_lb, usd):
-                yield self._bound(t_lb, usd), self._refine_single, (shape, P, D, m, placed)
+            seen = set()
+            for order in orders:
+                placed, left = [], D
+                for i in order:
+                    k = min(caps[i], left)
+                    if k:
+                        placed.append((shape.zones[i][0], k))
+                        left -= k
+                if frozenset(placed) in seen:
+                    continue  # the same zones and counts as an earlier order
+                seen.add(frozenset(placed))
+                usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
+                t_lb = fill + (m - 1) * slot_lb + upd
+                if self._could_admit(t_lb, usd):
+                    yield self._bound(t_lb, usd), self._refine_single, (shape, P, D, m, placed)
 
     def _refine_single(self, shape: Shape, P: int, D: int, m: int, placed):
         """What a tighter bound adds: the largest stage holds at least the average number of parameters."""

@@ -321,3 +321,24 @@ def test_two_class_ring_matches_the_placed_ring():
         nodes = place(plan, c)
         ring = [Endpoint(r.gpu, r.zone, nodes[0][k], r.tp) for k, r in enumerate(reps)]
         assert sorted(map(repr, ring_edges(ring))) == sorted(map(repr, planner._class_ring(shapes, P, placed)))
+
+
+@pytest.mark.parametrize("objective, floor", [("cost", 0.2), ("throughput", None)])
+def test_more_zones_never_make_the_pick_worse(sailor_store, objective, floor):
+    """Equal-price zones whose measured links differ: the planner on both zones is at least as
+    good as on either zone alone (it once filled the first zone only, and lost 2.6 % on cost)."""
+    from planner.specs.model import get_model
+
+    base = load_cluster(None)
+    zones = ("us-central1-a", "us-central1-b")
+
+    def best(avail):
+        c = replace(base, available=tuple(Pool("A100-40", z, 128) for z in avail))
+        sim = Simulator(get_model("opt-350m"), c, sailor_store)
+        plan, est = Planner(sim, 1024, Goal(objective, min_throughput=floor)).run(top=1).plans[0]
+        return est.cost_per_iteration_usd if objective == "cost" else -est.throughput_iters_per_s
+
+    both = best(zones)
+    alone = [best((z,)) for z in zones]
+    assert alone[0] != alone[1], "the case needs zones whose measured links differ"
+    assert both <= min(alone) * (1 + 1e-9), (both, alone)
