@@ -72,3 +72,14 @@ def test_tour(checkout):
     later = [e for e in events if e["event"] == "epoch_published" and e["epoch"] >= 2]
     assert later and later[0]["world"] == 4, later
     assert "training finished" in out.stderr
+
+
+def test_benchmark_commands_start(checkout):
+    """The benchmarks take minutes each and print JSON (bench/); here each README command must
+    at least start and answer --help."""
+    (block,) = bash_blocks("Benchmarks")
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert len(commands) >= 7 and all(c.startswith("python bench/") for c in commands), commands
+    for command in commands:
+        out = run(f". .venv/bin/activate && {command} --help", checkout, timeout=60)
+        assert out.returncode == 0 and "usage:" in out.stdout, (command, out.stderr[-1000:])
