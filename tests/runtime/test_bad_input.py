@@ -64,6 +64,10 @@ def test_peer_failure_fails_fast_and_keeps_the_last_checkpoint(tmp_path, failure
     victim = ranks.procs[2]  # the second stage
     try:
         _wait_for_step(tmp_path, 1, timeout=120)
+        # checkpoints are written in the background: strike once one is committed, or there is none to keep
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "ckpt" / "latest").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
         started = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL if failure == "killed" else signal.SIGSTOP)
         survivors = ranks.procs[:2]
