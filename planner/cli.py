@@ -247,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     except SailorError as e:
         print(f"sailor: error: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:  # a path the user gave that cannot be read or written
+        where = f" {e.filename}" if e.filename else ""
+        print(f"sailor: error: cannot use{where}: {e.strerror or e}; check the path and its permissions",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("sailor: interrupted", file=sys.stderr)
         return 130

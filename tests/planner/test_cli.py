@@ -116,3 +116,10 @@ def test_quiet_prints_only_errors(tmp_path):
     assert json.loads((tmp_path / "best.json").read_text())["model"] == "tiny"
     bad = sailor("simulate", str(write_plan(tmp_path, model="gpt-9")), "-q")
     assert bad.returncode == 2 and bad.stdout == "" and "unknown model 'gpt-9'" in bad.stderr
+
+
+def test_an_unwritable_output_is_one_line(tmp_path):
+    out = sailor("plan", "--model", "tiny", "--gpus", "A100-40@us-central1-a=4", "--global-batch", "8",
+                 "-o", str(tmp_path / "missing" / "dir" / "plan.json"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "cannot use" in out.stderr and "missing" in out.stderr
