@@ -41,17 +41,19 @@ MODEL = "tiny"
 GBS = 32
 
 
-def _plan(stages, pipelines) -> dict:
-    """stages: [((first, last), [tp per replica])]; pipelines: [(mbs, n)]."""
+def _plan(stages, pipelines, recompute: bool = False) -> dict:
+    """stages: [((first, last), [tp per replica])]; pipelines: [(mbs, n)]; recompute: on every stage."""
     return {"format": "sailor-plan", "version": 1, "model": MODEL,
             "global_batch_size": sum(m * n for m, n in pipelines),
-            "stages": [{"layers": list(layers), "replicas": [{"gpu": "CPU", "tp": t, "zone": "local"} for t in tps]}
+            "stages": [{"layers": list(layers), "replicas": [{"gpu": "CPU", "tp": t, "zone": "local"} for t in tps],
+                        **({"recompute": True} if recompute else {})}
                        for layers, tps in stages],
             "pipelines": [{"microbatch_size": m, "num_microbatches": n} for m, n in pipelines]}
 
 
 PLANS = {
     "PP 2 stages, mbs 4 x 8": _plan([((0, 2), [1]), ((3, 5), [1])], [(4, 8)]),
+    "PP 2 stages recomputing, mbs 4 x 8": _plan([((0, 2), [1]), ((3, 5), [1])], [(4, 8)], recompute=True),
     "DP 2 replicas, mbs 4 x 4 each": _plan([((0, 5), [1, 1])], [(4, 4), (4, 4)]),
     "PP 3 stages, mbs 2 x 16": _plan([((0, 1), [1]), ((2, 3), [1]), ((4, 5), [1])], [(2, 16)]),
     "mixed: stage TP 2 + stage TP 1, mbs 4 x 8": _plan([((0, 2), [2]), ((3, 5), [1])], [(4, 8)]),
@@ -66,7 +68,8 @@ def describe(plan: dict) -> str:
     from planner.specs.plan import plan_from_dict
 
     p = plan_from_dict(plan)
-    stages = " | ".join(f"layers {s.first}-{s.last}: TP {','.join(str(r.tp) for r in s.replicas)}" for s in p.stages)
+    stages = " | ".join(f"layers {s.first}-{s.last}: TP {','.join(str(r.tp) for r in s.replicas)}"
+                        + (" recompute" if s.recompute else "") for s in p.stages)
     return f"{stages}; microbatches {', '.join(f'{x.microbatch_size}x{x.num_microbatches}' for x in p.pipelines)}"
 
 

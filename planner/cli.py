@@ -83,7 +83,8 @@ def cmd_plan(args) -> int:
         sim.cluster = cluster
     goal = Goal(args.objective, args.max_cost_per_iter, args.max_cost_per_hour, args.min_throughput, args.max_gpus)
     planner = Planner(sim, args.global_batch, goal, args.runtime, args.max_stages,
-                      [int(b) for b in args.microbatch_sizes.split(",")] if args.microbatch_sizes else None)
+                      [int(b) for b in args.microbatch_sizes.split(",")] if args.microbatch_sizes else None,
+                      recompute=args.recompute)
     result = planner.run(top=args.top, pareto=args.pareto or bool(args.plot))
     if args.plot and result.pareto:
         from planner.plots import plot_pareto
@@ -124,6 +125,7 @@ def cmd_plan(args) -> int:
 
 def _summary(plan, est) -> dict:
     return {"stages": plan.pp, "replicas": plan.dp, "tp": sorted({r.tp for s in plan.stages for r in s.replicas}),
+            "recompute": plan.recompute,
             "microbatch_size": plan.pipelines[0].microbatch_size, "iteration_time_s": est.iteration_time_s,
             "throughput_iters_per_s": est.throughput_iters_per_s, "cost_per_iteration_usd": est.cost_per_iteration_usd,
             "cost_per_hour_usd": est.cost_per_hour_usd, "gpus_used": est.gpus_used,
@@ -210,6 +212,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="framework the plan is for (default: sailor's own runtime)")
     p.add_argument("--max-stages", type=int, help="deepest pipeline to consider (default: one layer per stage)")
     p.add_argument("--microbatch-sizes", help="only these microbatch sizes, e.g. 1,2,4")
+    p.add_argument("--recompute", choices=("auto", "never", "always"), default="auto",
+                   help="activation recomputation: where it makes a better plan possible (auto, the default), "
+                        "never, or on every stage")
     p.add_argument("--plot", metavar="FILE", help="write the throughput-vs-cost Pareto front (PNG/SVG)")
     _common(p)
     p.set_defaults(func=cmd_plan)

@@ -20,13 +20,16 @@ def console() -> Console:
 def print_estimate(est, title: str = "") -> None:
     out = console()
     t = Table(title=title or None, title_justify="left")
-    for col in ("stage", "layers", "GPUs", "TP", "compute/mb", "grad sync", "memory / capacity", "fits"):
+    recompute = any(s.recompute for s in est.stages)
+    for col in ("stage", "layers", "GPUs", "TP", "compute/mb", "grad sync", "memory / capacity", "fits") + \
+            (("recompute",) if recompute else ()):
         t.add_column(col, justify="right" if col not in ("GPUs", "TP") else "left")
     for s in est.stages:
         tps = sorted(set(s.tp))
         t.add_row(str(s.index), f"{s.layers[0]}-{s.layers[1]}", _gpus(s.gpus), ",".join(map(str, tps)),
                   f"{s.compute_s * 1e3:.1f} ms", f"{s.sync_s * 1e3:.1f} ms",
-                  f"{s.memory_bytes / GB:.1f} / {s.capacity_bytes / GB:.1f} GB", "yes" if s.fits else "[red]NO[/]")
+                  f"{s.memory_bytes / GB:.1f} / {s.capacity_bytes / GB:.1f} GB", "yes" if s.fits else "[red]NO[/]",
+                  *(("yes" if s.recompute else "no",) if recompute else ()))
     out.print(t)
     out.print(f"iteration time   {est.iteration_time_s:.3f} s  ({est.throughput_iters_per_s:.3f} it/s, "
               f"{est.tokens_per_s:,.0f} tokens/s; pipeline {est.pipeline_time_s:.3f} s + sync/step "
@@ -50,7 +53,7 @@ def print_plans(plans, title: str = "") -> None:
         t.add_column(col, justify="left" if col in ("GPUs", "stages x TP x replicas") else "right")
     for i, (plan, est) in enumerate(plans, 1):
         shape = " | ".join(f"{s.last - s.first + 1}L tp{'/'.join(map(str, sorted({r.tp for r in s.replicas})))} "
-                           f"x{len(s.replicas)}" for s in plan.stages)
+                           f"x{len(s.replicas)}" + (" rc" if s.recompute else "") for s in plan.stages)
         worst = max(est.stages, key=lambda s: s.memory_bytes / s.capacity_bytes)
         t.add_row(str(i), f"{est.throughput_iters_per_s:.3f}", f"{est.iteration_time_s:.3f} s",
                   f"{est.cost_per_iteration_usd:.4f}", f"{est.cost_per_hour_usd:.2f}", _gpus(est.gpus_used), shape,

@@ -11,6 +11,11 @@ its TP group explicitly; megatron's global parallel state is never set up.
 Weights are initialised from the seed as full logical tensors, one generator
 per logical name, and each rank keeps its slice, so every plan (and the
 single-process run) starts from identical weights. Dropout is 0.
+
+A stage with `recompute` runs each block under activation checkpointing: the
+forward keeps only the block's input, and backward runs the block's forward
+again to rebuild what it needs (less memory per microbatch in flight, one
+more forward of compute; dropout 0 makes the rerun exact).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from sailor_ext import compat  # noqa: F401  (installs warning filters before megatron imports)
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding  # noqa: E402
@@ -56,6 +62,7 @@ class StageSpec:
     stage: int = 0
     stage_chunks: int = 1  # finest common chunking of this stage's sharded weights
     embedding_chunks: int = 1  # finest common chunking of the word embedding
+    recompute: bool = False  # checkpoint every block: keep its input, rerun its forward in backward
 
     @property
     def layers(self) -> range:
@@ -156,7 +163,11 @@ class StageModel(nn.Module):
                 reused = self.layers["0"].word_embeddings.weight if layer.output_layer.weight is None else None
                 x = layer(x, reused)
             else:
-                x, _ = layer(x, attention_mask=self.mask[..., : x.size(0), : x.size(0)])
+                mask = self.mask[..., : x.size(0), : x.size(0)]
+                if self.spec.recompute and torch.is_grad_enabled():
+                    x = checkpoint(_block_output, layer, x, mask, use_reentrant=False)
+                else:
+                    x = _block_output(layer, x, mask)
         return x
 
     # -- logical tensors ---------------------------------------------------------
@@ -182,6 +193,10 @@ class StageModel(nn.Module):
                 out[name] = ParamShard(logical, tuple(shape), dim, spec.tp, spec.tp_rank,
                                        chunks if dim is not None else 1, stages)
         return out
+
+
+def _block_output(layer: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return layer(x, attention_mask=mask)[0]
 
 
 def init_tensor(name: str, shape: tuple[int, ...], seed: int, num_blocks: int) -> torch.Tensor:

@@ -102,7 +102,7 @@ class Trainer:
             padded_vocab=padded_vocab or pad_vocab(model_spec, topology.max_tp, args.make_vocab_size_divisible_by),
             embedding_stages=embedding_stages, stage=topology.stage,
             stage_chunks=topology.stage_tp(topology.stage),
-            embedding_chunks=max(topology.stage_tp(s) for s in embedding_stages))
+            embedding_chunks=max(topology.stage_tp(s) for s in embedding_stages), recompute=stage.recompute)
         self.model = StageModel(self.spec, topology.tp_group, device)
         init_from_seed(self.model, args.seed)
 

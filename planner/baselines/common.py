@@ -336,9 +336,9 @@ def rank_order(devs: list[Device], replicas: int, tps: list[int]) -> list[list[R
 
 
 def make_plan(sim: Simulator, global_batch: int, bounds: tuple[int, ...], replicas: list[list[Replica]],
-              mbs: int, microbatches: list[int], runtime: str) -> Plan:
+              mbs: int, microbatches: list[int], runtime: str, recompute: bool = False) -> Plan:
     ranges = stage_ranges(sim.model.num_layers, bounds)
-    stages = tuple(Stage(f, last, tuple(reps)) for (f, last), reps in zip(ranges, replicas))
+    stages = tuple(Stage(f, last, tuple(reps), recompute) for (f, last), reps in zip(ranges, replicas))
     return Plan(sim.model.name, global_batch, stages, tuple(Pipeline(mbs, m) for m in microbatches), runtime)
 
 

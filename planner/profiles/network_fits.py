@@ -15,6 +15,11 @@ Our fits (planner.profiles.network_fit) record the range they were fitted on
 close a ring all-reduce over such links came to the ring model
 (`allreduce_efficiency`); the simulator then clamps to that range, adds that
 latency per message and uses that efficiency.
+
+A link between two different GPU types that nobody measured runs at the pace
+of its slower end: the bottleneck of the two same-type links (BottleneckFit).
+Sailor's file has entries for mixed pairs, but they are copies of some other
+entry (its README), not measurements, so they are not read.
 """
 from __future__ import annotations
 
@@ -47,6 +52,27 @@ class BandwidthFit:
         return max(min(gbps * 1e9, self.max_bytes_per_s), 1e6)  # never below 1 MB/s
 
 
+@dataclass(frozen=True)
+class BottleneckFit:
+    """The slower of two measured links at every message size (a link between two node
+    types runs no faster than either type's NICs): for unmeasured mixed-type pairs."""
+    a: BandwidthFit
+    b: BandwidthFit
+
+    def bytes_per_s(self, nbytes: float) -> float:
+        return min(self.a.bytes_per_s(nbytes), self.b.bytes_per_s(nbytes))
+
+    @property
+    def latency_s(self) -> float | None:
+        known = [f.latency_s for f in (self.a, self.b) if f.latency_s is not None]
+        return max(known) if known else None
+
+    @property
+    def allreduce_efficiency(self) -> float | None:
+        known = [f.allreduce_efficiency for f in (self.a, self.b) if f.allreduce_efficiency is not None]
+        return min(known) if known else None
+
+
 @dataclass
 class NetworkFits:
     # (src_zone, src_gpu, src_gpus, dst_zone, dst_gpu, dst_gpus) -> fit
@@ -59,8 +85,16 @@ class NetworkFits:
         self.intra.update(other.intra)
         self.sources += other.sources
 
-    def inter_fit(self, src_zone, src_gpu, n_src, dst_zone, dst_gpu, n_dst) -> BandwidthFit | None:
-        return self.inter.get((src_zone, src_gpu, n_src, dst_zone, dst_gpu, n_dst))
+    def inter_fit(self, src_zone, src_gpu, n_src, dst_zone, dst_gpu, n_dst) -> BandwidthFit | BottleneckFit | None:
+        """The measured link; for two GPU types without one, the slower of the two types'
+        own links between the same zones (None if either is unmeasured)."""
+        fit = self.inter.get((src_zone, src_gpu, n_src, dst_zone, dst_gpu, n_dst))
+        if fit is None and src_gpu != dst_gpu:
+            a = self.inter.get((src_zone, src_gpu, n_src, dst_zone, src_gpu, n_dst))
+            b = self.inter.get((src_zone, dst_gpu, n_src, dst_zone, dst_gpu, n_dst))
+            if a is not None and b is not None:
+                fit = BottleneckFit(a, b)
+        return fit
 
     def intra_fit(self, gpu: str, n: int) -> BandwidthFit | None:
         return self.intra.get((gpu, n))
@@ -88,6 +122,8 @@ def load_sailor_network(providers: Path, gpu_name) -> NetworkFits:
                 for sn, by_dz in by_n.items():
                     for dz, by_dg in by_dz.items():
                         for dg, by_dn in by_dg.items():
+                            if gpu_name(dg) != gpu_name(sg):
+                                continue  # a copy of another entry, not a measurement (see above)
                             for dn, entry in by_dn.items():
                                 key = (sz, gpu_name(sg), int(sn), dz, gpu_name(dg), int(dn))
                                 fits.inter[key] = _fit(entry)

@@ -52,20 +52,27 @@ class LayerMemory:
     """Memory facts of every layer at one TP degree (bytes are per sample)."""
 
     params: tuple[int, ...]
-    activation_bytes: tuple[float, ...]
+    activation_bytes: tuple[float, ...]  # kept from forward for backward
     output_bytes: tuple[float, ...]
-    _params_prefix: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    _act_prefix: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    # Peak extra bytes while the layer runs backward; None: as much as it keeps
+    # (differs when a recomputed layer keeps only its input, simulator/recompute.py).
+    workspace_bytes: tuple[float, ...] | None = None
+    params_prefix: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    activation_prefix: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "_params_prefix", (0, *accumulate(self.params)))
-        object.__setattr__(self, "_act_prefix", (0.0, *accumulate(self.activation_bytes)))
+        object.__setattr__(self, "params_prefix", (0, *accumulate(self.params)))
+        object.__setattr__(self, "activation_prefix", (0.0, *accumulate(self.activation_bytes)))
 
     def stage_params(self, first: int, last: int) -> int:
-        return self._params_prefix[last + 1] - self._params_prefix[first]
+        return self.params_prefix[last + 1] - self.params_prefix[first]
 
     def stage_activation_bytes(self, first: int, last: int) -> float:
-        return self._act_prefix[last + 1] - self._act_prefix[first]
+        return self.activation_prefix[last + 1] - self.activation_prefix[first]
+
+    def stage_workspace_bytes(self, first: int, last: int) -> float:
+        """The largest backward workspace of layers first..last."""
+        return max((self.workspace_bytes or self.activation_bytes)[first:last + 1])
 
 
 @dataclass

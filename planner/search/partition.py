@@ -22,7 +22,6 @@ from __future__ import annotations
 from itertools import accumulate
 
 from planner.profiles.profile import LayerMemory, LayerTimes
-from planner.simulator.memory import replica_memory
 
 # A split: (slot seconds, params of the largest stage, first layer of every stage after the first)
 Split = tuple[float, int, tuple[int, ...]]
@@ -51,6 +50,11 @@ class StageCosts:
         self.params_prefix = (0, *accumulate(logical.params))
         self._last_fit: dict[int, list[int]] = {}
         self.L = L
+        # memory() is the search's innermost call: the simulator's formula on precomputed prefix
+        # sums and range maxima (workspace[j][i - j] = largest workspace of layers j..i)
+        self._gpu_params, self._acts = mem.params_prefix, mem.activation_prefix
+        ws = mem.workspace_bytes or mem.activation_bytes
+        self._workspace = [list(accumulate(ws[j:], max)) for j in range(L)]
 
     def compute(self, first: int, last: int) -> float:
         return self.fb[last + 1] - self.fb[first]
@@ -59,11 +63,14 @@ class StageCosts:
         return self.params_prefix[last + 1] - self.params_prefix[first]
 
     def memory(self, first: int, last: int, inflight: int) -> float:
-        """Bytes on one GPU of a replica holding layers first..last (the simulator's formula)."""
-        extra = self.tied_params if (last == self.L - 1 and first > 0) else 0
-        return replica_memory(self.mem, first, last, mbs=self.mbs, inflight=inflight,
-                              state_bytes_per_param=self.state_bytes, allocator_factor=self.allocator,
-                              overhead_bytes=self.overhead, extra_params=extra)
+        """Bytes on one GPU of a replica holding layers first..last: simulator.memory.replica_memory,
+        term by term (tests/planner/test_partition.py checks they agree exactly)."""
+        params = self._gpu_params[last + 1] - self._gpu_params[first]
+        if last == self.L - 1 and first > 0:
+            params += self.tied_params
+        acts = self._acts[last + 1] - self._acts[first]
+        return self.overhead + self.state_bytes * params + self.allocator * self.mbs * (
+            inflight * acts + self._workspace[first][last - first])
 
     def last_fit(self, inflight: int) -> list[int]:
         """For each first layer j, the last layer a stage starting at j may end at (j-1 if none)."""

@@ -12,6 +12,14 @@ the K-th best plan found, so the result is the optimum of the space under the
 simulator's model. Every returned plan is re-simulated and must agree with the
 search to 1e-9 and fit in memory; tests/planner/test_search.py compares with
 brute force on small clusters.
+
+Activation recomputation (`recompute`): "never", "always" (every stage
+recomputes), or "auto": a second pass over the same space with every stage
+recomputing, which starts from the first pass's best plans as its cutoff. A
+plan of that pass can only beat the first pass's if one of its stages does
+not fit without recomputing (else the same plan without it is faster), so
+that stage's time bounds the family's bottleneck from below
+(`_recompute_floor`), and families without such a stage are skipped.
 """
 from __future__ import annotations
 
@@ -19,7 +27,7 @@ import heapq
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from planner.errors import SailorError
 from planner.profiles.profile import Profile
@@ -35,6 +43,7 @@ from planner.simulator.simulate import Estimate, Simulator
 from planner.specs.plan import Plan
 
 GROUP, FAMILY, CONFIG, REFINE, EVALUATE = 0, 1, 2, 3, 4  # what a queue entry asks for
+RECOMPUTE_MODES = {"never": (False,), "always": (True,), "auto": (False, True)}  # the passes of each mode
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,7 @@ class Candidate:
     score: float
     outcome: Outcome
     design: tuple  # arguments of Planner._design
+    recompute: bool = False  # every stage recomputes activations
 
 
 @dataclass
@@ -55,7 +65,7 @@ class Result:
 class Planner(SinglePool, TwoPools, TwoTypes):
     def __init__(self, sim: Simulator, global_batch: int, goal: Goal, runtime: str = "sailor",
                  max_stages: int | None = None, microbatch_sizes: list[int] | None = None, two_pools: bool = True,
-                 two_classes: bool = True, max_tp: int | None = None):
+                 two_classes: bool = True, max_tp: int | None = None, recompute: str = "auto"):
         if global_batch < 1:
             raise SailorError("--global-batch must be positive")
         if not sim.cluster.available:
@@ -70,6 +80,10 @@ class Planner(SinglePool, TwoPools, TwoTypes):
         self.max_tp = max_tp  # e.g. what an elastic job's vocabulary padding allows
         self.two_pools = two_pools  # also search designs whose first stages run on another pool
         self.two_classes = two_classes  # also search plans with pipelines of two GPU types
+        if recompute not in RECOMPUTE_MODES:
+            raise SailorError(f"unknown recompute mode {recompute!r}: use one of {', '.join(RECOMPUTE_MODES)}")
+        self.recompute = recompute
+        self._pass_recomputes = False  # the pass running now
         self.evaluated = 0
         self._sync_cache: dict = {}
         self._front_cache: dict = {}
@@ -92,8 +106,9 @@ class Planner(SinglePool, TwoPools, TwoTypes):
         return sorted(zones, key=lambda zn: (cluster.price_per_hour(gpu, zn[0], cluster.is_spot(gpu, zn[0])),
                                              -speed(zn[0]), -zn[1], zn[0]))
 
-    def shapes(self) -> list[Shape]:
-        sim, model, out = self.sim, self.model, []
+    def shapes(self, recompute: bool = False) -> list[Shape]:
+        """Every (GPU type, microbatch size, TP) that can run, with every stage recomputing or none."""
+        sim, out = self.sim, []
         for gpu in sorted({p.gpu for p in sim.cluster.available}):
             zones = self._zones(gpu)
             if not zones:
@@ -108,17 +123,56 @@ class Planner(SinglePool, TwoPools, TwoTypes):
                     if tp > min(spec.gpus_per_node, self.max_tp or tp) or (mbs, tp) not in profile.times \
                             or tp not in profile.memory:
                         continue
-                    mem = profile.layer_memory(tp)
-                    costs = StageCosts(profile.times[(mbs, tp)], mem, profile.layer_memory(1), mbs=mbs,
-                                       state_bytes=self.rt.state_bytes(sim.precision),
-                                       allocator=self.rt.allocator_factor, overhead=spec.runtime_overhead_bytes,
-                                       capacity=spec.memory_bytes,
-                                       tied_params=mem.params[0] if model.tied_embeddings else 0)
+                    costs = self._stage_costs(gpu, mbs, tp, recompute)
+                    plain = self._stage_costs(gpu, mbs, tp, False) if recompute and self.recompute == "auto" else None
                     comm = {(z, same): self._boundary(gpu, z, tp, mbs, profile, same)
                             for z, _ in zones for same in (True, False)}
                     out.append(Shape(gpu, mbs, tp, spec.gpus_per_node, zones, costs, comm,
-                                     profile.optimizer_s_per_param / tp, prices))
+                                     profile.optimizer_s_per_param / tp, prices, plain))
         return out
+
+    def _recompute_floor(self, shape: Shape, inflight: range) -> float:
+        """Auto mode, recomputing shape: the least seconds (F+B of one microbatch) of a stage with
+        one of these in-flight counts that fits only when recomputing; inf if there is none (the
+        family is not worth searching). 0 for shapes that do not recompute in auto mode."""
+        if shape.plain is None:
+            return 0.0
+        return min((self._least_needed_stage(shape, f) for f in inflight), default=math.inf)
+
+    def _recompute_floor_upto(self, shape: Shape, most: int | None = None) -> float:
+        """_recompute_floor over in-flight counts 1..most (default: any), from below and cheaply:
+        with `most` in flight stages need recomputing soonest, so the shortest stage from each
+        layer that does not fit without it then bounds those that need it at any smaller count
+        (whether they fit with it or not)."""
+        if shape.plain is None:
+            return 0.0
+        top = min(self.max_stages, self.gbs // shape.mbs)
+        f = min(most or top, top)
+        floors = shape.tables.setdefault("floors", [None] * (top + 1))
+        if floors[f] is None:
+            reach = shape.plain.last_fit(f)
+            floors[f] = min((shape.costs.compute(j, reach[j] + 1) for j in range(self.L) if reach[j] + 1 < self.L),
+                            default=math.inf)
+        return floors[f]
+
+    def _least_needed_stage(self, shape: Shape, inflight: int) -> float:
+        key = ("needed", id(shape.costs), inflight)
+        if key not in self._front_cache:
+            plain, recomputed, least = shape.plain.last_fit(inflight), shape.costs.last_fit(inflight), math.inf
+            for j in range(self.L):
+                i = plain[j] + 1  # the shortest stage from layer j that needs recomputing...
+                if i <= recomputed[j]:  # ...and fits with it; longer ones take longer
+                    least = min(least, shape.costs.compute(j, i))
+            self._front_cache[key] = least
+        return self._front_cache[key]
+
+    def _stage_costs(self, gpu: str, mbs: int, tp: int, recompute: bool) -> StageCosts:
+        sim, spec = self.sim, self.sim.cluster.gpu(gpu)
+        mem = sim.layer_memory(gpu, tp, recompute)
+        return StageCosts(sim.layer_times(gpu, mbs, tp, recompute), mem, sim.profile(gpu).layer_memory(1), mbs=mbs,
+                          state_bytes=self.rt.state_bytes(sim.precision), allocator=self.rt.allocator_factor,
+                          overhead=spec.runtime_overhead_bytes, capacity=spec.memory_bytes,
+                          tied_params=mem.params[0] if self.model.tied_embeddings else 0)
 
     def _boundary(self, gpu: str, zone: str, tp: int, mbs: int, profile: Profile, same_node: bool) -> float:
         """p2p seconds of one stage boundary in `zone` (every boundary carries one h-sized activation)."""
@@ -138,16 +192,29 @@ class Planner(SinglePool, TwoPools, TwoTypes):
         t0 = time.process_time()
         best: list = []  # heap of (-score, seq, candidate): the K best so far
         front: list[Candidate] = []
+        searched = []  # every pass's shapes stay alive: caches are keyed by id() of their costs
+        for recompute in RECOMPUTE_MODES[self.recompute]:  # later passes start with the plans found so far
+            self._pass_recomputes = recompute
+            searched.append(self.shapes(recompute))
+            self._search(searched[-1], best, front, top, pareto)
+        ranked = sorted((entry[2] for entry in best), key=lambda c: c.score)
+        plans = [self._materialize(c) for c in ranked]
+        frontier = [self._materialize(c) for c in sorted(front, key=lambda c: c.outcome.iteration_time_s)]
+        return Result(plans, time.process_time() - t0, self.evaluated, frontier)
+
+    def _search(self, shapes: list[Shape], best: list, front: list, top: int, pareto: bool) -> None:
         queue: list = []  # (bound, seq, step, function, args)
         seq = itertools.count()
-        shapes = self.shapes()
         for shape in shapes:
             for P in range(1, min(self.max_stages, sum(c for _, c in shape.zones) // shape.tp) + 1):
                 fam = self._single_family(shape, P)
                 if fam is not None:
                     heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._single_configs, fam[1]))
+        cutoff = -best[0][0] if len(best) == top and not pareto else math.inf  # from an earlier pass
         for a, b in self._pool_pairs(shapes) if self.two_pools else ():
-            heapq.heappush(queue, (self._two_pool_bound(a, b), next(seq), GROUP, self._two_pool_families, (a, b)))
+            bound = self._two_pool_bound(a, b, cutoff)
+            if bound < math.inf:
+                heapq.heappush(queue, (bound, next(seq), GROUP, self._two_pool_families, (a, b)))
         # pipelines of two types side by side: for throughput (for cost, the cheaper type per
         # microbatch alone is as cheap up to fill and sync; see docs/planner.md)
         classes = self.two_classes and self.goal.objective == "throughput"
@@ -162,7 +229,8 @@ class Planner(SinglePool, TwoPools, TwoTypes):
                 break  # nothing left can enter the top K
             if step == GROUP:  # expand into families
                 for fam_bound, fam in fn(*args):
-                    heapq.heappush(queue, (fam_bound, next(seq), FAMILY, self._two_pool_configs, fam))
+                    if pareto or len(best) < top or fam_bound < -best[0][0]:
+                        heapq.heappush(queue, (fam_bound, next(seq), FAMILY, self._two_pool_configs, fam))
             elif step == FAMILY:  # expand into configurations, bounded cheaply
                 configs = fn(*args)  # throughput bounds grow with m: already in order
                 if self.goal.objective != "throughput":
@@ -186,10 +254,6 @@ class Planner(SinglePool, TwoPools, TwoTypes):
                 heapq.heappush(queue, (bound + extra, next(seq), EVALUATE, evaluate, cfg))
             else:
                 fn(*args, best, front, top, pareto)
-        ranked = sorted((entry[2] for entry in best), key=lambda c: c.score)
-        plans = [self._materialize(c) for c in ranked]
-        frontier = [self._materialize(c) for c in sorted(front, key=lambda c: c.outcome.iteration_time_s)]
-        return Result(plans, time.process_time() - t0, self.evaluated, frontier)
 
     def _bound(self, t_lb: float, usd_per_s: float) -> float:
         return t_lb if self.goal.objective == "throughput" else t_lb * usd_per_s
@@ -228,7 +292,8 @@ class Planner(SinglePool, TwoPools, TwoTypes):
         """`design` = (mbs, segments as (gpu, tp, stages, zone or zones), bounds, D): built only if kept."""
         self.evaluated += 1
         if self.goal.admits(outcome):
-            self._offer(Candidate(self.goal.score(outcome), outcome, design), best, front, top, pareto)
+            self._offer(Candidate(self.goal.score(outcome), outcome, design, self._pass_recomputes), best, front,
+                        top, pareto)
 
     def _design(self, args: tuple) -> Design:
         if args[0] == "classes":
@@ -261,6 +326,8 @@ class Planner(SinglePool, TwoPools, TwoTypes):
 
     def _materialize(self, c: Candidate) -> tuple[Plan, Estimate]:
         plan = self._design(c.design).to_plan(self.model.name, self.L, self.gbs, self.runtime)
+        if c.recompute:
+            plan = replace(plan, stages=tuple(replace(s, recompute=True) for s in plan.stages))
         est = self.sim.simulate(plan, self.rt)
         if not est.fits_in_memory or not math.isclose(est.iteration_time_s, c.outcome.iteration_time_s,
                                                       rel_tol=1e-9):

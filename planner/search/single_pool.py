@@ -30,7 +30,10 @@ class SinglePool:
         c_min = min(shape.comm[(z, same_node)] for z, _ in shape.zones) if P > 1 else 0.0
         fb_total, params_total = costs.compute(0, self.L - 1), costs.params(0, self.L - 1)
         fill = fb_total + 2 * (P - 1) * c_min
-        slot_lb = (fb_total + 4 * (P - 1) * c_min) / P  # the bottleneck is at least the average stage
+        # the bottleneck is at least the average stage (and, recomputing, a stage that needs it)
+        slot_lb = max((fb_total + 4 * (P - 1) * c_min) / P, self._recompute_floor_upto(shape, P))
+        if slot_lb == math.inf:
+            return None
         upd = shape.u * params_total / P
         price = min(shape.prices.values()) * P * tp
         m_min = math.ceil(M / d_cap)
@@ -47,6 +50,10 @@ class SinglePool:
 
     def _single_configs(self, shape, P, caps, d_cap, fill, slot_lb, upd):
         tp = shape.tp
+        floor = self._recompute_floor(shape, range(1, min(P, self.gbs // shape.mbs) + 1))
+        if floor == math.inf:
+            return  # no stage needs recomputing: the plain family is as good
+        slot_lb = max(slot_lb, floor)
         cheapest = min(shape.prices[z] for z, _ in shape.zones)
         # Zones at the lowest price are interchangeable for cost, and the fill order's network key
         # is a heuristic: a placement that needs fewer of them is tried starting from each one.

@@ -81,6 +81,7 @@ class Shape:
     comm: dict  # (zone, same node) -> seconds per boundary
     u: float  # optimizer seconds per logical parameter on one GPU
     prices: dict  # zone -> USD per GPU-second
+    plain: StageCosts | None = None  # a recomputing shape's costs without recomputation (auto mode)
     tables: dict = field(default_factory=dict)
 
 

@@ -31,31 +31,49 @@ class TwoPools:
     def _first_pool_stages(a: Shape, b: Shape) -> int:
         return FIRST_POOL_STAGES["other type" if a.gpu != b.gpu else "other zone"]
 
-    def _two_pool_bound(self, a: Shape, b: Shape) -> float:
+    def _two_pool_bound(self, a: Shape, b: Shape, cutoff: float = math.inf) -> float:
         """A lower bound over every (P1, P2) family of the pair (cheap: no family is built).
 
         Any pipeline computes at least `least` seconds per microbatch; with P stages
         its bottleneck is at least least/P; D pipelines fit pool A with P1 stages
         (at most cap_a) and pool B with P2 stages (at most count_b / (P2 tp_b)), so
         (m - 1)/P >= (M/min(cap_a, B/P2) - 1)/(P1 + P2), smallest at P2 = B/cap_a.
-        For cost, every pipeline pays at least M * least/P seconds of P GPUs.
+        For cost, every pipeline pays at least M * least/P seconds of P GPUs. A recomputing pair
+        (auto mode) has a stage that needs it, whose time bounds the bottleneck too; that is
+        only worked out if the pair could beat `cutoff` (the best plan of an earlier pass).
         """
         L, M = self.L, self.gbs // a.mbs
+        if min(self._recompute_floor_upto(a), self._recompute_floor_upto(b)) == math.inf:
+            return math.inf
         fa, fb = a.costs.fb, b.costs.fb
         least = min(fa[q] + fb[L] - fb[q] for q in range(1, L))
         (za, na), (zb, nb) = a.zones[0], b.zones[0]
         if self.goal.objective != "throughput":
             return M * least * min(a.tp * a.prices[za], b.tp * b.prices[zb])
         B = nb / b.tp
-        best = math.inf
+        best, caps = math.inf, []
         for P1 in range(1, self._first_pool_stages(a, b) + 1):
             cap_a = capacity(na, a.per_node, P1, a.tp)
-            if cap_a < 1:
-                continue
-            for P2 in {max(1, math.floor(B / cap_a)), max(1, math.ceil(B / cap_a))}:
-                d = min(cap_a, B / P2, M)
-                best = min(best, (max(M / d, 1) - 1) / (P1 + P2))
-        return least * (1 + best) if best < math.inf else math.inf
+            if cap_a >= 1:
+                caps.append((P1, cap_a))
+                for P2 in {max(1, math.floor(B / cap_a)), max(1, math.ceil(B / cap_a))}:
+                    d = min(cap_a, B / P2, M)
+                    best = min(best, (max(M / d, 1) - 1) / (P1 + P2))
+        plain = least * (1 + best) if best < math.inf else math.inf
+        if (a.plain is None and b.plain is None) or plain >= cutoff:
+            return plain
+        best = math.inf  # recomputing: the floor shrinks as P grows, so every P2 from B/cap_a on
+        for P1, cap_a in caps:
+            for P2 in range(max(1, math.floor(B / cap_a)), self.max_stages - P1 + 1):
+                P, d = P1 + P2, min(cap_a, B / P2, M)
+                spread_lb = (max(M / d, 1) - 1) * least / P  # grows with P2 from B/cap_a on: stop there
+                if spread_lb >= best:
+                    break
+                floor = min(self._recompute_floor_upto(a, P), self._recompute_floor_upto(b, P2))
+                best = min(best, (max(M / d, 1) - 1) * max(floor, least / P))
+                if least + best < cutoff:
+                    return least  # searched anyway: no need for the exact bound
+        return least + best
 
     def _two_pool_families(self, a: Shape, b: Shape):
         """(bound, args) of every (P1, P2) design on pools A then B."""
@@ -67,6 +85,7 @@ class TwoPools:
         u = min(a.u, b.u)
         quota = self.sim.cluster.quotas.get(za) if za == zb else None
         throughput = self.goal.objective == "throughput"
+        floor = min(self._recompute_floor_upto(a), self._recompute_floor_upto(b))  # 0 unless recomputing
         for P1 in range(1, self._first_pool_stages(a, b) + 1):
             cap_a = capacity(na, a.per_node, P1, a.tp)
             c_a = a.comm[(za, P1 * a.tp <= a.per_node)] if P1 > 1 else 0.0
@@ -86,7 +105,7 @@ class TwoPools:
                 c_b = b.comm[(zb, P2 * b.tp <= b.per_node)] if P2 > 1 else 0.0
                 comm = (P1 - 1) * c_a + c_ab + (P2 - 1) * c_b
                 P, fb_min = P1 + P2, least[L - P2]
-                fill, slot_lb, upd = fb_min + 2 * comm, (fb_min + 4 * comm) / P, u * params_total / P
+                fill, slot_lb, upd = fb_min + 2 * comm, max((fb_min + 4 * comm) / P, floor), u * params_total / P
                 usd = P1 * a.tp * a.prices[za] + P2 * b.tp * b.prices[zb]
                 m_min = math.ceil(M / d_cap)
                 if not self._could_admit(fill + (m_min - 1) * slot_lb + upd, 0.0):
@@ -104,6 +123,15 @@ class TwoPools:
         return self.sim.network.p2p_time(x, Endpoint(a.gpu, a.zones[0][0], 0, la), Endpoint(b.gpu, b.zones[0][0], 1, lb))
 
     def _two_pool_configs(self, a, b, P1, P2, d_cap, comms, fill, slot_lb, upd, usd):
+        M, L = self.gbs // a.mbs, self.L
+        floor = min(self._recompute_floor(a, range(1, min(P1 + P2, M) + 1)),
+                    self._recompute_floor(b, range(1, min(P2, M) + 1)))
+        if floor == math.inf:
+            return  # no stage needs recomputing: the plain family is as good
+        # the bottleneck is at least the average stage of each pool, wherever pool B starts
+        fa, fb = a.costs.fb, b.costs.fb
+        balanced = min(max(fa[q] / P1, (fb[L] - fb[q]) / P2) for q in range(P1, L - P2 + 1))
+        slot_lb = max(slot_lb, floor, balanced)
         for m, D in self._microbatch_counts(self.gbs // a.mbs, d_cap):
             t_lb = fill + (m - 1) * slot_lb + upd
             if self._could_admit(t_lb, usd * D):

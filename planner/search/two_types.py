@@ -45,6 +45,8 @@ class TwoTypes:
 
     def _two_class_family(self, x: Shape, y: Shape, P: int):
         M = self.gbs // x.mbs
+        if min(self._recompute_floor_upto(x, P), self._recompute_floor_upto(y, P)) == math.inf:
+            return None  # no stage needs recomputing: the plain family is as good
         caps = []
         for sh in (x, y):
             d = sum(capacity(cnt, sh.per_node, P, sh.tp) for _, cnt in sh.zones)
@@ -77,6 +79,9 @@ class TwoTypes:
         hold, unless that exceeds M/P pipelines in all (each must run at least P microbatches);
         then every way to share the M/P pipelines between the classes."""
         M = self.gbs // x.mbs
+        flights = range(1, min(P, M) + 1)
+        if min(self._recompute_floor(x, flights), self._recompute_floor(y, flights)) == math.inf:
+            return  # no stage needs recomputing: the plain family is as good
         most = M // P
         if caps[0] + caps[1] <= most:
             pairs = [(caps[0], caps[1])]

@@ -9,8 +9,9 @@
 P_stage(t): parameters of the stage's layers on one GPU of a TP-t group (plus a
 copy of the word embedding on the last stage when embeddings are tied and the
 head is not on the embedding's stage). A_stage(t): activation bytes the stage
-keeps per sample; A_max(t) the largest single layer's, as the temporaries of a
-layer's backward are about as large as what it stored. f is the allocator
+keeps per sample; A_max(t) the largest single layer's backward workspace (as
+large as what the layer stored; with recomputation, as large as what it would
+have stored, see recompute.py). f is the allocator
 factor (runtime_model), b the microbatch size, s the 0-based stage index.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ def replica_memory(mem: LayerMemory, first: int, last: int, *, mbs: int, infligh
                    extra_params: int = 0) -> float:
     params = mem.stage_params(first, last) + extra_params
     acts = mem.stage_activation_bytes(first, last)
-    workspace = max(mem.activation_bytes[first:last + 1])
+    workspace = mem.stage_workspace_bytes(first, last)
     return overhead_bytes + state_bytes_per_param * params + allocator_factor * mbs * (inflight * acts + workspace)
 
 
@@ -32,7 +33,7 @@ def memory_parts(mem: LayerMemory, first: int, last: int, *, mbs: int, inflight:
     """The terms of replica_memory, in bytes (for reports and plots)."""
     params = mem.stage_params(first, last) + extra_params
     acts = mem.stage_activation_bytes(first, last)
-    workspace = max(mem.activation_bytes[first:last + 1])
+    workspace = mem.stage_workspace_bytes(first, last)
     return {"runtime": overhead_bytes, "weights, grads, optimizer": state_bytes_per_param * params,
             "activations": allocator_factor * mbs * inflight * acts,
             "backward workspace": allocator_factor * mbs * workspace}

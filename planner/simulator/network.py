@@ -91,8 +91,9 @@ class Network:
             fit = self.fits.inter_fit(a.zone, a.gpu, a.gpus, b.zone, b.gpu, b.gpus)
             if fit is None and (a.gpus > 1 or b.gpus > 1):
                 # GPU counts beyond the measured ones (e.g. 8 on a 4-GPU fit): the largest measured.
-                counts = [k[2] for k in self.fits.inter if k[0] == a.zone and k[1] == a.gpu and k[3] == b.zone
-                          and k[4] == b.gpu and k[2] == k[5]]
+                counts = {k[2] for k in self.fits.inter if k[0] == a.zone and k[3] == b.zone and k[2] == k[5]
+                          and k[1] in (a.gpu, b.gpu)}
+                counts = [n for n in counts if self.fits.inter_fit(a.zone, a.gpu, n, b.zone, b.gpu, n) is not None]
                 if counts:
                     n = max(c for c in counts if c <= max(a.gpus, b.gpus)) if min(counts) <= max(a.gpus, b.gpus) \
                         else min(counts)

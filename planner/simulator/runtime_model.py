@@ -4,7 +4,8 @@ Two frameworks run plans: Megatron-DeepSpeed (the runs behind Sailor's
 published measurements, and so any plan read in Sailor's format) and our own
 runtime, `sailor_ext`. They keep different state per parameter and move
 activations differently; everything else (the 1F1B schedule, blocking p2p,
-gradient sync after the last backward, no recomputation) they share.
+gradient sync after the last backward, block-wise recomputation where a
+stage asks for it) they share.
 """
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ optimizer:
 
 allreduce_s is the ring all-reduce of the stage's fp32 gradients over its
 replicas' links (network.allreduce_time); update_s,k = optimizer seconds per
-parameter (profile) * the stage's parameters / tp. No recomputation, and no
+parameter (profile) * the stage's parameters / tp. A stage that recomputes
+activations has its blocks' backward and memory changed by recompute.py. No
 overlap of the gradient sync with backward (as in the frameworks we model).
 (Syncing a stage as soon as its own last backward is done, as DeepSpeed does,
 changes the predictions on the measured runs by less than 0.1 %.)
@@ -45,9 +46,10 @@ from planner.profiles.store import ProfileStore
 from planner.simulator.memory import inflight_microbatches, memory_parts, replica_memory
 from planner.simulator.network import Endpoint, Network, ring_edges
 from planner.simulator.placement import place
+from planner.simulator.recompute import recomputed_memory, recomputed_times
 from planner.simulator.runtime_model import RuntimeModel, runtime_model
 from planner.specs.hardware import Cluster
-from planner.specs.model import ModelSpec
+from planner.specs.model import BLOCK, ModelSpec
 from planner.specs.plan import Plan
 
 GRAD_BYTES = 4  # gradients are all-reduced in fp32
@@ -65,6 +67,7 @@ class StageEstimate:
     capacity_bytes: int  # memory of that replica's GPU
     fits: bool
     memory_parts: dict[str, float] = field(default_factory=dict)  # the worst replica's terms (memory.py)
+    recompute: bool = False  # the stage recomputes its blocks' activations in backward
 
 
 @dataclass(frozen=True)
@@ -100,11 +103,31 @@ class Simulator:
         self.precision = precision
         self.network = Network(cluster, profiles.network)
         self._profile_cache: dict = {}
+        self._recomputed: dict = {}
+        self.blocks = tuple(model.kind(layer) == BLOCK for layer in range(model.num_layers))
 
     def profile(self, gpu: str):
         if gpu not in self._profile_cache:
             self._profile_cache[gpu] = self.profiles.get(self.model, self.cluster.gpu(gpu), self.precision)
         return self._profile_cache[gpu]
+
+    def layer_times(self, gpu: str, mbs: int, tp: int, recompute: bool = False):
+        times = self.profile(gpu).layer_times(mbs, tp)
+        if not recompute:
+            return times
+        key = ("times", gpu, mbs, tp)
+        if key not in self._recomputed:
+            self._recomputed[key] = recomputed_times(times, self.blocks)
+        return self._recomputed[key]
+
+    def layer_memory(self, gpu: str, tp: int, recompute: bool = False):
+        mem = self.profile(gpu).layer_memory(tp)
+        if not recompute:
+            return mem
+        key = ("memory", gpu, tp)
+        if key not in self._recomputed:
+            self._recomputed[key] = recomputed_memory(mem, self.blocks)
+        return self._recomputed[key]
 
     # -- the three models --------------------------------------------------
     def simulate(self, plan: Plan, runtime: RuntimeModel | None = None) -> Estimate:
@@ -143,7 +166,7 @@ class Simulator:
             for r in st.replicas:
                 used[f"{r.gpu}@{r.zone}"] += r.tp
             stages.append(StageEstimate(s, (st.first, st.last), dict(used), [r.tp for r in st.replicas],
-                                        max(compute[s]), sync, mem, cap, ok, parts))
+                                        max(compute[s]), sync, mem, cap, ok, parts, st.recompute))
         finish = pipeline_time + sync_max + update_max
         gpus_used = Counter()
         usd_per_s = 0.0
@@ -168,7 +191,7 @@ class Simulator:
         P = plan.pp
         F, B, c, wire = [], [], [], []
         for s, st in enumerate(plan.stages):
-            f, bw = self.profile(reps[s].gpu).layer_times(b, reps[s].tp).stage(st.first, st.last)
+            f, bw = self.layer_times(reps[s].gpu, b, reps[s].tp, st.recompute).stage(st.first, st.last)
             F.append(f)
             B.append(bw)
         for s in range(P - 1):
@@ -215,7 +238,7 @@ class Simulator:
         b = plan.pipelines[k].microbatch_size
         F, B, c = [], [], []
         for s, st in enumerate(plan.stages):
-            f, bw = self.profile(reps[s].gpu).layer_times(b, reps[s].tp).stage(st.first, st.last)
+            f, bw = self.layer_times(reps[s].gpu, b, reps[s].tp, st.recompute).stage(st.first, st.last)
             F.append(f)
             B.append(bw)
             if s + 1 < plan.pp:
@@ -239,7 +262,7 @@ class Simulator:
             seen.add((r.gpu, r.tp, pipe.microbatch_size, inflight))
             gpu = self.cluster.gpu(r.gpu)
             extra = self.profile(r.gpu).layer_memory(r.tp).params[0] if tied_copy else 0
-            args = (self.profile(r.gpu).layer_memory(r.tp), st.first, st.last)
+            args = (self.layer_memory(r.gpu, r.tp, st.recompute), st.first, st.last)
             kw = dict(mbs=pipe.microbatch_size, inflight=inflight, state_bytes_per_param=rt.state_bytes(self.precision),
                       allocator_factor=rt.allocator_factor, overhead_bytes=gpu.runtime_overhead_bytes,
                       extra_params=extra)

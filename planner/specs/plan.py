@@ -10,13 +10,15 @@ Every stage has the same number of replicas D (= the number of pipelines), and
 replica k of stage s feeds replica k of stage s+1, as in Sailor's plans. The
 global batch is sum_k microbatch_size_k * num_microbatches_k, so faster
 pipelines can take more samples. Gradients of stage s are synchronized across
-its D replicas.
+its D replicas. A stage may recompute its transformer blocks' activations in
+backward (`recompute`): it then keeps only each block's input per microbatch
+in flight, at the price of a second forward pass.
 
 File format (JSON); `count` repeats an entry:
 
     {"format": "sailor-plan", "version": 1, "model": "opt-350m",
      "global_batch_size": 1024, "runtime": "sailor",
-     "stages": [{"layers": [0, 12],
+     "stages": [{"layers": [0, 12], "recompute": false,
                  "replicas": [{"gpu": "A100-40", "tp": 2, "zone": "us-central1-a", "count": 32}]},
                 ...],
      "pipelines": [{"microbatch_size": 2, "num_microbatches": 16, "count": 32}]}
@@ -49,6 +51,7 @@ class Stage:
     first: int  # first layer, inclusive
     last: int  # last layer, inclusive
     replicas: tuple[Replica, ...]
+    recompute: bool = False  # recompute the blocks' activations in backward (keep only their inputs)
 
     @property
     def layers(self) -> range:
@@ -83,6 +86,11 @@ class Plan:
     @property
     def dp(self) -> int:
         return len(self.pipelines)
+
+    @property
+    def recompute(self) -> bool:
+        """True if any stage recomputes activations."""
+        return any(s.recompute for s in self.stages)
 
     @property
     def num_gpus(self) -> int:
@@ -156,7 +164,7 @@ def plan_to_dict(plan: Plan) -> dict:
         "global_batch_size": plan.global_batch_size,
         "runtime": plan.runtime,
         "stages": [
-            {"layers": [s.first, s.last],
+            {"layers": [s.first, s.last], **({"recompute": True} if s.recompute else {}),
              "replicas": runs(s.replicas, lambda r: {"gpu": r.gpu, "tp": r.tp, "zone": r.zone})}
             for s in plan.stages
         ],
@@ -177,7 +185,10 @@ def plan_from_dict(d: dict, source: str = "plan") -> Plan:
             for r in s["replicas"]:
                 replicas += [Replica(str(r["gpu"]), int(r["tp"]), str(r.get("zone", "us-central1-a")))] * int(
                     r.get("count", 1))
-            stages.append(Stage(first, last, tuple(replicas)))
+            recompute = s.get("recompute", False)
+            if not isinstance(recompute, bool):
+                raise ValueError(f"stage recompute must be true or false, not {recompute!r}")
+            stages.append(Stage(first, last, tuple(replicas), recompute))
         pipelines = []
         for p in d["pipelines"]:
             pipelines += [Pipeline(int(p["microbatch_size"]), int(p["num_microbatches"]))] * int(p.get("count", 1))
@@ -246,6 +257,9 @@ def plan_to_sailor(plan: Plan) -> dict:
     if len(shares) != 1:
         raise SailorError("this plan gives replicas different microbatch sizes or counts, which Sailor's format "
                           "cannot express; save it in sailor's own format instead")
+    if plan.recompute:
+        raise SailorError("this plan recomputes activations, which Sailor's format cannot express; save it in "
+                          "sailor's own format instead")
     from planner.specs.hardware import SAILOR_GPU_NAMES
 
     mbs = plan.pipelines[0].microbatch_size

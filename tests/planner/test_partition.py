@@ -44,3 +44,27 @@ def test_split_table_is_the_exact_pareto_frontier(data, L, m, comm, capacity):
         got = [(round(s, 9), p) for s, p, _ in table.frontier(P)]
         want = [(round(s, 9), p) for s, p, _ in brute_frontier(costs, comm, m, P)]
         assert got == want, (P, got, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), L=layers, mbs=st.sampled_from([1, 2, 8]), tied=st.integers(0, 50))
+def test_stage_memory_is_the_simulators_to_the_bit(data, L, mbs, tied):
+    """The planner admits a stage by StageCosts.memory and the simulator checks the plan with
+    replica_memory: they must agree exactly, or a plan at the edge of memory flips."""
+    from planner.simulator.memory import replica_memory
+    from planner.simulator.recompute import recomputed_memory
+
+    params = data.draw(st.lists(st.integers(1, 10**9), min_size=L, max_size=L))
+    acts = data.draw(st.lists(st.floats(1, 1e9), min_size=L, max_size=L))
+    outs = data.draw(st.lists(st.floats(1, 1e8), min_size=L, max_size=L))
+    plain = LayerMemory(tuple(params), tuple(acts), tuple(outs))
+    for mem in (plain, recomputed_memory(plain, tuple(0 < i < L - 1 for i in range(L)))):
+        costs = StageCosts(LayerTimes((0.1,) * L, (0.2,) * L), mem, mem, mbs=mbs, state_bytes=24.0, allocator=1.1,
+                           overhead=1.5 * 2**30, capacity=0, tied_params=tied)
+        for first in range(L):
+            for last in range(first, L):
+                for inflight in (1, 3):
+                    extra = tied if (last == L - 1 and first > 0) else 0
+                    assert costs.memory(first, last, inflight) == replica_memory(
+                        mem, first, last, mbs=mbs, inflight=inflight, state_bytes_per_param=24.0,
+                        allocator_factor=1.1, overhead_bytes=1.5 * 2**30, extra_params=extra)

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 
-from planner.profiles.network_fits import BandwidthFit
+from planner.profiles.network_fits import BandwidthFit, BottleneckFit, NetworkFits
 from planner.specs.model import get_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +27,30 @@ def test_network_fit_is_clamped_to_its_measured_range():
     assert fit.bytes_per_s(1e15) == fit.bytes_per_s(1024e6)  # beyond 1 GB: the 1 GB value
     assert fit.bytes_per_s(1.0) == fit.bytes_per_s(0.064e6)  # below 64 KB: the 64 KB value
     assert fit.bytes_per_s(100e6) <= 5e9
+
+
+def test_unmeasured_mixed_link_runs_at_its_slower_end():
+    fast, slow = BandwidthFit(0, 0, 3.0, 1e12, latency_s=1e-5), BandwidthFit(0, 0, 0.1, 1e12, latency_s=2e-5)
+    fits = NetworkFits(inter={("z", "A", 1, "z", "A", 1): fast, ("z", "B", 1, "z", "B", 1): slow})
+    mixed = fits.inter_fit("z", "A", 1, "z", "B", 1)
+    assert isinstance(mixed, BottleneckFit)
+    assert mixed.bytes_per_s(16e6) == 0.1e9 and mixed.latency_s == 2e-5
+    assert fits.inter_fit("z", "A", 1, "z", "C", 1) is None  # C never measured: no guess from the fits
+    measured = BandwidthFit(0, 0, 1.0, 1e12)
+    fits.inter[("z", "A", 1, "z", "B", 1)] = measured  # a real measurement of the pair wins
+    assert fits.inter_fit("z", "A", 1, "z", "B", 1) is measured
+
+
+def test_published_mixed_type_entries_are_not_read(sailor_store):
+    """Sailor's mixed-type entries are copies (its README): RTX-2080 <-> Titan-RTX nodes at 8 GPUs
+    is stored as the 0.11 GB/s RTX-3090 link although both types measure ~2.8 GB/s among themselves."""
+    net = sailor_store.network
+    assert not [k for k in net.inter if k[1] != k[4]]
+    z = "us-central1-a"
+    mixed = net.inter_fit(z, "RTX-2080", 8, z, "Titan-RTX", 8).bytes_per_s(16.8e6)
+    own = [net.inter_fit(z, g, 8, z, g, 8).bytes_per_s(16.8e6) for g in ("RTX-2080", "Titan-RTX")]
+    assert mixed == min(own) > 2e9
+    assert net.inter_fit(z, "RTX-3090", 2, z, "Titan-RTX", 2).bytes_per_s(16.8e6) < 0.2e9
 
 
 def test_simulate_every_validation_plan_as_json(sailor_data):

@@ -84,7 +84,16 @@ def _fits_pools(plan: Plan, c: Cluster) -> bool:
     return all(per_zone[z] <= q for z, q in c.quotas.items())
 
 
-def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6):
+def _simulate(sim: Simulator, plan: Plan, recompute: bool):
+    """The plan's estimate; where it does not fit and `recompute`, that of the plan with every stage
+    recomputing (which is only ever slower when the plan fits as it is)."""
+    est = sim.simulate(plan)
+    if not est.fits_in_memory and recompute:
+        est = sim.simulate(replace(plan, stages=tuple(replace(s, recompute=True) for s in plan.stages)))
+    return est
+
+
+def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recompute: bool = True):
     """Best score over every plan of the space (see planner.search.planner), by simulation."""
     c, L = sim.cluster, MODEL.num_layers
     pools = sorted({(p.gpu, p.zone) for p in c.available})
@@ -97,7 +106,7 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6):
         plan = Plan(MODEL.name, gbs, stages, tuple(Pipeline(mbs, q + 1 if k < r else q) for k in range(D)))
         if not _fits_pools(plan, c):
             return
-        est = sim.simulate(plan)
+        est = _simulate(sim, plan, recompute)
         if not est.fits_in_memory:
             return
         from planner.search.goal import Outcome
@@ -186,7 +195,7 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6):
                                     for cut in _splits(L, P):
                                         plan = Plan(MODEL.name, gbs, _stages(L, cut, [reps] * P),
                                                     tuple(Pipeline(mbs, m) for m in micro))
-                                        est = sim.simulate(plan)
+                                        est = _simulate(sim, plan, recompute)
                                         if est.fits_in_memory and _fits_pools(plan, c):
                                             from planner.search.goal import Outcome
 
@@ -244,6 +253,24 @@ def test_planner_matches_brute_force(pools, quotas, gbs, nic, goal):
     plan, est = result.plans[0]
     found = est.iteration_time_s if goal.objective == "throughput" else est.cost_per_iteration_usd
     assert found == pytest.approx(exhaustive, rel=1e-9)
+
+
+def test_recompute_when_memory_is_tight_matches_brute_force():
+    """On a 0.12 GiB GPU the cheapest plan recomputes activations; `recompute="never"` finds the
+    best plan without it, and both match brute force over their spaces."""
+    tight = replace(SMALL_A, memory_bytes=int(0.12 * GIB))
+    c = replace(Cluster(gpus={"small-a": tight, "small-b": SMALL_B}), available=(Pool("small-a", "z1", 8),))
+    sim, goal = simulator(c), Goal("cost")
+    auto = Planner(sim, 16, goal, max_stages=6).run(top=1).plans[0]
+    never = Planner(sim, 16, goal, max_stages=6, recompute="never").run(top=1).plans[0]
+    assert auto[0].recompute and all(s.recompute for s in auto[0].stages) and not never[0].recompute
+    assert auto[1].cost_per_iteration_usd == pytest.approx(brute_force(sim, 16, goal), rel=1e-9)
+    assert never[1].cost_per_iteration_usd == pytest.approx(brute_force(sim, 16, goal, recompute=False), rel=1e-9)
+    assert auto[1].cost_per_iteration_usd < never[1].cost_per_iteration_usd
+    always = Planner(sim, 16, goal, max_stages=6, recompute="always").run(top=1).plans[0]
+    assert always[0].recompute and always[1].cost_per_iteration_usd >= auto[1].cost_per_iteration_usd
+    with pytest.raises(SailorError, match="unknown recompute mode"):
+        Planner(sim, 16, goal, recompute="sometimes")
 
 
 def test_min_throughput_floor_matches_brute_force():

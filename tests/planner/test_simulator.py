@@ -56,6 +56,24 @@ def test_memory_by_hand():
     assert est.peak_memory_bytes == pytest.approx(stage0) and est.fits_in_memory
 
 
+def test_recompute_by_hand():
+    """Stage 0 (embedding + blocks 1, 2) recomputes its two blocks: their backward also runs
+    their forward, and each keeps only its input (the previous layer's output) per sample."""
+    from dataclasses import replace
+
+    plan = two_stage_plan()
+    plan = replace(plan, stages=(replace(plan.stages[0], recompute=True), plan.stages[1]))
+    est, base = sim().simulate(plan), sim().simulate(two_stage_plan())
+    c = LATENCY_S["intra"] + 2 * OUT / (CATALOG["A100-40"].intra_node_gbps * 1e9)
+    F, B0, B1 = 3e-3, 6e-3 + 2 * 1e-3, 6e-3
+    t_pp = (F + B0) + (F + B1) + 2 * c + (4 - 1) * (F + B0 + 2 * c)
+    assert est.pipeline_time_s == pytest.approx(t_pp, rel=1e-12)
+    overhead = CATALOG["A100-40"].runtime_overhead_bytes
+    kept = ACT + 2 * OUT  # the embedding keeps its activations; blocks 1, 2 keep their inputs
+    stage0 = overhead + 16.0 * 3 * PARAMS + 1.10 * 2 * (2 * kept + ACT)  # workspace: a block's full ACT
+    assert est.memory_per_stage_bytes == pytest.approx([stage0, base.memory_per_stage_bytes[1]])
+
+
 def test_cross_region_pipeline_pays_wan_and_egress():
     est = sim().simulate(two_stage_plan(zone1="us-west1-b", m=4))
     c = LATENCY_S["continent"] + 2 * OUT / (WAN_GBPS["continent"] * 1e9)

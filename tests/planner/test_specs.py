@@ -103,6 +103,19 @@ def test_plan_round_trips():
     assert back.stages == uniform.stages and back.pipelines == uniform.pipelines
 
 
+def test_recompute_round_trips_and_is_checked():
+    p = _plan()
+    p = Plan(p.model, 16, (Stage(0, 2, p.stages[0].replicas, recompute=True), p.stages[1]), (Pipeline(2, 4),) * 2)
+    d = plan_to_dict(p)
+    assert d["stages"][0]["recompute"] is True and "recompute" not in d["stages"][1]
+    assert plan_from_dict(json.loads(json.dumps(d))) == p and p.recompute
+    with pytest.raises(SailorError, match="recomputes activations"):
+        plan_to_sailor(p)
+    d["stages"][1]["recompute"] = "yes"
+    with pytest.raises(SailorError, match="recompute must be true or false"):
+        plan_from_dict(d)
+
+
 def test_sailor_plan_with_uneven_split():
     d = {"pipeline_list": [{"num_stages": 1, "layers_per_stage": [list(range(6))],
                             "tmp_per_stage": [[[[["GH-96", 4, "z"]], 4]] * 3], "dp": [3]}], "mbs": 2, "gbs": 16}

@@ -19,13 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 CPU = {"gpu": "CPU", "zone": "local"}
 
 
-def plan_dict(stages, pipelines, model="tiny", gbs=None) -> dict:
-    """stages: [((first, last), [tp, ...])]; pipelines: [(mbs, n)]."""
+def plan_dict(stages, pipelines, model="tiny", gbs=None, recompute=()) -> dict:
+    """stages: [((first, last), [tp, ...])]; pipelines: [(mbs, n)]; recompute: indices of stages that do."""
     return {
         "format": "sailor-plan", "version": 1, "model": model,
         "global_batch_size": gbs if gbs is not None else sum(m * n for m, n in pipelines),
-        "stages": [{"layers": list(layers), "replicas": [{"tp": tp, **CPU} for tp in tps]}
-                   for layers, tps in stages],
+        "stages": [{"layers": list(layers), "replicas": [{"tp": tp, **CPU} for tp in tps],
+                    **({"recompute": True} if s in recompute else {})}
+                   for s, (layers, tps) in enumerate(stages)],
         "pipelines": [{"microbatch_size": m, "num_microbatches": n} for m, n in pipelines],
     }
 

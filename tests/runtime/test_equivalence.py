@@ -47,6 +47,8 @@ PLANS = {
     "tp_per_replica": plan_dict([((0, 5), [4, 2])], [(3, 2), (2, 3)]),
     # everything: 2 stages x 2 replicas, TP 2/1 and 1/2, microbatch sizes 2 and 1
     "combined": plan_dict([((0, 2), [2, 1]), ((3, 5), [1, 2])], [(2, 4), (1, 4)]),
+    # the combined plan with activation recomputation on its first stage only
+    "recompute": plan_dict([((0, 2), [2, 1]), ((3, 5), [1, 2])], [(2, 4), (1, 4)], recompute=(0,)),
 }
 REFERENCE = plan_dict([((0, 5), [1])], [(12, 1)])
 

@@ -178,6 +178,39 @@ def test_stage_model_is_the_plain_gpt(world_of_one):
                                    msg=lambda m: f"{name}: {m}")
 
 
+def test_recompute_reruns_blocks_and_keeps_less(world_of_one):
+    """With recompute every block runs its forward twice per step and the forward keeps fewer
+    tensors for backward; the gradients are the same."""
+    from sailor_ext import compat
+    from sailor_ext.model import StageModel, StageSpec, init_from_seed
+    from sailor_ext.topology import Topology
+
+    model = get_model("tiny", seq_len=16)
+    topo = Topology(rank_layout(uniform_plan(model, 1, 1, 1, 4, 4)), 0, torch.device("cpu"))
+    compat.install(torch.device("cpu"), 1, 0)
+    tokens = torch.randint(0, model.vocab, (4, 16))
+    results = {}
+    for recompute in (False, True):
+        spec = StageSpec(model, 0, model.num_layers - 1, 1, 0, model.padded_vocab(1), recompute=recompute)
+        stage = StageModel(spec, topo.tp_group, torch.device("cpu"))
+        init_from_seed(stage, seed=3)
+        calls, saved = [0], [0]
+        stage.layers["1"].register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+
+        def pack(t):
+            saved[0] += t.numel()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = stage(tokens).float().pow(2).mean()
+        loss.backward()
+        results[recompute] = (calls[0], saved[0], {n: p.grad.clone() for n, p in stage.named_parameters()})
+    assert results[False][0] == 1 and results[True][0] == 2
+    assert results[True][1] < results[False][1] / 2
+    for name, grad in results[False][2].items():
+        torch.testing.assert_close(results[True][2][name], grad, rtol=1e-5, atol=1e-7)
+
+
 def test_init_is_plan_independent(world_of_one):
     """A TP rank's initial shard is its slice of the single-GPU tensor."""
     from sailor_ext.model import init_tensor
