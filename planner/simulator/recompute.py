@@ -10,7 +10,7 @@ The embedding and the head run as usual. Per block l, for one microbatch:
                                     for the one block in backward at a time    [B/sample]
 
 so a stage's activations in flight shrink from sum_l kept_l to sum_l out_{l-1}
-per microbatch (an OPT-350 block keeps 23-43x its input, by TP degree) for one more
+per microbatch (an OPT-350 block keeps 8-43x its input, at TP 8..1) for one more
 forward of compute. Both are pure functions of the measured per-layer numbers.
 """
 from __future__ import annotations
