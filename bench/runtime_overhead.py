@@ -66,8 +66,8 @@ def _spawn(world: int, argv: list[str], cwd: Path, log_prefix: str) -> list[int]
 
 def _plan(stages, pipelines) -> dict:
     return {"format": "sailor-plan", "version": 1, "model": "bench", "global_batch_size": sum(m * n for m, n in pipelines),
-            "stages": [{"layers": list(l), "replicas": [{"gpu": "CPU", "tp": t, "zone": "local"} for t in tps]}
-                       for l, tps in stages],
+            "stages": [{"layers": list(layers), "replicas": [{"gpu": "CPU", "tp": t, "zone": "local"} for t in tps]}
+                       for layers, tps in stages],
             "pipelines": [{"microbatch_size": m, "num_microbatches": n} for m, n in pipelines]}
 
 

@@ -171,6 +171,12 @@ def megatron_lm(plan, model, port: int = 29500) -> str:
     ]
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
+    recomputing = {s.recompute for s in plan.stages}
+    if len(recomputing) != 1:
+        raise SailorError("Megatron-LM recomputes on every stage or none; this plan recomputes on some stages only "
+                          "(use sailor's runtime)")
+    if recomputing.pop():  # every block, one block per checkpoint: what sailor's runtime does
+        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     world = tp * pp * dp
     return (f"# {model.name}: TP {tp} x PP {pp} x DP {dp} = {world} GPUs; Megatron splits the {blocks} blocks "
             f"evenly (sailor's split may differ)\n"

@@ -90,6 +90,14 @@ def test_megatron_lm_args_for_homogeneous_plans_only(tmp_path):
     out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(f), "--target", "megatron-lm"],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and "no Megatron-LM equivalent" in out.stderr
+    assert "--recompute" not in text
+    recomputing = {**HOMO, "stages": [{**st, "recompute": True} for st in HOMO["stages"]]}
+    assert "--recompute-granularity full" in launch(tmp_path, recomputing, "--target", "megatron-lm")
+    partly = {**HOMO, "stages": [{**HOMO["stages"][0], "recompute": True}, *HOMO["stages"][1:]]}
+    f.write_text(json.dumps(partly))
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(f), "--target", "megatron-lm"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "some stages only" in out.stderr
 
 
 @pytest.mark.skipif(shutil.which("hadolint") is None and not (Path(sys.executable).parent / "hadolint").exists(),

@@ -224,7 +224,7 @@ def _zone_fill(c, gpu, tp, P, L, cut, mbs, gbs, pools) -> list[str]:
 
 def _stages(L, cut, replicas_per_stage):
     firsts, lasts = (0, *cut), (*(x - 1 for x in cut), L - 1)
-    return tuple(Stage(f, l, tuple(r)) for f, l, r in zip(firsts, lasts, replicas_per_stage))
+    return tuple(Stage(f, last, tuple(r)) for f, last, r in zip(firsts, lasts, replicas_per_stage))
 
 
 CASES = [

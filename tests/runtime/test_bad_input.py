@@ -13,7 +13,7 @@ TINY_TWO_STAGES = plan_dict([((0, 2), [1]), ((3, 5), [1])], [(2, 2)])
 
 
 def assert_one_clear_line(log: str, *fragments: str) -> None:
-    lines = [l for l in log.splitlines() if l.startswith("sailor: error:")]
+    lines = [line for line in log.splitlines() if line.startswith("sailor: error:")]
     assert len(lines) == 1, log[-2000:]
     for fragment in fragments:
         assert fragment in lines[0], lines[0]

@@ -19,7 +19,7 @@ def test_example_trains_through_torchrun(tmp_path):
     out = subprocess.run(["bash", str(ROOT / "examples" / "train_opt.sh")], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    metrics = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(m["samples_per_replica"] == [8, 4] and m["tokens"] == 12 * 64 for m in metrics)
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "iter_0000003"

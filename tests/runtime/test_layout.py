@@ -90,10 +90,10 @@ def test_launch_cli_prints_torchrun_per_node(tmp_path):
     out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(tmp_path / "plan.json"), "--master-addr",
                           "head", "--", "--train-iters", "10"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    lines = [l for l in out.stdout.splitlines() if l.startswith("torchrun")]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("torchrun")]
     assert len(lines) == len(rank_layout(geo_plan()).nodes)
-    assert all("--master-addr=head" in l and "-m sailor_ext.train --plan" in l and l.endswith("--train-iters 10")
-               for l in lines)
+    assert all("--master-addr=head" in line and "-m sailor_ext.train --plan" in line
+               and line.endswith("--train-iters 10") for line in lines)
 
 
 def test_launch_cli_bad_plan_is_one_line(tmp_path):
