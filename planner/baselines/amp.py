@@ -25,7 +25,7 @@ import math
 
 from planner.baselines.common import (
     INF, BaselineResult, MemoryView, Toolkit, check_inputs, devices, fits_available, make_plan, minmax_split,
-    pipeline_estimate, rank_order, stage_ranges, timed,
+    pipeline_estimate, stage_ranges, timed, uniform_layouts,
 )
 from planner.errors import SailorError
 from planner.simulator.simulate import Simulator
@@ -45,23 +45,15 @@ def plan(sim: Simulator, global_batch: int, runtime: str = "sailor") -> Baseline
     types = sorted({g for g, _ in devs})
     common = set.intersection(*(set(kit.configs(g)) for g in types))
     best, looked = None, 0
-    for mbs, tp in sorted(common):
-        for P in range(1, min(MAX_STAGES, L) + 1):
-            if N % (tp * P):
-                continue
-            D = N // (tp * P)
-            if global_batch % (D * mbs):
-                continue
-            replicas = rank_order(devs, D, [tp] * P)
-            if replicas is None:
-                continue
-            looked += 1
-            m = global_batch // (D * mbs)
-            estimate, bounds = _estimate(kit, replicas, mbs, m)
-            if estimate < INF and (best is None or estimate < best[0]):
-                candidate = make_plan(sim, global_batch, bounds, replicas, mbs, [m] * D, runtime)
-                if fits_available(candidate, sim.cluster):
-                    best = (estimate, candidate)
+    for mbs, tp, P, D, replicas in uniform_layouts(devs, sorted(common), range(1, min(MAX_STAGES, L) + 1),
+                                                   global_batch):
+        looked += 1
+        m = global_batch // (D * mbs)
+        estimate, bounds = _estimate(kit, replicas, mbs, m)
+        if estimate < INF and (best is None or estimate < best[0]):
+            candidate = make_plan(sim, global_batch, bounds, replicas, mbs, [m] * D, runtime)
+            if fits_available(candidate, sim.cluster):
+                best = (estimate, candidate)
     if best is None:
         raise SailorError(f"{NAME}: no uniform TP x PP x DP configuration splits the {N} GPUs given and the "
                           f"global batch {global_batch} evenly")

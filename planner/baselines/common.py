@@ -316,6 +316,22 @@ def minmax_split(num_layers: int, stages: int, cost) -> tuple[float, tuple[int, 
 
 
 # -- mapping GPUs to replicas -------------------------------------------------
+def uniform_layouts(devs: list[Device], configs, stage_counts, global_batch: int):
+    """(mbs, tp, P, D, replicas) of every uniform TP x PP x DP layout of all `devs` (N = tp * P * D)
+    whose D pipelines split the batch evenly, ranks in Megatron's order (see rank_order)."""
+    N = len(devs)
+    for mbs, tp in configs:
+        for P in stage_counts:
+            if N % (tp * P):
+                continue
+            D = N // (tp * P)
+            if global_batch % (D * mbs):
+                continue
+            replicas = rank_order(devs, D, [tp] * P)
+            if replicas is not None:
+                yield mbs, tp, P, D, replicas
+
+
 def rank_order(devs: list[Device], replicas: int, tps: list[int]) -> list[list[Replica]] | None:
     """Megatron's rank order: stage s takes the next D * tp_s GPUs, replica k the k-th tp_s of them.
 

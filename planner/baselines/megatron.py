@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 
 from planner.baselines.common import (
-    BaselineResult, MemoryView, Toolkit, block_bounds, by_type, check_inputs, devices, fits_available, make_plan, rank_order,
-    timed,
+    BaselineResult, MemoryView, Toolkit, block_bounds, by_type, check_inputs, devices, fits_available, make_plan, timed,
+    uniform_layouts,
 )
 from planner.errors import SailorError
 from planner.simulator.simulate import Simulator
@@ -41,27 +41,17 @@ def plan(sim: Simulator, global_batch: int, runtime: str = "sailor") -> Baseline
     kit = Toolkit(sim, runtime)
     model = sim.model
     best, tried = None, 0
+    even = [P for P in range(1, model.num_blocks + 1) if block_bounds(model.num_blocks, P, strict=True)]
     for gpu, devs in by_type(devices(sim.cluster)).items():
-        N = len(devs)
-        for mbs, tp in kit.configs(gpu):
-            for P in range(1, model.num_blocks + 1):
-                bounds = block_bounds(model.num_blocks, P, strict=True)
-                if bounds is None or N % (tp * P):
-                    continue
-                D = N // (tp * P)
-                if global_batch % (D * mbs):
-                    continue
-                replicas = rank_order(devs, D, [tp] * P)
-                if replicas is None:
-                    continue
-                candidate = make_plan(sim, global_batch, bounds, replicas, mbs,
-                                      [global_batch // (D * mbs)] * D, runtime)
-                if not fits_available(candidate, sim.cluster):
-                    continue
-                tried += 1
-                est = sim.simulate(candidate, kit.rt)  # the trial run
-                if est.fits_in_memory and (best is None or est.iteration_time_s < best[0]):
-                    best = (est.iteration_time_s, candidate)
+        for mbs, tp, P, D, replicas in uniform_layouts(devs, kit.configs(gpu), even, global_batch):
+            candidate = make_plan(sim, global_batch, block_bounds(model.num_blocks, P, strict=True), replicas,
+                                  mbs, [global_batch // (D * mbs)] * D, runtime)
+            if not fits_available(candidate, sim.cluster):
+                continue
+            tried += 1
+            est = sim.simulate(candidate, kit.rt)  # the trial run
+            if est.fits_in_memory and (best is None or est.iteration_time_s < best[0]):
+                best = (est.iteration_time_s, candidate)
     if best is None:
         raise SailorError(f"{NAME}: no uniform TP x PP x DP configuration of one GPU type uses all its GPUs and "
                           "fits in memory; give a GPU count that TP x PP x DP can split")
