@@ -156,15 +156,15 @@ class Planner(SinglePool, TwoPools, TwoTypes):
         return floors[f]
 
     def _least_needed_stage(self, shape: Shape, inflight: int) -> float:
-        key = ("needed", id(shape.costs), inflight)
-        if key not in self._front_cache:
+        key = ("needed", inflight)
+        if key not in shape.tables:
             plain, recomputed, least = shape.plain.last_fit(inflight), shape.costs.last_fit(inflight), math.inf
             for j in range(self.L):
                 i = plain[j] + 1  # the shortest stage from layer j that needs recomputing...
                 if i <= recomputed[j]:  # ...and fits with it; longer ones take longer
                     least = min(least, shape.costs.compute(j, i))
-            self._front_cache[key] = least
-        return self._front_cache[key]
+            shape.tables[key] = least
+        return shape.tables[key]
 
     def _stage_costs(self, gpu: str, mbs: int, tp: int, recompute: bool) -> StageCosts:
         sim, spec = self.sim, self.sim.cluster.gpu(gpu)
