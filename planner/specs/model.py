@@ -6,6 +6,11 @@ the loss. Sailor's published profiles number layers the same way (OPT-350 is
 26 layers: embedding, 24 blocks, head), so a plan's layer ranges mean the same
 thing in both worlds.
 
+`ModelSpec` holds the whole architecture: the shape arithmetic below (for the
+planner) and the module choices of the runtime (sailor_ext/model.py) read the
+same fields. Which fields a Hugging Face `model_type` sets, and how its
+weights are named, lives with its family in planner/specs/families/.
+
 For every layer we know, as pure functions of the tensor-parallel degree `tp`:
   * parameters held by one GPU of the TP group,
   * activation floats kept for backward, per token of one sample,
@@ -16,61 +21,126 @@ Megatron layout: QKV/fc1 are column-parallel, proj/fc2 row-parallel (their
 biases and the norms are replicated), the vocabulary is padded to a multiple of
 128*tp and split across the TP group, learned position embeddings are
 replicated. Counted this way, parameters match Sailor's llm_info.json exactly
-for OPT-350, OPT-30 and GPT-Neo-2.7 at every TP degree.
+for OPT-350, OPT-30 and GPT-Neo-2.7 at every TP degree; counted without the
+padding (`padded=False`) they match transformers' models of the same config.
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from planner.errors import SailorError
 
 EMBEDDING, BLOCK, FINAL_NORM, HEAD = "embedding", "block", "final_norm", "head"
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+DEFAULT_SEQ_LEN = 2048  # sequence length of a config.json model when none is given (capped by its context)
+MAX_BLOCKS = 4096  # far beyond any real model; keeps a malformed config from building a huge description
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape of a decoder-only transformer (validated on construction)."""
+    """Architecture of a decoder-only transformer (validated on construction).
+
+    The defaults describe a Megatron-style GPT (pre-LN, GELU, biases, learned
+    positions, untied head): Sailor's presets are that. Models read from a
+    Hugging Face config set the fields their family needs.
+    """
 
     name: str
-    family: str  # opt | gpt2 | gpt-neo | llama
+    family: str  # opt | gpt2 | gpt-neo | llama (planner/specs/families)
     hidden: int
     num_blocks: int
     heads: int
     ffn_hidden: int
     vocab: int
-    seq_len: int
+    seq_len: int  # training sequence length (tokens per sample)
     kv_heads: int = 0  # 0 means multi-head attention (kv_heads == heads)
     tied_embeddings: bool = False
-    gated_mlp: bool = False  # SwiGLU MLP (LLaMA) instead of GELU
+    gated_mlp: bool = False  # SwiGLU MLP (LLaMA): fc1 holds [gate; up]
     rms_norm: bool = False  # RMSNorm has no bias
-    learned_positions: bool = True
-    bias: bool = True
+    learned_positions: bool = True  # False: rotary position embeddings on q and k
+    qkv_bias: bool = True
+    out_bias: bool = True  # the attention's output projection
+    mlp_bias: bool = True
     separate_final_norm: bool = False  # LLaMA: the final norm is its own layer
     vocab_divisor: int = 128  # Megatron's --make-vocab-size-divisible-by
+    # -- exact architecture of models read from Hugging Face configs ----------
+    max_positions: int = 0  # context length (0: seq_len)
+    position_offset: int = 0  # OPT's learned positions start at row 2
+    embed_dim: int = 0  # width of the word embedding when projected to/from `hidden` (OPT-350m: 512); 0: hidden
+    head_dim_override: int = 0  # 0: hidden // heads
+    post_norm: bool = False  # norm after each residual add (OPT-350m) instead of before each sublayer
+    final_norm: bool = True  # a norm before the head (OPT-350m has none)
+    activation: str = "gelu"  # gelu | gelu_tanh | relu | silu
+    norm_eps: float = 1e-5
+    attention_scale: float = 0.0  # 0: 1/sqrt(head_dim); GPT-Neo uses 1
+    windows: tuple[int, ...] = ()  # per block: 0 = full causal attention, w = the last w tokens only
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, float | str], ...] = ()  # e.g. (("type", "llama3"), ("factor", 8.0), ...)
+    hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
         for field in ("hidden", "num_blocks", "heads", "ffn_hidden", "vocab", "seq_len"):
-            if getattr(self, field) <= 0:
-                raise SailorError(f"model {self.name!r}: {field} must be positive")
-        if self.hidden % self.heads:
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise SailorError(f"model {self.name!r}: {field} must be a positive integer, not {value!r}")
+        if self.num_blocks > MAX_BLOCKS:
+            raise SailorError(f"model {self.name!r}: {self.num_blocks} transformer blocks is beyond {MAX_BLOCKS}; "
+                              "check num_hidden_layers")
+        if not self.head_dim_override and self.hidden % self.heads:
             raise SailorError(
                 f"model {self.name!r}: hidden size {self.hidden} is not divisible by {self.heads} heads"
             )
-        if self.kv_heads and self.heads % self.kv_heads:
+        if self.kv_heads < 0 or (self.kv_heads and self.heads % self.kv_heads):
             raise SailorError(f"model {self.name!r}: {self.heads} heads not divisible by kv_heads {self.kv_heads}")
+        if self.activation not in ACTIVATIONS:
+            raise SailorError(f"model {self.name!r}: activation {self.activation!r} is not supported; use one of "
+                              f"{', '.join(ACTIVATIONS)}")
+        if self.windows and len(self.windows) != self.num_blocks:
+            raise SailorError(f"model {self.name!r}: {len(self.windows)} attention windows for {self.num_blocks} "
+                              "blocks")
+        if self.max_positions and self.seq_len > self.max_positions:
+            raise SailorError(f"--seq-length {self.seq_len} exceeds the context length {self.max_positions} of "
+                              f"{self.name}; use --seq-length {self.max_positions} or less")
 
     # -- shape helpers -------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_dim_override or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of Q (and of the attention's context): heads * head_dim."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
         """Width of K (and of V): kv_heads * head_dim."""
         return (self.kv_heads or self.heads) * self.head_dim
+
+    @property
+    def num_query_groups(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def word_dim(self) -> int:
+        """Width of the word embedding (and of the head's input)."""
+        return self.embed_dim or self.hidden
+
+    @property
+    def projected(self) -> bool:
+        """True when the word embedding is narrower than the blocks (project_in/project_out)."""
+        return self.word_dim != self.hidden
+
+    @property
+    def context_length(self) -> int:
+        return self.max_positions or self.seq_len
+
+    @property
+    def position_rows(self) -> int:
+        """Rows of the learned position table (OPT keeps `position_offset` extra rows)."""
+        return self.context_length + self.position_offset if self.learned_positions else 0
 
     @property
     def num_layers(self) -> int:
@@ -86,17 +156,21 @@ class ModelSpec:
             return FINAL_NORM
         return HEAD
 
+    def window(self, block: int) -> int:
+        """Attention window of block `block` (0-based); 0 means full causal attention."""
+        return self.windows[block] if self.windows else 0
+
     def padded_vocab(self, tp: int) -> int:
         """Megatron pads the vocabulary to a multiple of vocab_divisor * tp."""
         step = self.vocab_divisor * tp
         return math.ceil(self.vocab / step) * step
 
     def tp_degrees(self, max_tp: int) -> list[int]:
-        """TP degrees Megatron can use: powers of two dividing heads (and kv heads)."""
-        kv = self.kv_heads or self.heads
+        """TP degrees Megatron can use: powers of two dividing heads, kv heads and the FFN width."""
+        kv = self.num_query_groups
         out, t = [], 1
         while t <= max_tp:
-            if self.heads % t == 0 and (kv % t == 0 or t % kv == 0) and self.ffn_hidden % t == 0:
+            if self.heads % t == 0 and kv % t == 0 and self.ffn_hidden % t == 0:
                 out.append(t)
             t *= 2
         return out
@@ -105,34 +179,42 @@ class ModelSpec:
     def _block_matmul_weights(self) -> int:
         """Weights of the four matmuls of a block: QKV, proj, fc1 (gate+up), fc2."""
         h = self.hidden
-        mlp_in = (2 if self.gated_mlp else 1) * self.ffn_hidden
-        return h * (h + 2 * self.kv_dim) + h * h + h * mlp_in + self.ffn_hidden * h
+        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + h * self._mlp_in() + self.ffn_hidden * h
+
+    def _mlp_in(self) -> int:
+        return (2 if self.gated_mlp else 1) * self.ffn_hidden
 
     def _norm_params(self) -> int:
         return self.hidden if self.rms_norm else 2 * self.hidden
 
-    def params(self, layer: int, tp: int = 1) -> int:
-        """Parameters one GPU of a TP group holds for `layer`."""
+    def params(self, layer: int, tp: int = 1, padded: bool = True) -> int:
+        """Parameters one GPU of a TP group holds for `layer` (padded=False: the
+        vocabulary as the tokenizer has it, as transformers counts)."""
         h, kind = self.hidden, self.kind(layer)
+        vocab = self.padded_vocab(tp) // tp if padded else self.vocab / tp
+        projection = self.word_dim * h if self.projected else 0
         if kind == EMBEDDING:
-            positions = self.seq_len * h if self.learned_positions else 0
-            return self.padded_vocab(tp) // tp * h + positions
+            return int(vocab * self.word_dim) + projection + self.position_rows * h
         if kind == FINAL_NORM:
             return self._norm_params()
         if kind == HEAD:
-            own_norm = 0 if self.separate_final_norm else self._norm_params()
+            own_norm = self._norm_params() if self.final_norm and not self.separate_final_norm else 0
             if self.tied_embeddings:
-                return own_norm  # the head reuses the embedding matrix
-            return self.padded_vocab(tp) // tp * h + own_norm
+                return own_norm + projection  # the head reuses the embedding matrix
+            return int(vocab * self.word_dim) + own_norm + projection
         # transformer block
         sharded, replicated = self._block_matmul_weights(), 2 * self._norm_params()
-        if self.bias:
-            sharded += (h + 2 * self.kv_dim) + (2 if self.gated_mlp else 1) * self.ffn_hidden  # column-parallel
-            replicated += 2 * h  # row-parallel biases are replicated
+        if self.qkv_bias:
+            sharded += self.q_dim + 2 * self.kv_dim  # column-parallel
+        if self.mlp_bias:
+            sharded += self._mlp_in()
+            replicated += h  # fc2's bias, added after the row-parallel all-reduce
+        if self.out_bias:
+            replicated += h
         return sharded // tp + replicated
 
-    def total_params(self) -> int:
-        return sum(self.params(layer, 1) for layer in range(self.num_layers))
+    def total_params(self, padded: bool = True) -> int:
+        return sum(self.params(layer, 1, padded) for layer in range(self.num_layers))
 
     def activation_floats(self, layer: int, tp: int = 1) -> float:
         """Floats per token that the forward pass keeps for backward (one sample).
@@ -141,17 +223,17 @@ class ModelSpec:
         intermediate)/tp + heads*seq/tp (softmax probabilities; no flash
         attention). This reproduces Sailor's measured llm_info for OPT-350 at
         TP 1, 2, 4 and 8. Head: the logits and their softmax, 2*V/tp, plus the
-        final norm's input.
+        final norm's input. A projection keeps its input too (word_dim).
         """
         h, kind = self.hidden, self.kind(layer)
+        extra = self.word_dim if self.projected else 0
         if kind == EMBEDDING:
-            return float(h)
+            return float(h + extra)
         if kind == FINAL_NORM:
             return float(h)
         if kind == HEAD:
-            return 2.0 * self.padded_vocab(tp) / tp + 1.25 * h
-        mlp = (2 if self.gated_mlp else 1) * self.ffn_hidden
-        sharded = (h + 2 * self.kv_dim) + h + mlp + self.heads * self.seq_len
+            return 2.0 * self.padded_vocab(tp) / tp + 1.25 * h + extra
+        sharded = (self.q_dim + 2 * self.kv_dim) + self.q_dim + self._mlp_in() + self.heads * self.seq_len
         return 3.0 * h + sharded / tp
 
     def output_floats(self, layer: int) -> int:
@@ -160,30 +242,74 @@ class ModelSpec:
 
     def forward_flops(self, layer: int) -> float:
         """Forward FLOPs per token of the whole layer (all TP ranks together)."""
-        h, kind = self.hidden, self.kind(layer)
+        kind = self.kind(layer)
         if kind == BLOCK:
-            return 2.0 * self._block_matmul_weights() + 4.0 * self.seq_len * h  # + QK^T and AV
+            return 2.0 * self._block_matmul_weights() + 4.0 * self.seq_len * self.q_dim  # + QK^T and AV
         if kind == HEAD:
-            return 2.0 * h * self.padded_vocab(1)
+            projection = 2.0 * self.word_dim * self.hidden if self.projected else 0.0
+            return 2.0 * self.word_dim * self.padded_vocab(1) + projection
         return 0.0
+
+    # -- identity ------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """Every field, JSON-ready (plans and checkpoints carry this)."""
+        d = asdict(self)
+        d["windows"] = list(self.windows)
+        d["rope_scaling"] = dict(self.rope_scaling)
+        return d
+
+    def architecture(self) -> "ModelSpec":
+        """The same model without its name: two specs with equal architecture()
+        have the same layers, so measured profiles of one apply to the other."""
+        return replace(self, name="", hf_model_type="")
+
+
+def model_from_dict(d: dict, source: str = "model description") -> ModelSpec:
+    """A ModelSpec from `ModelSpec.to_dict()` output (a plan's or checkpoint's model)."""
+    if not isinstance(d, dict):
+        raise SailorError(f"{source}: expected a JSON object with the model's fields")
+    known = {f.name for f in fields(ModelSpec)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise SailorError(f"{source}: unknown model field {unknown[0]!r}; it was written by another sailor version "
+                          "or edited by hand")
+    d = dict(d)
+    try:
+        if "windows" in d:
+            d["windows"] = tuple(int(w) for w in d["windows"])
+        if "rope_scaling" in d:
+            d["rope_scaling"] = tuple(sorted(dict(d["rope_scaling"]).items()))
+        return ModelSpec(**d)
+    except TypeError as e:
+        raise SailorError(f"{source}: malformed model description ({e})") from None
+    except ValueError as e:
+        raise SailorError(f"{source}: malformed model description ({e})") from None
 
 
 # -- presets ------------------------------------------------------------------
-# OPT and GPT-Neo shapes follow their Hugging Face configs, with the choices of
-# the Megatron runs behind Sailor's published profiles (sequence 2048, untied
-# OPT head). `tiny` is for CPU tests.
+# Megatron-style shapes of the runs behind Sailor's published profiles: OPT and
+# GPT-Neo sizes from their Hugging Face configs, but built the way those
+# Megatron-DeepSpeed runs built them (pre-LN GELU blocks with all biases,
+# untied OPT head without projection, vocabulary padded to 128 * tp), at their
+# sequence lengths. A model's own config.json gives its exact Hugging Face
+# architecture instead. `tiny` is for CPU tests.
+def _megatron(name, family, hidden, blocks, heads, ffn, vocab, seq_len, **kw) -> ModelSpec:
+    return ModelSpec(name, family, hidden, blocks, heads, ffn, vocab, seq_len, max_positions=seq_len, **kw)
+
+
 _PRESETS = {
-    "tiny": ModelSpec("tiny", "opt", hidden=64, num_blocks=4, heads=4, ffn_hidden=256, vocab=512, seq_len=64),
-    "opt-125m": ModelSpec("opt-125m", "opt", 768, 12, 12, 3072, 50272, 2048),
-    "opt-350m": ModelSpec("opt-350m", "opt", 1024, 24, 16, 4096, 50272, 2048),
-    "opt-1.3b": ModelSpec("opt-1.3b", "opt", 2048, 24, 32, 8192, 50272, 2048),
-    "opt-6.7b": ModelSpec("opt-6.7b", "opt", 4096, 32, 32, 16384, 50272, 2048),
-    "opt-30b": ModelSpec("opt-30b", "opt", 7168, 48, 56, 28672, 50272, 2048),
-    "gpt2": ModelSpec("gpt2", "gpt2", 768, 12, 12, 3072, 50257, 1024, tied_embeddings=True),
-    "gpt-neo-2.7b": ModelSpec("gpt-neo-2.7b", "gpt-neo", 2560, 32, 20, 10240, 50257, 2048, tied_embeddings=True),
-    "llama-3-8b": ModelSpec(
+    "tiny": _megatron("tiny", "opt", hidden=64, blocks=4, heads=4, ffn=256, vocab=512, seq_len=64),
+    "opt-125m": _megatron("opt-125m", "opt", 768, 12, 12, 3072, 50272, 2048),
+    "opt-350m": _megatron("opt-350m", "opt", 1024, 24, 16, 4096, 50272, 2048),
+    "opt-1.3b": _megatron("opt-1.3b", "opt", 2048, 24, 32, 8192, 50272, 2048),
+    "opt-6.7b": _megatron("opt-6.7b", "opt", 4096, 32, 32, 16384, 50272, 2048),
+    "opt-30b": _megatron("opt-30b", "opt", 7168, 48, 56, 28672, 50272, 2048),
+    "gpt2": _megatron("gpt2", "gpt2", 768, 12, 12, 3072, 50257, 1024, tied_embeddings=True),
+    "gpt-neo-2.7b": _megatron("gpt-neo-2.7b", "gpt-neo", 2560, 32, 20, 10240, 50257, 2048, tied_embeddings=True),
+    "llama-3-8b": _megatron(
         "llama-3-8b", "llama", 4096, 32, 32, 14336, 128256, 8192, kv_heads=8, gated_mlp=True,
-        rms_norm=True, learned_positions=False, bias=False, separate_final_norm=True,
+        rms_norm=True, learned_positions=False, qkv_bias=False, out_bias=False, mlp_bias=False,
+        separate_final_norm=True, activation="silu", rope_theta=500000.0,
     ),
 }
 # Sailor's names for the same models (its profiles and plans use these).
@@ -208,55 +334,25 @@ def canonical_name(name: str) -> str:
     return ALIASES.get(name, ALIASES.get(name.upper(), name.lower() if name.lower() in _PRESETS else name))
 
 
+def is_preset(name: str) -> bool:
+    return canonical_name(name) in _PRESETS
+
+
 def get_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
-    """A preset by name or alias, or a Hugging Face style config.json."""
+    """A preset by name or alias, or a Hugging Face config.json (or a directory holding one).
+
+    seq_len: the training sequence length; default: a preset's own, or for a
+    config.json min(2048, its context length).
+    """
     key = canonical_name(name_or_path)
     if key in _PRESETS:
         model = _PRESETS[key]
-    elif name_or_path.endswith(".json") or Path(name_or_path).is_dir():
-        model = from_hf_config(name_or_path)
-    else:
-        raise SailorError(
-            f"unknown model {name_or_path!r}: use one of {', '.join(preset_names())} "
-            "(or Sailor's OPT-350, GPT-Neo-2.7, LLAMA-3-8, OPT-30), or a path to a config.json"
-        )
-    return replace(model, seq_len=seq_len) if seq_len else model
+        return replace(model, seq_len=seq_len) if seq_len else model  # its context stays what it was built for
+    if name_or_path.endswith(".json") or Path(name_or_path).is_dir():
+        from planner.specs.families import from_hf_config
 
-
-def from_hf_config(path: str) -> ModelSpec:
-    """Read a Hugging Face `config.json` (OPT, GPT-2, GPT-Neo, LLaMA/Mistral)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    try:
-        cfg = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise SailorError(f"model config {p} not found: give a preset name or an existing config.json") from None
-    except json.JSONDecodeError as e:
-        raise SailorError(f"model config {p} is not valid JSON ({e.msg} at line {e.lineno})") from None
-    kind = cfg.get("model_type", "")
-    name = cfg.get("_name_or_path") or p.parent.name or p.stem
-    try:
-        if kind == "opt":
-            return ModelSpec(name, "opt", cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
-                             cfg["ffn_dim"], cfg["vocab_size"], cfg["max_position_embeddings"])
-        if kind == "gpt2":
-            h = cfg["n_embd"]
-            return ModelSpec(name, "gpt2", h, cfg["n_layer"], cfg["n_head"], cfg.get("n_inner") or 4 * h,
-                             cfg["vocab_size"], cfg["n_positions"], tied_embeddings=True)
-        if kind == "gpt_neo":
-            h = cfg["hidden_size"]
-            return ModelSpec(name, "gpt-neo", h, cfg["num_layers"], cfg["num_heads"],
-                             cfg.get("intermediate_size") or 4 * h, cfg["vocab_size"],
-                             cfg["max_position_embeddings"], tied_embeddings=True)
-        if kind in ("llama", "mistral", "qwen2"):
-            return ModelSpec(name, "llama", cfg["hidden_size"], cfg["num_hidden_layers"],
-                             cfg["num_attention_heads"], cfg["intermediate_size"], cfg["vocab_size"],
-                             cfg["max_position_embeddings"], kv_heads=cfg.get("num_key_value_heads", 0) or 0,
-                             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), gated_mlp=True,
-                             rms_norm=True, learned_positions=False, bias=False, separate_final_norm=True)
-    except KeyError as e:
-        raise SailorError(f"model config {p}: missing field {e.args[0]!r} for model_type {kind!r}") from None
+        return from_hf_config(name_or_path, seq_len)
     raise SailorError(
-        f"model config {p}: model_type {kind!r} is not supported; use opt, gpt2, gpt_neo, llama or mistral"
+        f"unknown model {name_or_path!r}: use one of {', '.join(preset_names())} "
+        "(or Sailor's OPT-350, GPT-Neo-2.7, LLAMA-3-8, OPT-30), or a path to a config.json or model directory"
     )

@@ -1,0 +1,194 @@
+"""Model families: how a Hugging Face config and its weights map onto a ModelSpec.
+
+One module per family (llama.py covers LLaMA, Mistral and Qwen2; opt.py,
+gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
+
+  * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
+  * `to_hf(spec)`: the config.json fields that describe the spec back to
+    transformers (export);
+  * `WEIGHTS`: for every logical tensor of ours (named per pipeline layer kind,
+    as sailor_ext/model.py builds them), the Hugging Face tensor(s) it comes
+    from and the conversion between the two layouts (WeightRule.op).
+
+The planner reads the fields for its counts, the runtime reads them to pick
+megatron-core modules, and the checkpoint code reads WEIGHTS (sailor_ext/hf.py);
+nothing else knows Hugging Face names. No torch here.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from planner.errors import SailorError
+from planner.specs.model import DEFAULT_SEQ_LEN, ModelSpec
+
+
+@dataclass(frozen=True)
+class WeightRule:
+    """One logical tensor of ours and the Hugging Face tensor(s) it is made of.
+
+    ours: the name inside its pipeline layer (`layers.<L>.` is prepended);
+    hf: Hugging Face names, `{i}` standing for the 0-based block index;
+    op: how the layouts differ:
+      copy       the same tensor
+      t          transposed (GPT-2's Conv1D keeps weights as [in, out])
+      qkv        q, k, v (Linear weights or biases) -> megatron's fused QKV, grouped by
+                 query group: [q heads of group g, k_g, v_g] for each group g
+      qkv_cat    one tensor holding [q; k; v] along its output rows -> the same grouping
+      qkv_cat_t  as qkv_cat, from a Conv1D weight [in, 3 * out]
+      gate_up    gate and up projections -> fc1 viewed as [2, ffn, ...] (SwiGLU)
+      vocab      the word embedding or output layer: rows beyond the vocabulary are
+                 padding that the runtime adds (and export drops)
+    """
+
+    ours: str
+    hf: tuple[str, ...]
+    op: str = "copy"
+
+
+@dataclass(frozen=True)
+class WeightMap:
+    embedding: tuple[WeightRule, ...]
+    block: tuple[WeightRule, ...]
+    final_norm: tuple[WeightRule, ...]
+    head: tuple[WeightRule, ...]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    hf_types: tuple[str, ...]
+    from_hf: Callable[[dict, str], dict]  # (config, model_type) -> ModelSpec fields
+    to_hf: Callable[[ModelSpec], dict]
+    weights: WeightMap
+
+
+def _families() -> dict[str, Family]:
+    from planner.specs.families import gpt2, gpt_neo, llama, opt
+
+    return {f.name: f for f in (llama.FAMILY, opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY)}
+
+
+def family(name: str) -> Family:
+    families = _families()
+    if name not in families:
+        raise SailorError(f"model family {name!r} is unknown; use one of {', '.join(sorted(families))}")
+    return families[name]
+
+
+def hf_types() -> list[str]:
+    return sorted(t for f in _families().values() for t in f.hf_types)
+
+
+# -- reading config.json ----------------------------------------------------------
+class ConfigReader:
+    """Typed access to a config.json's fields: every mistake names the file and field."""
+
+    def __init__(self, cfg: dict, source: str):
+        self.cfg, self.source = cfg, source
+
+    def has(self, key: str) -> bool:
+        return self.cfg.get(key) is not None
+
+    def int(self, key: str, default: int | None = None, positive: bool = True) -> int:
+        value = self.cfg.get(key)
+        if value is None:
+            if default is None:
+                raise SailorError(f"model config {self.source}: missing field {key!r}")
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer() \
+                or (positive and value <= 0) or not math.isfinite(value):
+            raise SailorError(f"model config {self.source}: {key} must be a positive integer, not {value!r}")
+        return int(value)
+
+    def float(self, key: str, default: float) -> float:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise SailorError(f"model config {self.source}: {key} must be a positive number, not {value!r}")
+        return float(value)
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise SailorError(f"model config {self.source}: {key} must be true or false, not {value!r}")
+        return value
+
+    def str(self, key: str, default: str) -> str:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise SailorError(f"model config {self.source}: {key} must be a string, not {value!r}")
+        return value
+
+    def activation(self, key: str, default: str) -> str:
+        name = self.str(key, default)
+        ours = HF_ACTIVATIONS.get(name)
+        if ours is None:
+            raise SailorError(f"model config {self.source}: {key} {name!r} is not supported; use one of "
+                              f"{', '.join(sorted(HF_ACTIVATIONS))}")
+        return ours
+
+
+# Hugging Face activation names -> ours (gelu_new and gelu_pytorch_tanh are the tanh approximation)
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+                  "relu": "relu", "silu": "silu", "swish": "silu"}
+ACTIVATION_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+
+
+def read_config(path: str | Path) -> tuple[dict, Path]:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SailorError(f"model config {p} not found: give a preset name, a config.json or a model directory") \
+            from None
+    except UnicodeDecodeError:
+        raise SailorError(f"model config {p} is not UTF-8 text; give a Hugging Face config.json") from None
+    except json.JSONDecodeError as e:
+        raise SailorError(f"model config {p} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(cfg, dict):
+        raise SailorError(f"model config {p}: expected a JSON object")
+    return cfg, p
+
+
+def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
+    """A ModelSpec from a Hugging Face config.json (or a model directory holding one).
+
+    seq_len: the training sequence length; default min(2048, the context length).
+    """
+    cfg, p = read_config(path)
+    model_type = cfg.get("model_type")
+    fam = next((f for f in _families().values() if model_type in f.hf_types), None)
+    if fam is None:
+        raise SailorError(f"model config {p}: model_type {model_type!r} is not supported; use one of "
+                          f"{', '.join(hf_types())}")
+    name = cfg.get("_name_or_path") if isinstance(cfg.get("_name_or_path"), str) and cfg.get("_name_or_path") \
+        else p.parent.name or p.stem
+    spec_fields = fam.from_hf(ConfigReader(cfg, str(p)), model_type)
+    context = spec_fields["max_positions"]
+    if seq_len is None:
+        seq_len = min(DEFAULT_SEQ_LEN, context)
+    return ModelSpec(name=name, family=fam.name, seq_len=seq_len, hf_model_type=model_type, **spec_fields)
+
+
+def to_hf_config(spec: ModelSpec) -> dict:
+    """config.json fields that make transformers build `spec` (export)."""
+    fam = family(spec.family)
+    cfg = fam.to_hf(spec)
+    cfg.setdefault("architectures", [_ARCHITECTURES[cfg["model_type"]]])
+    cfg.setdefault("tie_word_embeddings", spec.tied_embeddings)
+    return cfg
+
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "opt": "OPTForCausalLM", "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM"}

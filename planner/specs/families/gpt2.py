@@ -1,0 +1,64 @@
+"""GPT-2: learned positions, tanh-GELU MLP, tied head; weights kept as
+Conv1D ([in, out], the transpose of a Linear) with q, k, v in one tensor."""
+from __future__ import annotations
+
+from planner.errors import SailorError
+from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRule
+from planner.specs.model import ModelSpec
+
+
+def from_hf(cfg, model_type: str) -> dict:
+    if cfg.bool("scale_attn_by_inverse_layer_idx", False):
+        raise SailorError(f"model config {cfg.source}: scale_attn_by_inverse_layer_idx is not supported")
+    hidden = cfg.int("n_embd")
+    return dict(
+        hidden=hidden, num_blocks=cfg.int("n_layer"), heads=cfg.int("n_head"), ffn_hidden=cfg.int("n_inner", 4 * hidden),
+        vocab=cfg.int("vocab_size"), max_positions=cfg.int("n_positions"),
+        tied_embeddings=cfg.bool("tie_word_embeddings", True), activation=cfg.activation("activation_function",
+                                                                                          "gelu_new"),
+        norm_eps=cfg.float("layer_norm_epsilon", 1e-5),
+        attention_scale=0.0 if cfg.bool("scale_attn_weights", True) else 1.0,
+    )
+
+
+def to_hf(spec: ModelSpec) -> dict:
+    if spec.rms_norm or spec.gated_mlp or not spec.learned_positions or spec.windows or spec.projected \
+            or spec.post_norm or not (spec.qkv_bias and spec.out_bias and spec.mlp_bias) or spec.position_offset \
+            or spec.kv_heads not in (0, spec.heads) or spec.head_dim_override or spec.separate_final_norm \
+            or spec.attention_scale not in (0.0, 1.0):
+        raise SailorError(f"{spec.name} cannot be written as a GPT-2 config: its layers differ from GPT-2's")
+    return {
+        "model_type": "gpt2", "n_embd": spec.hidden, "n_layer": spec.num_blocks, "n_head": spec.heads,
+        "n_inner": spec.ffn_hidden, "vocab_size": spec.vocab, "n_positions": spec.context_length,
+        "layer_norm_epsilon": spec.norm_eps, "activation_function": ACTIVATION_TO_HF[spec.activation],
+        "scale_attn_weights": spec.attention_scale == 0.0, "tie_word_embeddings": spec.tied_embeddings,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+    }
+
+
+_LAYER = "transformer.h.{i}."
+WEIGHTS = WeightMap(
+    embedding=(
+        WeightRule("word_embeddings.weight", ("transformer.wte.weight",), "vocab"),
+        WeightRule("position_embeddings.weight", ("transformer.wpe.weight",)),
+    ),
+    block=(
+        *(WeightRule(f"input_layernorm.{p}", (_LAYER + f"ln_1.{p}",)) for p in ("weight", "bias")),
+        WeightRule("self_attention.linear_qkv.weight", (_LAYER + "attn.c_attn.weight",), "qkv_cat_t"),
+        WeightRule("self_attention.linear_qkv.bias", (_LAYER + "attn.c_attn.bias",), "qkv_cat"),
+        WeightRule("self_attention.linear_proj.weight", (_LAYER + "attn.c_proj.weight",), "t"),
+        WeightRule("self_attention.linear_proj.bias", (_LAYER + "attn.c_proj.bias",)),
+        *(WeightRule(f"pre_mlp_layernorm.{p}", (_LAYER + f"ln_2.{p}",)) for p in ("weight", "bias")),
+        WeightRule("mlp.linear_fc1.weight", (_LAYER + "mlp.c_fc.weight",), "t"),
+        WeightRule("mlp.linear_fc1.bias", (_LAYER + "mlp.c_fc.bias",)),
+        WeightRule("mlp.linear_fc2.weight", (_LAYER + "mlp.c_proj.weight",), "t"),
+        WeightRule("mlp.linear_fc2.bias", (_LAYER + "mlp.c_proj.bias",)),
+    ),
+    final_norm=(),
+    head=(
+        *(WeightRule(f"final_layernorm.{p}", (f"transformer.ln_f.{p}",)) for p in ("weight", "bias")),
+        WeightRule("output_layer.weight", ("lm_head.weight",), "vocab"),
+    ),
+)
+
+FAMILY = Family("gpt2", ("gpt2",), from_hf, to_hf, WEIGHTS)

@@ -1,0 +1,138 @@
+"""LLaMA, Mistral and Qwen2: RMSNorm, SwiGLU, rotary positions, grouped-query attention.
+
+Differences inside the family are config fields: Qwen2 has q/k/v biases,
+Mistral and Qwen2 may use sliding-window attention (per layer through
+`layer_types`), LLaMA 3.1 scales its rotary frequencies (`rope_scaling`
+type llama3), small models tie the head to the embedding.
+"""
+from __future__ import annotations
+
+from planner.errors import SailorError
+from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRule
+from planner.specs.model import ModelSpec
+
+ROPE_TYPES = ("default", "llama3", "linear")
+_ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+              "linear": ("factor",), "default": ()}
+
+
+def _rope(cfg) -> tuple[float, tuple]:
+    """(theta, scaling) from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older)."""
+    params = cfg.cfg.get("rope_parameters")
+    if params is None:
+        params = dict(cfg.cfg.get("rope_scaling") or {})
+        if cfg.has("rope_theta"):
+            params["rope_theta"] = cfg.cfg["rope_theta"]
+    if not isinstance(params, dict):
+        raise SailorError(f"model config {cfg.source}: rope_parameters must be an object, not {params!r}")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise SailorError(f"model config {cfg.source}: rope type {kind!r} is not supported; use one of "
+                          f"{', '.join(ROPE_TYPES)}")
+    theta = params.get("rope_theta", 10000.0)
+    values = {}
+    for key in ("rope_theta", *_ROPE_KEYS[kind]):
+        value = theta if key == "rope_theta" else params.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise SailorError(f"model config {cfg.source}: rope {key} must be a positive number, not {value!r}")
+        values[key] = float(value)
+    scaling = () if kind == "default" else tuple(sorted({"type": kind, **{k: values[k] for k in _ROPE_KEYS[kind]}}
+                                                        .items()))
+    return values["rope_theta"], scaling
+
+
+def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
+    """Sliding-window width per block (0: full attention)."""
+    window = cfg.cfg.get("sliding_window")
+    layer_types = cfg.cfg.get("layer_types")
+    if model_type == "qwen2" and layer_types is None:
+        if not cfg.bool("use_sliding_window", False):
+            return ()
+        first = cfg.int("max_window_layers", blocks)
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(blocks)]
+    if model_type == "llama" and layer_types is None:
+        return ()
+    if layer_types is None:
+        layer_types = ["sliding_attention"] * blocks if window is not None else []
+    if not layer_types or "sliding_attention" not in layer_types:
+        return ()
+    if not isinstance(layer_types, list) or len(layer_types) != blocks or \
+            any(t not in ("sliding_attention", "full_attention") for t in layer_types):
+        raise SailorError(f"model config {cfg.source}: layer_types must list full_attention or sliding_attention "
+                          f"for each of the {blocks} layers")
+    width = cfg.int("sliding_window")
+    return tuple(width if t == "sliding_attention" else 0 for t in layer_types)
+
+
+def from_hf(cfg, model_type: str) -> dict:
+    hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
+    blocks = cfg.int("num_hidden_layers")
+    head_dim = cfg.int("head_dim", hidden // heads if heads else 1)
+    attention_bias = cfg.bool("attention_bias", False)
+    theta, scaling = _rope(cfg)
+    return dict(
+        hidden=hidden, num_blocks=blocks, heads=heads, ffn_hidden=cfg.int("intermediate_size"),
+        vocab=cfg.int("vocab_size"), max_positions=cfg.int("max_position_embeddings"),
+        kv_heads=cfg.int("num_key_value_heads", heads), tied_embeddings=cfg.bool("tie_word_embeddings", False),
+        gated_mlp=True, rms_norm=True, learned_positions=False,
+        qkv_bias=True if model_type == "qwen2" else attention_bias,
+        out_bias=attention_bias, mlp_bias=cfg.bool("mlp_bias", False), separate_final_norm=True,
+        head_dim_override=head_dim if head_dim * heads != hidden else 0,
+        activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("rms_norm_eps", 1e-6),
+        windows=_windows(cfg, model_type, blocks), rope_theta=theta, rope_scaling=scaling,
+    )
+
+
+def to_hf(spec: ModelSpec) -> dict:
+    model_type = spec.hf_model_type or ("qwen2" if spec.qkv_bias and not spec.out_bias else "llama")
+    rope = {"rope_type": "default", "rope_theta": spec.rope_theta}
+    scaling = dict(spec.rope_scaling)
+    if scaling:
+        rope = {"rope_theta": spec.rope_theta, "rope_type": scaling.pop("type"), **scaling}
+    cfg = {
+        "model_type": model_type, "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
+        "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups,
+        "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab,
+        "max_position_embeddings": spec.context_length, "head_dim": spec.head_dim,
+        "rms_norm_eps": spec.norm_eps, "hidden_act": ACTIVATION_TO_HF[spec.activation],
+        "rope_parameters": rope, "tie_word_embeddings": spec.tied_embeddings,
+    }
+    if model_type == "llama":
+        cfg.update(attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
+    windows = {w for w in spec.windows if w}
+    if windows:
+        if len(windows) > 1:
+            raise SailorError(f"{spec.name}: blocks use different attention windows {sorted(windows)}, which "
+                              f"{model_type}'s config cannot express")
+        cfg["sliding_window"] = windows.pop()
+        cfg["layer_types"] = ["sliding_attention" if w else "full_attention" for w in spec.windows]
+        if model_type == "qwen2":
+            cfg["use_sliding_window"] = True
+    elif model_type in ("mistral", "qwen2"):
+        cfg["sliding_window"] = None
+    return cfg
+
+
+_LAYER = "model.layers.{i}."
+WEIGHTS = WeightMap(
+    embedding=(WeightRule("word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),),
+    block=(
+        WeightRule("input_layernorm.weight", (_LAYER + "input_layernorm.weight",)),
+        WeightRule("self_attention.linear_qkv.weight", tuple(_LAYER + f"self_attn.{x}_proj.weight" for x in "qkv"),
+                   "qkv"),
+        WeightRule("self_attention.linear_qkv.bias", tuple(_LAYER + f"self_attn.{x}_proj.bias" for x in "qkv"),
+                   "qkv"),
+        WeightRule("self_attention.linear_proj.weight", (_LAYER + "self_attn.o_proj.weight",)),
+        WeightRule("self_attention.linear_proj.bias", (_LAYER + "self_attn.o_proj.bias",)),
+        WeightRule("pre_mlp_layernorm.weight", (_LAYER + "post_attention_layernorm.weight",)),
+        WeightRule("mlp.linear_fc1.weight", (_LAYER + "mlp.gate_proj.weight", _LAYER + "mlp.up_proj.weight"),
+                   "gate_up"),
+        WeightRule("mlp.linear_fc1.bias", (_LAYER + "mlp.gate_proj.bias", _LAYER + "mlp.up_proj.bias"), "gate_up"),
+        WeightRule("mlp.linear_fc2.weight", (_LAYER + "mlp.down_proj.weight",)),
+        WeightRule("mlp.linear_fc2.bias", (_LAYER + "mlp.down_proj.bias",)),
+    ),
+    final_norm=(WeightRule("final_layernorm.weight", ("model.norm.weight",)),),
+    head=(WeightRule("output_layer.weight", ("lm_head.weight",), "vocab"),),
+)
+
+FAMILY = Family("llama", ("llama", "mistral", "qwen2"), from_hf, to_hf, WEIGHTS)
