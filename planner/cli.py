@@ -175,6 +175,7 @@ COMMAND_MODULES: dict[str, str] = {
     "profile": "planner.profile_cli",
     "run": "planner.elastic.controller",
     "agent": "planner.elastic.agent",
+    "export": "planner.export_cli",
 }
 
 

@@ -111,20 +111,15 @@ def rank_layout(plan: Plan, cluster: Cluster | None = None) -> Layout:
 
 
 # -- checks the runtime needs beyond Plan.check ---------------------------------
-RUNTIME_FAMILIES = ("opt", "gpt2", "gpt-neo")
-
-
 def check_runnable(plan: Plan, model: ModelSpec, cluster: Cluster | None = None) -> None:
     """Raise SailorError if the runtime cannot execute `plan` for `model`."""
     plan.check(num_layers=model.num_layers, cluster=cluster)
-    if model.family not in RUNTIME_FAMILIES:
-        raise SailorError(f"the training runtime supports GPT/OPT-style models ({', '.join(RUNTIME_FAMILIES)}), "
-                          f"not {model.family} ({model.name}); pick one of those models")
     for i, stage in enumerate(plan.stages):
         for r in stage.replicas:
-            if model.heads % r.tp or model.ffn_hidden % r.tp:
-                raise SailorError(f"plan: stage {i} uses TP {r.tp} but {model.name} has {model.heads} heads and "
-                                  f"FFN width {model.ffn_hidden}; use a TP degree that divides both")
+            if model.heads % r.tp or model.ffn_hidden % r.tp or model.num_query_groups % r.tp:
+                raise SailorError(f"plan: stage {i} uses TP {r.tp} but {model.name} has {model.heads} heads, "
+                                  f"{model.num_query_groups} key/value groups and FFN width {model.ffn_hidden}; "
+                                  "use a TP degree that divides all three")
 
 
 def uniform_plan(model: ModelSpec, world_size: int, tp: int, pp: int, global_batch_size: int,

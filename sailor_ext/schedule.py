@@ -66,7 +66,8 @@ class OneFOneB:
         if not last:
             return x, out, None
         labels = tokens[:, 1:].t()  # [s, b], matching the logits' [s, b, V/tp]
-        token_loss = vocab_parallel_cross_entropy(out, labels, self.model.vocab_start, self.model.tp_group)
+        token_loss = vocab_parallel_cross_entropy(out, labels, self.model.vocab_start, self.model.tp_group,
+                                                  self.model.spec.model.vocab)
         loss = token_loss.sum() / self.shape.global_tokens
         return x, loss, loss.detach()
 

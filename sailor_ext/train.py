@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="committed checkpoints to keep on disk (0: all); older ones are the fallback when the "
                    "newest is damaged")
     g.add_argument("--load", help="resume from the latest checkpoint in this directory")
+    g.add_argument("--load-hf", metavar="DIR", help="start from a Hugging Face model directory's safetensors "
+                   "weights (sharded or not), cut to the plan; a checkpoint in --load, if any, wins")
     g.add_argument("--metrics-file", help="append one JSON line per step (rank 0)")
     g.add_argument("--log-interval", type=int, default=1)
     g.add_argument("--dist-timeout", type=float, default=300.0,

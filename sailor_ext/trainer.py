@@ -134,8 +134,11 @@ class Trainer:
                               args.keep_checkpoints, args.dist_timeout),
                 StoreBoard(dist.distributed_c10d._get_default_store(), "sailor/ckpt/"), self.checkpoint_meta(),
                 log if rank == 0 else (lambda line: None))
-        if args.load:
-            self.load(args.load)
+        load_hf = getattr(args, "load_hf", None)
+        if args.load and not (load_hf and checkpoint.find_latest(args.load) is None):
+            self.load(args.load)  # resuming wins over --load-hf: the same command line restarts a run
+        elif load_hf:
+            self.load_hf(load_hf)
         self.metrics = MetricsWriter(args.metrics_file, rank == 0)
 
     @property
@@ -179,8 +182,17 @@ class Trainer:
     # -- checkpoints -----------------------------------------------------------------
     def checkpoint_meta(self) -> dict:
         return {"model": self.model_spec.name, "seq_len": self.model_spec.seq_len,
+                "model_config": self.model_spec.to_dict(), "hf_source": getattr(self.args, "load_hf", None),
                 "padded_vocab": self.spec.padded_vocab, "seed": self.args.seed, "rng": RNG_RULE,
                 "plan_global_batch_size": self.plan.global_batch_size}
+
+    def load_hf(self, directory: str) -> None:
+        """Start from a Hugging Face checkpoint: this rank's slices of its weights, a fresh optimizer."""
+        from sailor_ext import hf
+
+        hf.load_stage(self.model, directory)
+        if self.rank == 0:
+            log(f"loaded Hugging Face weights from {directory}")
 
     def snapshot(self):
         """Copy this rank's state into host memory (the blocking part of a checkpoint)."""

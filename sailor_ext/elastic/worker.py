@@ -246,10 +246,10 @@ class Worker:
                 persister = Persister(
                     PersistTarget(args.save, rank, a.plan_world, e, args.keep_checkpoints, args.dist_timeout),
                     StoreBoard(self.board_client, f"ckpt/{e}/"), {}, log if rank == 0 else (lambda line: None))
-            trainer = Trainer(replace_ns(args, load=None), plan, model, layout, rank, device, self.ring, persister,
-                              a.padded_vocab)
+            trainer = Trainer(replace_ns(args, load=None, load_hf=None), plan, model, layout, rank, device, self.ring,
+                              persister, a.padded_vocab)
             if persister is not None:
-                persister.meta = trainer.checkpoint_meta()
+                persister.meta = {**trainer.checkpoint_meta(), "hf_source": getattr(args, "load_hf", None)}
             t_built = time.time()
             source = self.restore(trainer, a, rank)
             t_loaded = time.time()
@@ -331,7 +331,10 @@ class Worker:
             trainer.step, trainer.consumed = info.step, info.consumed
         elif disk[0] is None:
             source = "init"
-            if self.ring.slots:
+            if getattr(self.args, "load_hf", None):
+                trainer.load_hf(self.args.load_hf)
+                source = "hf"
+            elif self.ring.slots:
                 log(f"rank {rank}: no snapshot or checkpoint covers the plan; starting from step 0")
         self.ring.clear()
         trainer.snapshot()  # the restored state, under the new plan
