@@ -68,8 +68,9 @@ def _ungroup_qkv(model: ModelSpec, fused: torch.Tensor) -> tuple[torch.Tensor, t
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
 
 
-def to_ours(model: ModelSpec, rule: WeightRule, tensors: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
-    """The logical tensor of `shape` from the rule's Hugging Face tensors."""
+def to_ours(model: ModelSpec, rule: WeightRule, tensors: list[torch.Tensor], shape: tuple[int, ...],
+            names: tuple[str, ...] = ()) -> torch.Tensor:
+    """The logical tensor of `shape` from the rule's Hugging Face tensors (`names`: theirs, for errors)."""
     op = rule.op
     if op == "copy":
         out = tensors[0]
@@ -92,7 +93,7 @@ def to_ours(model: ModelSpec, rule: WeightRule, tensors: list[torch.Tensor], sha
     else:
         raise ValueError(f"unknown weight op {op!r}")
     if tuple(out.shape) != tuple(shape):
-        given = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(rule.hf, tensors))
+        given = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(names or rule.hf, tensors))
         raise SailorError(f"Hugging Face weights do not match the model: {given} cannot make {rule.ours} of shape "
                           f"{tuple(shape)}; load weights saved for this config")
     return out.contiguous()
@@ -192,8 +193,8 @@ def load_stage(stage, directory: str | Path) -> None:
         for name, param in stage.named_parameters():
             shard = stage.shards[name]
             rule, block = rule_for(model, shard.name)
-            tensors = [weights.get(n) for n in hf_names(rule, block)]
-            full = to_ours(model, rule, tensors, shard.logical_shape)
+            names = hf_names(rule, block)
+            full = to_ours(model, rule, [weights.get(n) for n in names], shard.logical_shape, names)
             shard.view(param).copy_(shard.shard_of(full))
     finally:
         weights.close()

@@ -164,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return train(args, plan, model, layout, rank, local_rank)
     except SailorError as e:
-        print(f"sailor: error: rank {rank}: {e}", file=sys.stderr, flush=True)
+        if rank == 0 or not getattr(e, "agreed", False):  # an agreed error names its rank; rank 0 says it
+            print(f"sailor: error: {e}" if getattr(e, "agreed", False) else f"sailor: error: rank {rank}: {e}",
+                  file=sys.stderr, flush=True)
         return e.exit_code
     except RuntimeError as e:
         if not _is_peer_failure(e):

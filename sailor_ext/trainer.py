@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from planner.errors import SailorError
 from planner.launch import Layout
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
@@ -50,6 +51,24 @@ def pad_vocab(model: ModelSpec, max_tp: int, divisor: int) -> int:
     holds slices of the same logical embedding."""
     step = divisor * max_tp
     return -(-model.vocab // step) * step
+
+
+def agreed(action, rank: int, group) -> None:
+    """Run `action` on every rank; if it fails with a user mistake on any rank, every rank
+    raises that rank's error (a stage that finished would otherwise wait for its peers until
+    --dist-timeout). The error is marked `agreed`: rank 0 alone reports it."""
+    error = None
+    try:
+        action()
+    except SailorError as e:
+        error = f"rank {rank}: {e}"
+    errors: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(errors, error, group=group)
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        failure = SailorError(first)
+        failure.agreed = True
+        raise failure
 
 
 @dataclass(frozen=True)
@@ -138,7 +157,7 @@ class Trainer:
         if args.load and not (load_hf and checkpoint.find_latest(args.load) is None):
             self.load(args.load)  # resuming wins over --load-hf: the same command line restarts a run
         elif load_hf:
-            self.load_hf(load_hf)
+            agreed(lambda: self.load_hf(load_hf), rank, topology.world_group)
         self.metrics = MetricsWriter(args.metrics_file, rank == 0)
 
     @property
