@@ -50,7 +50,7 @@ def cmd_export(args) -> int:
                 copied.append(name)
     print(f"exported {model.name} (step {meta['step']}, {model.total_params(padded=False):,} parameters, "
           f"{DTYPES[args.dtype]}) to {out}: {', '.join(p.name for p in written)}"
-          + (f"; tokenizer files from {tokenizer}: {', '.join(copied)}" if copied else ""))
+          + (f"; copied from {tokenizer}: {', '.join(copied)}" if copied else ""))
     return 0
 
 
