@@ -17,15 +17,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from planner.errors import SailorError
 from planner.launch import Layout, check_runnable, rank_layout, uniform_plan
 from planner.specs.hardware import load_cluster
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, load_plan
+from sailor_ext.data import DEFAULT_SPLIT, DataSources
 
 PEER_FAILURE_EXIT = 3
+EVAL_ITERS = 100  # Megatron-LM's default --eval-iters
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,9 +63,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 compute (default: on with CUDA, off on CPU)")
     g = p.add_argument_group("data")
-    g.add_argument("--data-path", help="token file prefix (see sailor_ext.data); default: synthetic data")
+    g.add_argument("--data-path", nargs="+", metavar="PREFIX",
+                   help="megatron indexed dataset (PREFIX.bin + PREFIX.idx, e.g. from `sailor data prepare`), or "
+                   "weights and prefixes to blend: W1 PREFIX1 W2 PREFIX2 ...; default: synthetic data")
+    g.add_argument("--split", default=DEFAULT_SPLIT,
+                   help=f"train,validation,test shares of each dataset's documents (default {DEFAULT_SPLIT})")
     g.add_argument("--mock-data", action="store_true", help="synthetic data (the default without --data-path)")
     g.add_argument("--seed", type=int, default=1234)
+    g = p.add_argument_group("validation")
+    g.add_argument("--eval-interval", type=int, help="validate every N steps and after the last (default: never)")
+    g.add_argument("--eval-iters", type=int,
+                   help=f"validation batches of the global batch size per evaluation (default {EVAL_ITERS} with "
+                   "--eval-interval; without it: one evaluation, after the last step)")
     g = p.add_argument_group("checkpoints and logging")
     g.add_argument("--save", help="checkpoint directory")
     g.add_argument("--save-interval", type=int, default=0, help="save every N steps (and at the end)")
@@ -112,6 +123,34 @@ def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:
     return plan, model, layout
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """When validation runs (Megatron's --eval-interval and --eval-iters)."""
+
+    interval: int  # every N steps, and after the last (0: after the last only)
+    iters: int  # batches of the global batch size per evaluation (0: never)
+
+    def due(self, step: int, last: int) -> bool:
+        return self.iters > 0 and (step == last or (self.interval > 0 and step % self.interval == 0))
+
+
+def evaluation(args) -> Evaluation:
+    if args.eval_interval is not None and args.eval_interval < 1:
+        raise SailorError(f"--eval-interval {args.eval_interval} must be at least 1 (steps between evaluations)")
+    if args.eval_iters is not None and args.eval_iters < 0:
+        raise SailorError(f"--eval-iters {args.eval_iters} must be >= 0 (0: no validation)")
+    iters = args.eval_iters if args.eval_iters is not None else (EVAL_ITERS if args.eval_interval else 0)
+    return Evaluation(args.eval_interval or 0, iters)
+
+
+def open_training_data(args, model: ModelSpec) -> DataSources:
+    """The training and validation samples (sailor_ext.data); bad data paths fail here, before any
+    process group forms."""
+    from sailor_ext.data import open_data
+
+    return open_data(args.data_path, args.split, model.vocab, model.seq_len, args.seed, evaluation(args).iters > 0)
+
+
 def check_placement(layout: Layout, rank: int) -> None:
     """With several torchrun nodes, each rank must run on the node the plan says."""
     nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
@@ -126,14 +165,15 @@ def check_placement(layout: Layout, rank: int) -> None:
                           f"--nproc-per-node={node.nproc} (see `sailor launch`)")
 
 
-def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, local_rank: int) -> int:
+def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, local_rank: int,
+          data: DataSources | None = None) -> int:
     """Join the process group and run the steps (imports torch and megatron)."""
     import torch.distributed as dist
 
     from sailor_ext.trainer import Trainer, init_distributed
 
     device = init_distributed(layout, rank, local_rank, args.dist_timeout)
-    trainer = Trainer(args, plan, model_spec, layout, rank, device)
+    trainer = Trainer(args, plan, model_spec, layout, rank, device, data=data)
     trainer.run()
     dist.barrier()
     dist.destroy_process_group()
@@ -155,12 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan, model, layout = resolve_plan(args, world_size)
         check_placement(layout, rank)
+        data = open_training_data(args, model)
     except SailorError as e:
         if rank == 0:
             print(f"sailor: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
     try:
-        return train(args, plan, model, layout, rank, local_rank)
+        return train(args, plan, model, layout, rank, local_rank, data)
     except SailorError as e:
         print(f"sailor: error: rank {rank}: {e}", file=sys.stderr, flush=True)
         return e.exit_code

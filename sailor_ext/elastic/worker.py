@@ -365,6 +365,8 @@ class Worker:
                 record["save_blocked_s"] = trainer.save()
             elif r.stop or last:
                 trainer.snapshot()  # the step to resume from, in memory
+            if (val_loss := trainer.validate(r.step)) is not None:
+                record["val_loss"] = val_loss
             trainer.metrics.write(record)
             if rank == 0 and args.log_interval and r.step % args.log_interval == 0:
                 print(f"step {r.step}/{args.train_iters} | loss {r.loss:.6f} | grad norm {r.grad_norm:.4f} | "
