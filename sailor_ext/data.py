@@ -82,8 +82,6 @@ def parse_blend(words: Sequence[str]) -> Blend:
     """Megatron's `--data-path PREFIX...` or `--data-path W1 PREFIX1 W2 PREFIX2 ...`."""
     numbers = [_number(w) for w in words]
     shown = " ".join(words)
-    if not words:
-        raise SailorError("--data-path needs a dataset prefix (PREFIX.bin + PREFIX.idx)")
     if all(n is None for n in numbers):
         return Blend(tuple(words), None)
     weights, prefixes = numbers[0::2], list(words[1::2])

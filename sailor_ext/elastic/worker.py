@@ -164,6 +164,7 @@ class Worker:
         keep = {c.sock.fileno() for c in (client, self.watch_client, self.board_client)}
         self.watcher = StopWatcher(self.watch_client, keep)
         self.ring = SnapshotRing()
+        self.data = None  # the training data, opened (and its vocabulary checked) in the first epoch
         self.ended_at = self.left_at = 0.0  # when the last epoch failed or stopped, and when it was torn down
         client.set(P.ready_key(node, index), str(os.getpid()))
 
@@ -212,6 +213,7 @@ class Worker:
         from planner.specs.plan import plan_from_dict
         from sailor_ext import compat
         from sailor_ext.snapshot import Persister, PersistTarget, StoreBoard
+        from sailor_ext.train import open_training_data
         from sailor_ext.trainer import Trainer
 
         args, e = self.args, a.epoch
@@ -246,8 +248,10 @@ class Worker:
                 persister = Persister(
                     PersistTarget(args.save, rank, a.plan_world, e, args.keep_checkpoints, args.dist_timeout),
                     StoreBoard(self.board_client, f"ckpt/{e}/"), {}, log if rank == 0 else (lambda line: None))
+            if self.data is None:
+                self.data = open_training_data(args, model)
             trainer = Trainer(replace_ns(args, load=None), plan, model, layout, rank, device, self.ring, persister,
-                              a.padded_vocab)
+                              a.padded_vocab, self.data)
             if persister is not None:
                 persister.meta = trainer.checkpoint_meta()
             t_built = time.time()
