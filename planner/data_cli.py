@@ -39,16 +39,16 @@ class _Progress:
 
 
 def cmd_prepare(args) -> int:
+    progress = None if args.quiet else _Progress()
     try:
         from sailor_ext.prepare import prepare
         from sailor_ext.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
+        done = prepare(args.inputs, args.output, tokenizer, args.json_key, progress)
     except ModuleNotFoundError as e:
         raise SailorError(f"sailor data prepare needs the runtime extra ({e.name} is missing); install it with "
                           "pip install -e '.[runtime]'") from None
-    tokenizer = load_tokenizer(args.tokenizer)
-    progress = None if args.quiet else _Progress()
-    try:
-        done = prepare(args.inputs, args.output, tokenizer, args.json_key, progress)
     finally:
         if progress:
             progress.done()

@@ -121,9 +121,9 @@ def check_paths(inputs: Sequence[str], outputs: Sequence[Path]) -> None:
 def prepare(inputs: Sequence[str], prefix: str, tokenizer: Tokenizer, json_key: str = "text",
             progress: Progress | None = None) -> Prepared:
     """Tokenize the inputs, in order, into PREFIX.bin and PREFIX.idx."""
-    megatron = indexed_dataset_module()
     outputs = (Path(prefix + ".bin"), Path(prefix + ".idx"))
     check_paths(inputs, outputs)
+    megatron = indexed_dataset_module()
     dtype = megatron.DType.optimal_dtype(tokenizer.vocab_size)
     outputs[0].parent.mkdir(parents=True, exist_ok=True)
     temps = tuple(p.with_name(f"{p.name}.{os.getpid()}.tmp") for p in outputs)
