@@ -52,7 +52,7 @@ from megatron.core.transformer.enums import AttnMaskType  # noqa: E402
 from megatron.core.transformer.mlp import MLP, MLPSubmodules  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
-from planner.specs.model import BLOCK, EMBEDDING, FINAL_NORM, HEAD, ModelSpec  # noqa: E402
+from planner.specs.model import BLOCK, EMBEDDING, FINAL_NORM, ModelSpec  # noqa: E402
 from sailor_ext.attention import FusedCoreAttention, rotary_embedding, window_mask  # noqa: E402
 from sailor_ext.sharding import ParamShard  # noqa: E402
 
