@@ -95,11 +95,11 @@ def load_profiles(dirs: list[str] | None = None, gpus: dict[str, GPUSpec] | None
             continue
         files = sorted(root.glob("*/*/profile.json"))
         for f in files:
-            d = read_profile_file(f)
-            name = d.get("model")
-            if model is not None and isinstance(name, str) and model_key(name, profile_spec(d, str(f))) not in keys:
+            doc = read_profile_file(f)
+            name = doc.get("model")
+            if model is not None and isinstance(name, str) and model_key(name, profile_spec(doc, str(f))) not in keys:
                 continue
-            p = profile_from_dict(d, str(f))
+            p = profile_from_dict(doc, str(f))
             measured[(canonical_name(p.model), p.gpu)] = p
         net = root / "network.json"
         if net.exists():

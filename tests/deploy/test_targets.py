@@ -129,7 +129,8 @@ def test_megatron_lm_args_follow_the_plans_model(tmp_path):
     out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(f), "--target", "megatron-lm"],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and "cannot express" in out.stderr and "post-LN" in out.stderr
-    torchrun = launch(tmp_path, _with_model(tmp_path, HOMO, opt_350m), "--target", "torchrun")  # sailor's runtime takes it
+    # sailor's runtime takes what Megatron-LM cannot
+    torchrun = launch(tmp_path, _with_model(tmp_path, HOMO, opt_350m), "--target", "torchrun")
     assert "-m sailor_ext.train --plan" in torchrun and "--train-iters 5" in torchrun
 
 
