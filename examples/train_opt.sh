@@ -9,8 +9,8 @@
 #   generated plan (TP 2 where there are >= 2 GPUs, the rest data parallel).
 #
 # Environment: DEVICE (auto, cpu or gpu), PYTHON (default .venv/bin/python or python3), OUT (out/train_opt),
-# ITERS (steps), MASTER_PORT (29500), DATA_TEXT (a text file to train on, tokenized byte-level;
-# default: synthetic sequences).
+# ITERS (steps), MASTER_PORT (29500), DATA_TEXT (a text file to train on, tokenized byte-level by
+# `sailor data prepare --tokenizer bytes`; default: synthetic sequences).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
@@ -20,7 +20,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 DATA_ARGS=()
 if [ -n "${DATA_TEXT:-}" ]; then
-  "$PYTHON" -m sailor_ext.data "$DATA_TEXT" "$OUT/corpus"
+  "$PYTHON" -m planner.cli data prepare "$DATA_TEXT" --tokenizer bytes -o "$OUT/corpus"
   DATA_ARGS=(--data-path "$OUT/corpus")
 fi
 

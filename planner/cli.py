@@ -198,13 +198,15 @@ def cmd_replay(args) -> int:
 
 # Commands in modules of their own: each has add_parser(subparsers, add_common_options) and sets
 # args.func. Imported only when their command runs (or for the full help), which keeps
-# `sailor plan`'s start-up free of the elastic and profiling machinery.
+# `sailor plan`'s start-up free of the elastic, profiling and data machinery.
 BUILTIN_COMMANDS = ("simulate", "plan", "replay")
 COMMAND_MODULES: dict[str, str] = {
     "launch": "planner.launch",
     "profile": "planner.profile_cli",
     "run": "planner.elastic.controller",
     "agent": "planner.elastic.agent",
+    "export": "planner.export_cli",
+    "data": "planner.data_cli",
 }
 
 

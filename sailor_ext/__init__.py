@@ -3,7 +3,8 @@
 One concept per module: topology (who is where, process groups), model
 (stages on megatron layers), sharding (local slice <-> logical tensor), p2p
 (resharding between stages), schedule (1F1B), loss, grad_sync, optimizer,
-data, checkpoint (on disk), snapshot (in host memory, written in the
-background), and train (the entry point). compat holds the few shims
+data (training samples), tokenizer and prepare (`sailor data prepare`),
+checkpoint (on disk), snapshot (in host memory, written in the background),
+and train (the entry point). compat holds the few shims
 megatron-core needs on CPU. elastic/ is the worker side of `sailor run`.
 """

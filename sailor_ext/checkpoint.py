@@ -310,7 +310,7 @@ def load_into(ckpt: Checkpoint, model, optimizer, shards: dict[str, ParamShard])
     for pname, param in model.named_parameters():
         shard = shards[pname]
         where = (shard.dim, *shard.local_range(), shard.local_shape)
-        param.copy_(ckpt.assemble(shard.name, "param", *where))
+        shard.view(param).copy_(ckpt.assemble(shard.name, "param", *where))
         if restore_state and saved_state:
             optimizer.set_state(pname, {key: ckpt.assemble(shard.name, key, *where) for key in saved_state})
     return ckpt.meta

@@ -17,6 +17,10 @@ here instead, each for a stated reason:
     forks torch's CPU generator; on CUDA megatron's own tracker is seeded the
     way `model_parallel_cuda_manual_seed` does it (per TP rank).
 
+Context parallelism is not used: `NO_CONTEXT_PARALLEL` stands in for
+megatron's CP group where its rotary embedding asks for one (a group of one
+rank, which the unfused path never calls).
+
 One more CUDA-ism is avoided rather than patched: without an explicit mask,
 megatron's torch softmax builds its causal mask with device="cuda", so the
 model always passes one (see model.causal_mask).
@@ -45,6 +49,19 @@ from megatron.core.tensor_parallel import random as megatron_random  # noqa: E40
 from megatron.core.utils import GlobalMemoryBuffer  # noqa: E402
 
 MODEL_PARALLEL_RNG = megatron_random._MODEL_PARALLEL_RNG_TRACKER_NAME
+
+
+class _NoContextParallel:
+    """A context-parallel group of one rank (megatron asks for its size and rank)."""
+
+    def size(self) -> int:
+        return 1
+
+    def rank(self) -> int:
+        return 0
+
+
+NO_CONTEXT_PARALLEL = _NoContextParallel()
 
 
 class DeviceMemoryBuffer(GlobalMemoryBuffer):

@@ -5,6 +5,11 @@ which does not exist here (each (stage, replica) has its own), so the loss is
 computed outside the model. Each TP rank holds logits for a contiguous slice
 of the (padded) vocabulary; three all-reduces over the TP group give the
 max, the target logit and the softmax denominator.
+
+Columns beyond the real vocabulary (Megatron's padding to a multiple of
+128 * tp) are not tokens: their logits are masked out, so the loss is the
+one over the tokenizer's vocabulary (as transformers computes it) and the
+padding rows get no gradient.
 """
 from __future__ import annotations
 
@@ -14,8 +19,12 @@ import torch.distributed as dist
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, vocab_start: int, group):
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, vocab_start: int, group, vocab_size: int | None):
         logits = logits.float()
+        padding = logits.size(-1) - (vocab_size - vocab_start) if vocab_size is not None else 0
+        if padding > 0:
+            logits = logits.clone()
+            logits[..., max(0, logits.size(-1) - padding):] = float("-inf")
         parallel = group is not None and group.size() > 1
         logits_max = logits.max(dim=-1).values
         if parallel:
@@ -48,10 +57,11 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         hit = (~outside).to(grad.dtype)
         grad.scatter_add_(-1, local_target.unsqueeze(-1), -hit.unsqueeze(-1))
         grad.mul_(grad_loss.unsqueeze(-1))
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, vocab_start: int,
-                                 group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Per-token loss [s, b] from logits [s, b, V/tp] whose slice starts at vocab_start."""
-    return _VocabParallelCrossEntropy.apply(logits, target, vocab_start, group)
+                                 group: dist.ProcessGroup | None, vocab_size: int | None = None) -> torch.Tensor:
+    """Per-token loss [s, b] from logits [s, b, V/tp] whose slice starts at vocab_start;
+    columns from `vocab_size` on (padding) are excluded."""
+    return _VocabParallelCrossEntropy.apply(logits, target, vocab_start, group, vocab_size)

@@ -1,12 +1,22 @@
-"""A GPT/OPT-style decoder, cut into the plan's stages, on megatron-core layers.
+"""A decoder of any family, cut into the plan's stages, on megatron-core layers.
 
-Layers are numbered as in planner's ModelSpec: 0 is the embedding (word +
-learned positions, `LanguageModelEmbedding` over a `VocabParallelEmbedding`),
-1..n are transformer blocks (`TransformerLayer` from megatron's local spec:
-column-parallel QKV/fc1, row-parallel proj/fc2), n+1 is the head (final
-LayerNorm + a column-parallel output layer whose logits stay split over the
-vocabulary; the loss is computed from them in `loss.py`). Every module gets
-its TP group explicitly; megatron's global parallel state is never set up.
+Layers are numbered as in planner's ModelSpec: 0 is the embedding (a
+`VocabParallelEmbedding`, OPT-350m's projection to the block width, learned
+positions where the family has them), 1..n are transformer blocks, n+1 is the
+final norm where it is a layer of its own (LLaMA), the last is the head
+(final norm, projection back to the embedding width, a column-parallel output
+layer whose logits stay split over the vocabulary; the loss is computed from
+them in `loss.py`).
+
+Every choice between families is a ModelSpec field, read here and nowhere
+else: the norm (LayerNorm or RMSNorm), pre- or post-norm blocks, the MLP
+(GELU, tanh-GELU, ReLU, or SwiGLU with fc1 = [gate; up]), which linears have
+biases, grouped-query attention, rotary positions (megatron's
+apply_rotary_pos_emb, frequencies from sailor_ext.attention), the attention
+scale and per-block attention windows. A block is megatron's `SelfAttention`
+and `MLP` with their column/row-parallel linears, wired as a residual block
+here (megatron's TransformerLayer knows only pre-norm). Every module gets its
+TP group explicitly; megatron's global parallel state is never set up.
 
 Weights are initialised from the seed as full logical tensors, one generator
 per logical name, and each rank keeps its slice, so every plan (and the
@@ -19,32 +29,37 @@ more forward of compute; dropout 0 makes the rerun exact).
 """
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from sailor_ext import compat  # noqa: F401  (installs warning filters before megatron imports)
-from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding  # noqa: E402
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
 from megatron.core.tensor_parallel import (  # noqa: E402
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
 )
-from megatron.core.transformer.spec_utils import build_module  # noqa: E402
+from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules  # noqa: E402
+from megatron.core.transformer.enums import AttnMaskType  # noqa: E402
+from megatron.core.transformer.mlp import MLP, MLPSubmodules  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
-from planner.specs.model import BLOCK, EMBEDDING, HEAD, ModelSpec  # noqa: E402
+from planner.specs.model import BLOCK, EMBEDDING, FINAL_NORM, ModelSpec  # noqa: E402
+from sailor_ext.attention import FusedCoreAttention, rotary_embedding, window_mask  # noqa: E402
 from sailor_ext.sharding import ParamShard  # noqa: E402
 
 INIT_STD = 0.02
 WORD_EMBEDDING = "layers.0.word_embeddings.weight"
+ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh"), "relu": F.relu,
+               "silu": F.silu}
 
 
 @dataclass(frozen=True)
@@ -76,12 +91,19 @@ def transformer_config(model: ModelSpec, tp: int) -> TransformerConfig:
         num_layers=model.num_blocks,
         hidden_size=model.hidden,
         num_attention_heads=model.heads,
+        kv_channels=model.head_dim,
         ffn_hidden_size=model.ffn_hidden,
-        num_query_groups=model.kv_heads or None,
+        num_query_groups=model.num_query_groups,
         tensor_model_parallel_size=tp,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        add_bias_linear=model.bias,
+        add_bias_linear=model.mlp_bias,  # each linear's bias is set on its own (with_bias below)
+        add_qkv_bias=model.qkv_bias,
+        gated_linear_unit=model.gated_mlp,
+        activation_func=ACTIVATIONS[model.activation],
+        normalization="RMSNorm" if model.rms_norm else "LayerNorm",
+        layernorm_epsilon=model.norm_eps,
+        softmax_scale=model.attention_scale or None,
         use_cpu_initialization=True,
         perform_initialization=False,
         params_dtype=torch.float32,
@@ -94,25 +116,117 @@ def transformer_config(model: ModelSpec, tp: int) -> TransformerConfig:
     )
 
 
-def causal_mask(seq_len: int, device: torch.device) -> torch.Tensor:
-    """megatron's mask convention: True marks a position that may not be attended."""
-    return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1)[None, None]
+@functools.cache
+def with_bias(linear: type, bias: bool) -> type:
+    """`linear` with its bias fixed, whatever the config says (megatron ties
+    every linear's bias to add_bias_linear; GPT-Neo, Qwen2 and LLaMA's
+    attention_bias need them one by one)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["bias"] = bias
+        linear.__init__(self, *args, **kwargs)
+
+    return type(f"{linear.__name__}{'' if bias else 'NoBias'}", (linear,), {"__init__": __init__})
+
+
+def norm(model: ModelSpec, width: int) -> nn.Module:
+    if model.rms_norm:
+        return nn.RMSNorm(width, eps=model.norm_eps)
+    return nn.LayerNorm(width, eps=model.norm_eps)
+
+
+class Embedding(nn.Module):
+    """Word embedding (vocabulary-parallel), OPT-350m's projection, learned positions."""
+
+    def __init__(self, spec: StageSpec, config: TransformerConfig, tp_group):
+        super().__init__()
+        model = spec.model
+        self.model = model
+        self.word_embeddings = VocabParallelEmbedding(spec.padded_vocab, model.word_dim, init_method=None,
+                                                      config=config, tp_group=tp_group)
+        if model.projected:
+            self.project_in = nn.Linear(model.word_dim, model.hidden, bias=False)
+        if model.learned_positions:
+            self.position_embeddings = nn.Embedding(model.position_rows, model.hidden)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [b, s] -> hidden [s, b, h]."""
+        x = self.word_embeddings(tokens)
+        if self.model.pad_token >= 0:  # Hugging Face's padding_idx: the row is used, never trained
+            x = torch.where((tokens == self.model.pad_token).unsqueeze(-1), x.detach(), x)
+        if self.model.projected:
+            x = self.project_in(x)
+        if self.model.learned_positions:
+            positions = torch.arange(tokens.size(1), device=tokens.device) + self.model.position_offset
+            x = x + self.position_embeddings(positions)
+        return x.transpose(0, 1).contiguous()
+
+
+class Block(nn.Module):
+    """Self-attention and MLP, each in a residual: x + f(norm(x)), or with
+    post-norm (OPT-350m) norm(x + f(x))."""
+
+    def __init__(self, spec: StageSpec, config: TransformerConfig, pg: ProcessGroupCollection, layer_number: int):
+        super().__init__()
+        model = spec.model
+        self.post_norm = model.post_norm
+        self.input_layernorm = norm(model, model.hidden)
+        attention = SelfAttentionSubmodules(
+            linear_qkv=with_bias(ColumnParallelLinear, model.qkv_bias), core_attention=FusedCoreAttention,
+            linear_proj=with_bias(RowParallelLinear, model.out_bias))
+        self.self_attention = SelfAttention(config, attention, layer_number, attn_mask_type=AttnMaskType.causal,
+                                            pg_collection=pg)
+        self.pre_mlp_layernorm = norm(model, model.hidden)
+        mlp = MLPSubmodules(linear_fc1=with_bias(ColumnParallelLinear, model.mlp_bias),
+                            linear_fc2=with_bias(RowParallelLinear, model.mlp_bias))
+        self.mlp = MLP(config, mlp, ffn_hidden_size=model.ffn_hidden, tp_group=pg.tp)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rotary: torch.Tensor | None) -> torch.Tensor:
+        h = x if self.post_norm else self.input_layernorm(x)
+        out, bias = self.self_attention(h, attention_mask=mask, rotary_pos_emb=rotary)
+        x = x + (out if bias is None else out + bias)
+        if self.post_norm:
+            x = self.input_layernorm(x)
+        h = x if self.post_norm else self.pre_mlp_layernorm(x)
+        out, bias = self.mlp(h)
+        x = x + (out if bias is None else out + bias)
+        return self.pre_mlp_layernorm(x) if self.post_norm else x
+
+
+class FinalNorm(nn.Module):
+    """The final norm as a pipeline layer of its own (LLaMA's numbering)."""
+
+    def __init__(self, model: ModelSpec):
+        super().__init__()
+        self.final_layernorm = norm(model, model.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.final_layernorm(x)
 
 
 class Head(nn.Module):
-    """Final LayerNorm and the vocabulary-parallel output layer."""
+    """Final norm, projection to the embedding width, vocabulary-parallel output layer."""
 
-    def __init__(self, spec: StageSpec, config: TransformerConfig, norm_cls, tp_group, reuse_embedding: bool):
+    def __init__(self, spec: StageSpec, config: TransformerConfig, tp_group, reuse_embedding: bool):
         super().__init__()
-        self.final_layernorm = norm_cls(config=config, hidden_size=spec.model.hidden, eps=config.layernorm_epsilon)
+        model = spec.model
+        self.model = model
+        if model.final_norm and not model.separate_final_norm:
+            self.final_layernorm = norm(model, model.hidden)
+        if model.projected:
+            self.project_out = nn.Linear(model.hidden, model.word_dim, bias=False)
         self.output_layer = ColumnParallelLinear(
-            spec.model.hidden, spec.padded_vocab, config=config, init_method=None, bias=False,
+            model.word_dim, spec.padded_vocab, config=config, init_method=None, bias=False,
             gather_output=False, skip_bias_add=False, skip_weight_param_allocation=reuse_embedding,
             tp_group=tp_group)
 
     def forward(self, hidden: torch.Tensor, embedding_weight: torch.Tensor | None = None) -> torch.Tensor:
         """embedding_weight: the word embedding, when the head reuses it on this stage."""
-        logits, _ = self.output_layer(self.final_layernorm(hidden), weight=embedding_weight)
+        if hasattr(self, "final_layernorm"):
+            hidden = self.final_layernorm(hidden)
+        if self.model.projected:
+            hidden = self.project_out(hidden)
+        logits, _ = self.output_layer(hidden, weight=embedding_weight)
         return logits
 
 
@@ -129,45 +243,62 @@ class StageModel(nn.Module):
         self.tp_group = tp_group
         model = spec.model
         config = transformer_config(model, spec.tp)
-        layer_spec = get_gpt_layer_local_spec()
-        pg = ProcessGroupCollection(tp=tp_group, pp=None, cp=None)  # our schedule does PP; no CP
+        pg = ProcessGroupCollection(tp=tp_group, pp=None, cp=compat.NO_CONTEXT_PARALLEL)  # our schedule does PP
         self.layers = nn.ModuleDict()
         for layer in spec.layers:
             kind = model.kind(layer)
             if kind == EMBEDDING:
-                self.layers[str(layer)] = LanguageModelEmbedding(
-                    config, spec.padded_vocab, model.seq_len, position_embedding_type="learned_absolute",
-                    tp_group=tp_group)
+                self.layers[str(layer)] = Embedding(spec, config, tp_group)
             elif kind == BLOCK:
-                self.layers[str(layer)] = build_module(layer_spec, config=config, layer_number=layer,
-                                                       pg_collection=pg)
-            elif kind == HEAD:
-                reuse = model.tied_embeddings and "0" in self.layers
-                self.layers[str(layer)] = Head(spec, config, layer_spec.submodules.input_layernorm, tp_group, reuse)
+                self.layers[str(layer)] = Block(spec, config, pg, layer)
+            elif kind == FINAL_NORM:
+                self.layers[str(layer)] = FinalNorm(model)
             else:
-                raise ValueError(f"layer kind {kind} is not supported by the runtime")
+                reuse = model.tied_embeddings and "0" in self.layers
+                self.layers[str(layer)] = Head(spec, config, tp_group, reuse)
         self.shards = self._shards()
         self.to(device)
-        self.register_buffer("mask", causal_mask(model.seq_len, device), persistent=False)
+        self.device = device
+        self._masks: dict[tuple[int, int], torch.Tensor | None] = {}
+        self._rotary: dict[int, torch.Tensor] = {}
 
     @property
     def vocab_start(self) -> int:
         return self.spec.padded_vocab // self.spec.tp * self.spec.tp_rank
 
+    def mask(self, block: int, seq_len: int) -> torch.Tensor | None:
+        """Block `block`'s (1-based) attention mask; None for plain causal attention."""
+        window = self.spec.model.window(block - 1)
+        if not window or window >= seq_len:
+            return None
+        key = (window, seq_len)
+        if key not in self._masks:
+            self._masks[key] = window_mask(seq_len, window, self.device)
+        return self._masks[key]
+
+    def rotary(self, seq_len: int) -> torch.Tensor | None:
+        if self.spec.model.learned_positions:
+            return None
+        if seq_len not in self._rotary:
+            self._rotary[seq_len] = rotary_embedding(self.spec.model, seq_len, self.device)
+        return self._rotary[seq_len]
+
+    def run_layer(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """One layer's forward (the profiler times them one by one)."""
+        module = self.layers[str(layer)]
+        if isinstance(module, Block):
+            args = (module, x, self.mask(layer, x.size(0)), self.rotary(x.size(0)))
+            if self.spec.recompute and torch.is_grad_enabled():
+                return checkpoint(_block_output, *args, use_reentrant=False)
+            return _block_output(*args)
+        if isinstance(module, Head):
+            tied = module.output_layer.weight is None
+            return module(x, self.layers["0"].word_embeddings.weight if tied else None)
+        return module(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for key, layer in self.layers.items():
-            if isinstance(layer, LanguageModelEmbedding):
-                positions = torch.arange(x.size(1), device=x.device).unsqueeze(0)
-                x = layer(x, positions)
-            elif isinstance(layer, Head):
-                reused = self.layers["0"].word_embeddings.weight if layer.output_layer.weight is None else None
-                x = layer(x, reused)
-            else:
-                mask = self.mask[..., : x.size(0), : x.size(0)]
-                if self.spec.recompute and torch.is_grad_enabled():
-                    x = checkpoint(_block_output, layer, x, mask, use_reentrant=False)
-                else:
-                    x = _block_output(layer, x, mask)
+        for layer in self.spec.layers:
+            x = self.run_layer(layer, x)
         return x
 
     # -- logical tensors ---------------------------------------------------------
@@ -190,13 +321,18 @@ class StageModel(nn.Module):
                 shape = list(param.shape)
                 if dim is not None:
                     shape[dim] *= spec.tp
+                if dim is not None and spec.model.gated_mlp and module_name.endswith("mlp.linear_fc1"):
+                    # megatron's SwiGLU fc1: each TP rank holds [its gate rows; its up rows], so the
+                    # logical tensor is [2, ffn, ...] split along dim 1
+                    shape = [2, shape[0] // 2, *shape[1:]]
+                    dim = 1
                 out[name] = ParamShard(logical, tuple(shape), dim, spec.tp, spec.tp_rank,
                                        chunks if dim is not None else 1, stages)
         return out
 
 
-def _block_output(layer: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return layer(x, attention_mask=mask)[0]
+def _block_output(block: Block, x: torch.Tensor, mask: torch.Tensor | None, rotary: torch.Tensor | None):
+    return block(x, mask, rotary)
 
 
 def init_tensor(name: str, shape: tuple[int, ...], seed: int, num_blocks: int) -> torch.Tensor:
@@ -219,4 +355,4 @@ def init_from_seed(stage: StageModel, seed: int) -> None:
     for name, param in stage.named_parameters():
         shard = stage.shards[name]
         full = init_tensor(shard.name, shard.logical_shape, seed, stage.spec.model.num_blocks)
-        param.copy_(shard.shard_of(full))
+        shard.view(param).copy_(shard.shard_of(full))

@@ -105,7 +105,7 @@ class Optimizer:
 
     def set_state(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
         param = self.params[name]
-        state = {k: v.to(param.device, param.dtype).clone() for k, v in tensors.items()}
+        state = {k: v.to(param.device, param.dtype).reshape(param.shape).clone() for k, v in tensors.items()}
         if isinstance(self.inner, torch.optim.AdamW):
             state["step"] = torch.tensor(float(self.step_count))
         self.inner.state[param] = state

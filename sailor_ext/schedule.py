@@ -66,7 +66,8 @@ class OneFOneB:
         if not last:
             return x, out, None
         labels = tokens[:, 1:].t()  # [s, b], matching the logits' [s, b, V/tp]
-        token_loss = vocab_parallel_cross_entropy(out, labels, self.model.vocab_start, self.model.tp_group)
+        token_loss = vocab_parallel_cross_entropy(out, labels, self.model.vocab_start, self.model.tp_group,
+                                                  self.model.spec.model.vocab)
         loss = token_loss.sum() / self.shape.global_tokens
         return x, loss, loss.detach()
 
@@ -76,6 +77,24 @@ class OneFOneB:
         else:
             out.backward(grad.to(out.dtype))
         return None if x is None else x.grad
+
+    def forward_only(self, microbatches: list[torch.Tensor | None]) -> torch.Tensor:
+        """Forward passes alone (validation): this rank's loss sum, as run() counts it.
+
+        Every stage receives, computes and sends on microbatch by microbatch,
+        the warm-up's pattern; no graph is built and nothing is kept.
+        """
+        first = self.topology.is_first_stage
+        loss_sum = torch.zeros((), device=self.topology.device)
+        with torch.no_grad():
+            for tokens in microbatches:
+                x = None if first else self.links.exchange(recv_prev=self.shape.activation)[0]
+                _, out, loss = self._forward(x, tokens)
+                if loss is None:
+                    self.links.exchange(send_next=out)
+                else:
+                    loss_sum += loss.float()
+        return loss_sum
 
     def run(self, microbatches: list[torch.Tensor | None]) -> torch.Tensor:
         """One step's forward and backward passes; returns this rank's loss sum.

@@ -6,6 +6,11 @@ would hold. A TP rank holds either the whole tensor (norms, row-parallel
 biases, position embeddings) or a contiguous slice along one dimension
 (Megatron's column/row-parallel and vocab-parallel layouts).
 
+A logical tensor may have more dimensions than the module's parameter: with
+SwiGLU, megatron's fc1 holds [gate rows; up rows] of its TP slice, so the
+logical tensor is [2, ffn, h] split along dim 1 and `view` shows a local
+parameter (or its gradient or optimizer state) in that layout.
+
 Different replicas may hold different slices (TP 2 vs TP 4), so we cut every
 sharded tensor into `num_chunks` equal chunks, the largest TP degree among
 all its holders; chunk c is the unit of gradient reduction, of the global
@@ -64,15 +69,19 @@ class ParamShard:
         """[start, stop) of chunk `chunk` along `dim`, in logical coordinates."""
         return chunk * self.chunk_len, (chunk + 1) * self.chunk_len
 
+    def view(self, local: torch.Tensor) -> torch.Tensor:
+        """A local tensor (param, grad, optimizer state) in the logical layout (local_shape)."""
+        return local.view(self.local_shape)
+
     def chunk_view(self, local: torch.Tensor, chunk: int) -> torch.Tensor:
         """The part of the local tensor (param, grad, optimizer state) in `chunk`."""
         if self.dim is None:
             return local
         start = (chunk - self.local_chunks.start) * self.chunk_len
-        return local.narrow(self.dim, start, self.chunk_len)
+        return self.view(local).narrow(self.dim, start, self.chunk_len)
 
     def shard_of(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's slice of a full logical tensor."""
+        """This rank's slice of a full logical tensor (in local_shape; copy it into view(param))."""
         if self.dim is None:
             return full
         start, stop = self.local_range()

@@ -97,9 +97,9 @@ class SnapshotRing:
             reuse.persisted.wait()  # its bytes may still be on their way to disk
             if reuse.shards != shards:
                 reuse = None
-        tensors: dict[str, dict[str, torch.Tensor]] = {}
+        tensors: dict[str, dict[str, torch.Tensor]] = {}  # in the logical layout (ParamShard.view)
         for name, param in model.named_parameters():
-            live = {"param": param, **optimizer.state_of(name)}
+            live = {k: shards[name].view(v) for k, v in {"param": param, **optimizer.state_of(name)}.items()}
             if reuse is not None:
                 held = reuse.tensors[name]
                 for k, v in live.items():

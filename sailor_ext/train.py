@@ -24,6 +24,7 @@ from planner.launch import Layout, check_runnable, rank_layout, uniform_plan
 from planner.specs.hardware import load_cluster
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, load_plan, plan_model
+from sailor_ext.data import DEFAULT_SPLIT, EVAL_ITERS, DataSources, open_training_data
 
 PEER_FAILURE_EXIT = 3
 
@@ -61,9 +62,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 compute (default: on with CUDA, off on CPU)")
     g = p.add_argument_group("data")
-    g.add_argument("--data-path", help="token file prefix (see sailor_ext.data); default: synthetic data")
+    g.add_argument("--data-path", nargs="+", metavar="PREFIX",
+                   help="megatron indexed dataset (PREFIX.bin + PREFIX.idx, e.g. from `sailor data prepare`), or "
+                   "weights and prefixes to blend: W1 PREFIX1 W2 PREFIX2 ...; default: synthetic data")
+    g.add_argument("--split", default=DEFAULT_SPLIT,
+                   help=f"train,validation,test shares of each dataset's documents (default {DEFAULT_SPLIT})")
     g.add_argument("--mock-data", action="store_true", help="synthetic data (the default without --data-path)")
     g.add_argument("--seed", type=int, default=1234)
+    g = p.add_argument_group("validation")
+    g.add_argument("--eval-interval", type=int, help="validate every N steps and after the last (default: never)")
+    g.add_argument("--eval-iters", type=int,
+                   help=f"validation batches of the global batch size per evaluation (default {EVAL_ITERS} with "
+                   "--eval-interval; without it: one evaluation, after the last step)")
     g = p.add_argument_group("checkpoints and logging")
     g.add_argument("--save", help="checkpoint directory")
     g.add_argument("--save-interval", type=int, default=0, help="save every N steps (and at the end)")
@@ -71,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="committed checkpoints to keep on disk (0: all); older ones are the fallback when the "
                    "newest is damaged")
     g.add_argument("--load", help="resume from the latest checkpoint in this directory")
+    g.add_argument("--load-hf", metavar="DIR", help="start from a Hugging Face model directory's safetensors "
+                   "weights (sharded or not), cut to the plan; a checkpoint in --load, if any, wins")
     g.add_argument("--metrics-file", help="append one JSON line per step (rank 0)")
     g.add_argument("--log-interval", type=int, default=1)
     g.add_argument("--dist-timeout", type=float, default=300.0,
@@ -126,14 +138,15 @@ def check_placement(layout: Layout, rank: int) -> None:
                           f"--nproc-per-node={node.nproc} (see `sailor launch`)")
 
 
-def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, local_rank: int) -> int:
+def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, local_rank: int,
+          data: DataSources | None = None) -> int:
     """Join the process group and run the steps (imports torch and megatron)."""
     import torch.distributed as dist
 
     from sailor_ext.trainer import Trainer, init_distributed
 
     device = init_distributed(layout, rank, local_rank, args.dist_timeout)
-    trainer = Trainer(args, plan, model_spec, layout, rank, device)
+    trainer = Trainer(args, plan, model_spec, layout, rank, device, data=data)
     trainer.run()
     dist.barrier()
     dist.destroy_process_group()
@@ -155,14 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan, model, layout = resolve_plan(args, world_size)
         check_placement(layout, rank)
+        data = open_training_data(args, model)
     except SailorError as e:
         if rank == 0:
             print(f"sailor: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
     try:
-        return train(args, plan, model, layout, rank, local_rank)
+        return train(args, plan, model, layout, rank, local_rank, data)
     except SailorError as e:
-        print(f"sailor: error: rank {rank}: {e}", file=sys.stderr, flush=True)
+        if rank == 0 or not getattr(e, "agreed", False):  # an agreed error names its rank; rank 0 says it
+            print(f"sailor: error: {e}" if getattr(e, "agreed", False) else f"sailor: error: rank {rank}: {e}",
+                  file=sys.stderr, flush=True)
         return e.exit_code
     except RuntimeError as e:
         if not _is_peer_failure(e):

@@ -18,11 +18,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from planner.errors import SailorError
 from planner.launch import Layout
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
 from sailor_ext import checkpoint, compat
-from sailor_ext.data import BatchSlicer, SyntheticTokens, TokenFile, microbatches
+from sailor_ext.data import BatchSlicer, DataSources, Source, evaluation, microbatches, open_training_data
 from sailor_ext.grad_sync import GradSync
 from sailor_ext.model import StageModel, StageSpec, init_from_seed
 from sailor_ext.optimizer import Optimizer, OptimizerConfig
@@ -50,6 +51,24 @@ def pad_vocab(model: ModelSpec, max_tp: int, divisor: int) -> int:
     holds slices of the same logical embedding."""
     step = divisor * max_tp
     return -(-model.vocab // step) * step
+
+
+def agreed(action, rank: int, group) -> None:
+    """Run `action` on every rank; if it fails with a user mistake on any rank, every rank
+    raises that rank's error (a stage that finished would otherwise wait for its peers until
+    --dist-timeout). The error is marked `agreed`: rank 0 alone reports it."""
+    error = None
+    try:
+        action()
+    except SailorError as e:
+        error = f"rank {rank}: {e}"
+    errors: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(errors, error, group=group)
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        failure = SailorError(first)
+        failure.agreed = True
+        raise failure
 
 
 @dataclass(frozen=True)
@@ -81,14 +100,15 @@ def log(line: str) -> None:
 class Trainer:
     def __init__(self, args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, device: torch.device,
                  snapshots: SnapshotRing | None = None, persister: Persister | None = None,
-                 padded_vocab: int | None = None):
+                 padded_vocab: int | None = None, data: DataSources | None = None):
         """After init_distributed; args are train.py's parsed arguments.
 
         snapshots: the process's in-memory checkpoints (they outlive a Trainer
         in an elastic job); persister: writes them to disk (default: to
         --save, committing through the process group's store); padded_vocab:
         fixed by an elastic job for all its plans (default: padded for this
-        plan's largest TP degree)."""
+        plan's largest TP degree); data: training and validation samples
+        (default: opened from args)."""
         self.args, self.plan, self.model_spec, self.rank = args, plan, model_spec, rank
         timeout = datetime.timedelta(seconds=args.dist_timeout)
         self.topology = topology = Topology(layout, rank, device, model_spec.tied_embeddings, timeout)
@@ -118,10 +138,9 @@ class Trainer:
             weight_decay=args.weight_decay, beta1=args.adam_beta1, beta2=args.adam_beta2, eps=args.adam_eps,
             clip_grad=args.clip_grad, warmup_iters=args.lr_warmup_iters, decay_iters=args.lr_decay_iters,
             decay_style=args.lr_decay_style))
-        if args.data_path:
-            self.source = TokenFile(args.data_path, model_spec.vocab, model_spec.seq_len, args.seed)
-        else:
-            self.source = SyntheticTokens(model_spec.vocab, model_spec.seq_len, args.seed)
+        self.evaluation = evaluation(args)
+        self.data = data or open_training_data(args, model_spec)
+        self.source = self.data.train
         self.slicer = BatchSlicer(plan)
         self.step, self.consumed = 0, 0
         self.snapshots = snapshots if snapshots is not None else SnapshotRing()
@@ -134,21 +153,26 @@ class Trainer:
                               args.keep_checkpoints, args.dist_timeout),
                 StoreBoard(dist.distributed_c10d._get_default_store(), "sailor/ckpt/"), self.checkpoint_meta(),
                 log if rank == 0 else (lambda line: None))
-        if args.load:
-            self.load(args.load)
+        load_hf = getattr(args, "load_hf", None)
+        if args.load and not (load_hf and checkpoint.find_latest(args.load) is None):
+            self.load(args.load)  # resuming wins over --load-hf: the same command line restarts a run
+        elif load_hf:
+            agreed(lambda: self.load_hf(load_hf), rank, topology.world_group)
         self.metrics = MetricsWriter(args.metrics_file, rank == 0)
 
     @property
     def device(self) -> torch.device:
         return self.topology.device
 
-    def microbatches(self) -> list[torch.Tensor | None]:
-        """This pipeline's microbatches of the next step (first and last stage only)."""
+    def microbatches(self, source: Source | None = None, consumed: int | None = None) -> list[torch.Tensor | None]:
+        """This pipeline's microbatches of the next step (default) or of the batch of `source` after
+        `consumed` samples (first and last stage only)."""
         topo = self.topology
         if not (topo.is_first_stage or topo.is_last_stage):
             return [None] * self.pipeline.num_microbatches
+        consumed = self.consumed if consumed is None else consumed
         return [torch.from_numpy(np.asarray(mb)).to(self.device)
-                for mb in microbatches(self.source, self.slicer, self.consumed, topo.replica)]
+                for mb in microbatches(source or self.source, self.slicer, consumed, topo.replica)]
 
     def seed_step(self) -> None:
         """Random streams of the next step (see RNG_RULE)."""
@@ -176,11 +200,41 @@ class Trainer:
         self.consumed += self.plan.global_batch_size
         return StepResult(self.step, loss, grad_norm, lr, time.perf_counter() - start, bool(stats[2] > 0))
 
+    def evaluate(self) -> float:
+        """Mean loss of the first --eval-iters global batches of the validation data, forward only."""
+        topo = self.topology
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for k in range(self.evaluation.iters):
+            loss_sum = self.schedule.forward_only(self.microbatches(self.data.validation,
+                                                                    k * self.plan.global_batch_size))
+            if topo.is_last_stage and topo.tp_rank == 0:  # one copy of each pipeline's loss
+                total += loss_sum.double()
+        dist.all_reduce(total, group=topo.world_group)
+        return float(total) / self.evaluation.iters
+
+    def validate(self, step: int) -> float | None:
+        """The validation loss after `step` where --eval-interval asks for one (printed by rank 0)."""
+        if not self.evaluation.due(step, self.args.train_iters):
+            return None
+        loss = self.evaluate()
+        if self.rank == 0:
+            print(f"step {step}/{self.args.train_iters} | validation loss {loss:.6f}", flush=True)
+        return loss
+
     # -- checkpoints -----------------------------------------------------------------
     def checkpoint_meta(self) -> dict:
         return {"model": self.model_spec.name, "seq_len": self.model_spec.seq_len,
+                "model_config": self.model_spec.to_dict(), "hf_source": getattr(self.args, "load_hf", None),
                 "padded_vocab": self.spec.padded_vocab, "seed": self.args.seed, "rng": RNG_RULE,
                 "plan_global_batch_size": self.plan.global_batch_size}
+
+    def load_hf(self, directory: str) -> None:
+        """Start from a Hugging Face checkpoint: this rank's slices of its weights, a fresh optimizer."""
+        from sailor_ext import hf
+
+        hf.load_stage(self.model, directory)
+        if self.rank == 0:
+            log(f"loaded Hugging Face weights from {directory}")
 
     def snapshot(self):
         """Copy this rank's state into host memory (the blocking part of a checkpoint)."""
@@ -238,6 +292,8 @@ class Trainer:
             at_interval = args.save_interval and r.step % args.save_interval == 0
             if args.save and (at_interval or r.step == args.train_iters):
                 record["save_blocked_s"] = self.save()
+            if (val_loss := self.validate(r.step)) is not None:
+                record["val_loss"] = val_loss
             self.metrics.write(record)
         if self.persister is not None:
             self.persister.flush()

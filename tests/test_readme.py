@@ -63,6 +63,9 @@ def test_tour(checkout):
         assert (checkout / made).stat().st_size > 0, made
     assert (checkout / "cpu-profiles" / "tiny" / "CPU" / "profile.json").exists()
     assert "step 20/20" in out.stdout + out.stderr  # `sailor launch --local` trained
+    # the Hugging Face model: trained from its weights, exported, loaded back by transformers
+    assert "loaded Hugging Face weights from tiny-llama" in out.stderr and "step 10/10" in out.stdout + out.stderr
+    assert (checkout / "llama-trained" / "model.safetensors").exists() and "LlamaForCausalLM" in out.stdout
     cheap = json.loads((checkout / "cheap.json").read_text())
     assert cheap["model"] == "opt-350m"
     # the elastic run: a node was lost, the survivors re-planned onto 4 ranks and finished the job

@@ -78,6 +78,7 @@ class ModelSpec:
     windows: tuple[int, ...] = ()  # per block: 0 = full causal attention, w = the last w tokens only
     rope_theta: float = 10000.0
     rope_scaling: tuple[tuple[str, float | str], ...] = ()  # e.g. (("type", "llama3"), ("factor", 8.0), ...)
+    pad_token: int = -1  # the token whose embedding row gets no gradient (Hugging Face's padding_idx); -1: none
     hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
@@ -100,6 +101,9 @@ class ModelSpec:
         if self.windows and len(self.windows) != self.num_blocks:
             raise SailorError(f"model {self.name!r}: {len(self.windows)} attention windows for {self.num_blocks} "
                               "blocks")
+        if not -1 <= self.pad_token < self.vocab:
+            raise SailorError(f"model {self.name!r}: pad token {self.pad_token} is outside the vocabulary of "
+                              f"{self.vocab}")
         if self.max_positions and self.seq_len > self.max_positions:
             raise SailorError(f"--seq-length {self.seq_len} exceeds the context length {self.max_positions} of "
                               f"{self.name}; use --seq-length {self.max_positions} or less")

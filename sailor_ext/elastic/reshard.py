@@ -219,7 +219,7 @@ def exchange(ring: SnapshotRing, model, optimizer, shards: dict[str, ParamShard]
     optimizer.step_count = info.optimizer_steps
     restore_state = tuple(info.state_keys) == tuple(optimizer.state_keys)
     for i, need in enumerate(my_needs):
-        params[need.local].copy_(filled[i]["param"])
+        shards[need.local].view(params[need.local]).copy_(filled[i]["param"])
         if restore_state and info.state_keys:
             optimizer.set_state(need.local, {k: filled[i][k] for k in info.state_keys})
     return info

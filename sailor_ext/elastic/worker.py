@@ -164,6 +164,7 @@ class Worker:
         keep = {c.sock.fileno() for c in (client, self.watch_client, self.board_client)}
         self.watcher = StopWatcher(self.watch_client, keep)
         self.ring = SnapshotRing()
+        self.data = None  # the training data, opened (and its vocabulary checked) in the first epoch
         self.ended_at = self.left_at = 0.0  # when the last epoch failed or stopped, and when it was torn down
         client.set(P.ready_key(node, index), str(os.getpid()))
 
@@ -211,6 +212,7 @@ class Worker:
         from planner.specs.plan import plan_from_dict, plan_model
         from sailor_ext import compat
         from sailor_ext.snapshot import Persister, PersistTarget, StoreBoard
+        from sailor_ext.data import open_training_data
         from sailor_ext.trainer import Trainer
 
         args, e = self.args, a.epoch
@@ -245,10 +247,12 @@ class Worker:
                 persister = Persister(
                     PersistTarget(args.save, rank, a.plan_world, e, args.keep_checkpoints, args.dist_timeout),
                     StoreBoard(self.board_client, f"ckpt/{e}/"), {}, log if rank == 0 else (lambda line: None))
-            trainer = Trainer(replace_ns(args, load=None), plan, model, layout, rank, device, self.ring, persister,
-                              a.padded_vocab)
+            if self.data is None:
+                self.data = open_training_data(args, model)
+            trainer = Trainer(replace_ns(args, load=None, load_hf=None), plan, model, layout, rank, device, self.ring,
+                              persister, a.padded_vocab, self.data)
             if persister is not None:
-                persister.meta = trainer.checkpoint_meta()
+                persister.meta = {**trainer.checkpoint_meta(), "hf_source": getattr(args, "load_hf", None)}
             t_built = time.time()
             source = self.restore(trainer, a, rank)
             t_loaded = time.time()
@@ -330,7 +334,10 @@ class Worker:
             trainer.step, trainer.consumed = info.step, info.consumed
         elif disk[0] is None:
             source = "init"
-            if self.ring.slots:
+            if getattr(self.args, "load_hf", None):
+                trainer.load_hf(self.args.load_hf)
+                source = "hf"
+            elif self.ring.slots:
                 log(f"rank {rank}: no snapshot or checkpoint covers the plan; starting from step 0")
         self.ring.clear()
         trainer.snapshot()  # the restored state, under the new plan
@@ -364,6 +371,8 @@ class Worker:
                 record["save_blocked_s"] = trainer.save()
             elif r.stop or last:
                 trainer.snapshot()  # the step to resume from, in memory
+            if (val_loss := trainer.validate(r.step)) is not None:
+                record["val_loss"] = val_loss
             trainer.metrics.write(record)
             if rank == 0 and args.log_interval and r.step % args.log_interval == 0:
                 print(f"step {r.step}/{args.train_iters} | loss {r.loss:.6f} | grad norm {r.grad_norm:.4f} | "

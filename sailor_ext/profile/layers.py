@@ -1,9 +1,9 @@
 """Per-layer costs of the runtime's own layers, measured on this rank.
 
 `LayerBench` builds the model the way the training runtime does
-(`sailor_ext.model.StageModel`: megatron-core's `LanguageModelEmbedding`,
-`TransformerLayer` from the local spec, our head with the vocabulary-parallel
-loss), at one TP degree, and measures for one microbatch size:
+(`sailor_ext.model.StageModel`: the embedding, blocks of megatron-core's
+attention and MLP, the head with the vocabulary-parallel loss), at one TP
+degree, and measures for one microbatch size:
 
   * forward and backward seconds of each layer. Each layer runs on its own
     input ([s, b, h] activations, or tokens for the embedding) and its backward
@@ -102,27 +102,21 @@ class LayerBench:
         tokens = torch.randint(0, m.vocab, (mbs, s), generator=self._generator).to(self.device)
         # activations arrive in the compute dtype, as StageLinks sends them
         hidden = torch.randn(s, mbs, m.hidden, generator=self._generator).to(self.device, self.dtype)
-        return {"tokens": tokens, "positions": torch.arange(s, device=self.device).unsqueeze(0),
-                "hidden": hidden.requires_grad_(), "labels": tokens.t().contiguous(),
+        return {"tokens": tokens, "hidden": hidden.requires_grad_(), "labels": tokens.t().contiguous(),
                 "grad": torch.randn(s, mbs, m.hidden, generator=self._generator).to(self.device, self.dtype)}
 
     def _forward(self, index: int, inputs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(tensor to call backward on, its gradient or None for a scalar loss)."""
-        layer, kind = self.layers[index], self.kinds[index]
+        kind = self.kinds[index]
         with self._autocast():
             if kind == EMBEDDING:
-                return layer(inputs["tokens"], inputs["positions"]), inputs["grad"]
-            if kind == BLOCK:
-                x = inputs["hidden"]
-                out, _ = layer(x, attention_mask=self.stage.mask[..., : x.size(0), : x.size(0)])
-                return out, inputs["grad"]
+                return self.stage.run_layer(index, inputs["tokens"]), inputs["grad"]
             if kind == HEAD:
-                reused = self.layers[0].word_embeddings.weight if layer.output_layer.weight is None else None
-                logits = layer(inputs["hidden"], reused)
+                logits = self.stage.run_layer(index, inputs["hidden"])
                 token_loss = vocab_parallel_cross_entropy(logits, inputs["labels"], self.stage.vocab_start,
-                                                          self.tp_group)
+                                                          self.tp_group, self.model.vocab)
                 return token_loss.sum() / token_loss.numel(), None
-        raise ValueError(f"layer kind {kind} is not supported by the runtime")
+            return self.stage.run_layer(index, inputs["hidden"]), inputs["grad"]
 
     @staticmethod
     def _backward(out: torch.Tensor, grad: torch.Tensor | None) -> None:

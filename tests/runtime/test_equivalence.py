@@ -119,3 +119,34 @@ def test_tied_embeddings_across_stages(runs_dir, reference, tmp_path_factory):
     assert_same_training(run, expected)
     names = logical_params(run)
     assert not any(n.endswith("output_layer.weight") for n in names), "the tied head must not own a copy"
+
+
+# A LLaMA-shaped model (RMSNorm, SwiGLU, rotary positions, 8 heads in 4 key/value groups, a separate
+# final-norm layer: layers 0..6): SwiGLU's fc1 is sharded as [gate; up] per TP rank, so replicas with
+# TP 4 and TP 2 hold it in differently interleaved slices.
+LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+         "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 512, "max_position_embeddings": 64}
+LLAMA_PLANS = {
+    "tp_per_replica": ([((0, 6), [4, 2])], [(3, 2), (2, 3)], ()),
+    "combined_recompute": ([((0, 2), [2, 1]), ((3, 6), [1, 2])], [(2, 4), (1, 4)], (1,)),
+    "uneven_stages": ([((0, 0), [1]), ((1, 4), [2]), ((5, 6), [1])], [(2, 6)], ()),
+}
+
+
+@pytest.fixture(scope="module")
+def llama_config(tmp_path_factory):
+    config = tmp_path_factory.mktemp("llama") / "config.json"
+    config.write_text(json.dumps(LLAMA))
+    return config
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_PLANS))
+def test_llama_shaped_plan_matches_single_process(name, runs_dir, reference, llama_config):
+    config = llama_config
+    stages, pipelines, recompute = LLAMA_PLANS[name]
+    plan = plan_dict(stages, pipelines, model=str(config), recompute=recompute)
+    world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
+    run = run_plan(runs_dir / f"llama-{name}", plan, world, common_args(SGD))
+    assert_ok(run)
+    ref = plan_dict([((0, 6), [1])], [(12, 1)], model=str(config))
+    assert_same_training(run, reference("llama-sgd", ref, 1, SGD))

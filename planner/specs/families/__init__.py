@@ -128,6 +128,15 @@ class ConfigReader:
             raise SailorError(f"model config {self.source}: {key} must be a string, not {value!r}")
         return value
 
+    def pad_token(self, default: int | None) -> int:
+        """pad_token_id (-1: none): Hugging Face keeps its embedding row out of training."""
+        value = self.cfg.get("pad_token_id", default)
+        if value is None:
+            return -1
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SailorError(f"model config {self.source}: pad_token_id must be a token id, not {value!r}")
+        return value
+
     def activation(self, key: str, default: str) -> str:
         name = self.str(key, default)
         ours = HF_ACTIVATIONS.get(name)

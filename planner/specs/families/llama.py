@@ -80,6 +80,7 @@ def from_hf(cfg, model_type: str) -> dict:
         head_dim_override=head_dim if head_dim * heads != hidden else 0,
         activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("rms_norm_eps", 1e-6),
         windows=_windows(cfg, model_type, blocks), rope_theta=theta, rope_scaling=scaling,
+        pad_token=cfg.pad_token(None),
     )
 
 
@@ -96,6 +97,7 @@ def to_hf(spec: ModelSpec) -> dict:
         "max_position_embeddings": spec.context_length, "head_dim": spec.head_dim,
         "rms_norm_eps": spec.norm_eps, "hidden_act": ACTIVATION_TO_HF[spec.activation],
         "rope_parameters": rope, "tie_word_embeddings": spec.tied_embeddings,
+        "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
     }
     if model_type == "llama":
         cfg.update(attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)

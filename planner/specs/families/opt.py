@@ -23,7 +23,7 @@ def from_hf(cfg, model_type: str) -> dict:
         tied_embeddings=cfg.bool("tie_word_embeddings", True), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
         position_offset=POSITION_OFFSET, embed_dim=cfg.int("word_embed_proj_dim", hidden),
         post_norm=not pre_norm, final_norm=pre_norm and not cfg.bool("_remove_final_layer_norm", False),
-        activation=cfg.activation("activation_function", "relu"),
+        activation=cfg.activation("activation_function", "relu"), pad_token=cfg.pad_token(1),
     )
 
 
@@ -38,7 +38,7 @@ def to_hf(spec: ModelSpec) -> dict:
         "max_position_embeddings": spec.context_length, "word_embed_proj_dim": spec.word_dim,
         "do_layer_norm_before": not spec.post_norm, "enable_bias": spec.qkv_bias,
         "activation_function": ACTIVATION_TO_HF[spec.activation], "tie_word_embeddings": spec.tied_embeddings,
-        "_remove_final_layer_norm": False, "layer_norm_elementwise_affine": True,
+        "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None, "_remove_final_layer_norm": False, "layer_norm_elementwise_affine": True,
         "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0, "layerdrop": 0.0,
     }
 

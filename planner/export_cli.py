@@ -1,0 +1,71 @@
+"""`sailor export CKPT --to-hf DIR`: a checkpoint of ours as a Hugging Face model directory.
+
+Our checkpoints hold plan-independent logical tensors (sailor_ext/checkpoint.py),
+so any checkpoint exports, whatever plan wrote it. The result is config.json
+plus safetensors (sharded beyond 5 GB, with an index) that
+`transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads; the tokenizer
+files of the Hugging Face model training started from (`--load-hf`), where
+they are still there, are copied beside them.
+
+Reading checkpoints needs torch (sailor_ext); this module imports it only when
+the command runs.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from planner.errors import SailorError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model", "generation_config.json")
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
+
+
+def cmd_export(args) -> int:
+    import torch
+
+    from planner.specs.model import get_model, model_from_dict
+    from sailor_ext import checkpoint, hf
+
+    source, out = Path(args.checkpoint).resolve(), Path(args.to_hf).resolve()
+    if out == source or source in out.parents or out in source.parents:
+        raise SailorError(f"--to-hf {args.to_hf} overlaps the checkpoint {args.checkpoint}; write the export to a "
+                          "directory of its own")
+    if out.exists() and any(out.glob("*.safetensors")) and not args.force:
+        raise SailorError(f"{args.to_hf} already holds safetensors files; choose an empty directory or add --force")
+    meta, logical = checkpoint.read_logical(args.checkpoint)
+    if "model_config" in meta:
+        model = model_from_dict(meta["model_config"], f"checkpoint {args.checkpoint}")
+    else:  # written before checkpoints carried the model: a preset by name
+        model = get_model(meta.get("model", ""), seq_len=meta.get("seq_len"))
+    written = hf.export(logical, model, out, getattr(torch, DTYPES[args.dtype]))
+    copied = []
+    tokenizer = Path(args.tokenizer or meta.get("hf_source") or "")
+    if str(tokenizer) and tokenizer.is_dir():
+        for name in TOKENIZER_FILES:
+            if (tokenizer / name).is_file():
+                shutil.copyfile(tokenizer / name, out / name)
+                copied.append(name)
+    print(f"exported {model.name} (step {meta['step']}, {model.total_params(padded=False):,} parameters, "
+          f"{DTYPES[args.dtype]}) to {out}: {', '.join(p.name for p in written)}"
+          + (f"; copied from {tokenizer}: {', '.join(copied)}" if copied else ""))
+    return 0
+
+
+def add_parser(subparsers, add_common=None):
+    p = subparsers.add_parser(
+        "export", help="write a checkpoint as a Hugging Face model directory (safetensors + config.json)",
+        description="Export a sailor checkpoint (any plan) so that transformers loads it with from_pretrained.")
+    p.add_argument("checkpoint", help="checkpoint directory: a --save directory (its newest checkpoint that "
+                                      "verifies) or one iter_NNNNNNN directory")
+    p.add_argument("--to-hf", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+                   help="dtype of the written weights (default float32: the trained master weights)")
+    p.add_argument("--tokenizer", metavar="DIR", help="copy tokenizer files from this directory (default: the "
+                                                      "--load-hf directory training started from, if it still exists)")
+    p.add_argument("--force", action="store_true", help="write into a directory that already holds safetensors")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.set_defaults(func=cmd_export)
+    return p

@@ -1,0 +1,85 @@
+"""Attention pieces megatron-core's local spec does not give us: fused core
+attention, rotary frequencies as Hugging Face defines them, window masks.
+
+`FusedCoreAttention` replaces megatron's `DotProductAttention` (same
+constructor and call, so megatron's `SelfAttention` builds it from a spec):
+`torch.nn.functional.scaled_dot_product_attention` picks flash or
+memory-efficient kernels on CUDA and never materialises the probabilities
+when the mask is plain causal. Grouped-query attention is passed through
+(`enable_gqa`), not expanded.
+
+Masks follow megatron's convention (True = may not attend); None means plain
+causal attention, which lets SDPA use its causal kernels.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.specs.model import ModelSpec
+
+
+class FusedCoreAttention(nn.Module):
+    """softmax(scale * q k^T + mask) v over [s, b, heads, head_dim] tensors (dropout 0)."""
+
+    def __init__(self, config, layer_number: int, attn_mask_type=None, attention_type: str = "self",
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type=None, pg_collection=None):
+        super().__init__()
+        self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
+        if attention_mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
+                                                 enable_gqa=k.size(1) != q.size(1))
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=~attention_mask, scale=self.scale,
+                                                 enable_gqa=k.size(1) != q.size(1))
+        s, b = query.size(0), query.size(1)
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # [s, b, heads * d]
+
+
+def window_mask(seq_len: int, window: int, device: torch.device) -> torch.Tensor:
+    """[1, 1, s, s], True where query i may not see key j: j > i, or i - j >= window."""
+    i = torch.arange(seq_len, device=device)
+    distance = i[:, None] - i[None, :]
+    return ((distance < 0) | (distance >= window))[None, None]
+
+
+def inverse_frequencies(model: ModelSpec) -> torch.Tensor:
+    """RoPE's inverse frequencies per pair of head dimensions [head_dim / 2], fp32.
+
+    inv_freq_i = theta^(-2i/d). LLaMA 3.1's scaling (rope type llama3) keeps
+    wavelengths shorter than original_context/high_freq_factor, divides those
+    longer than original_context/low_freq_factor by `factor`, and interpolates
+    smoothly in between; linear scaling divides all by `factor`.
+    """
+    d = model.head_dim
+    inv_freq = 1.0 / (model.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    scaling = dict(model.rope_scaling)
+    kind = scaling.get("type")
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        context = scaling["original_max_position_embeddings"]
+        wavelength = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelength > context / low, inv_freq / factor, inv_freq)
+        smooth = (context / wavelength - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelength >= context / high) & (wavelength <= context / low)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rotary_embedding(model: ModelSpec, seq_len: int, device: torch.device) -> torch.Tensor:
+    """Angles [s, 1, 1, head_dim] for megatron's apply_rotary_pos_emb: position * inv_freq,
+    twice (the rotate-half layout Hugging Face's LLaMA uses)."""
+    positions = torch.arange(seq_len, dtype=torch.float32)
+    freqs = torch.outer(positions, inverse_frequencies(model))
+    return torch.cat([freqs, freqs], dim=-1)[:, None, None, :].to(device)

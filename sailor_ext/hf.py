@@ -1,0 +1,250 @@
+"""Hugging Face weights in and out: safetensors files <-> our logical tensors.
+
+Our logical tensors (`layers.<L>.<module path>`, sharding.py) are what a
+single-GPU run of our model holds; a Hugging Face checkpoint names and lays
+them out its own way. The family's WeightMap (planner/specs/families) says,
+tensor by tensor, which Hugging Face tensors make a logical tensor and how
+(`WeightRule.op`); this module applies those conversions, both ways:
+
+  * `HFWeights(dir)` reads `model.safetensors` or a sharded checkpoint
+    (`model.safetensors.index.json`), lazily, tensor by tensor;
+  * `load_stage(stage, dir)` gives every parameter of a stage its slice of the
+    converted tensor (`--load-hf`: any plan, any TP degree);
+  * `export(logical, model, out_dir)` writes safetensors + config.json that
+    `transformers.AutoModelForCausalLM.from_pretrained` loads.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from planner.errors import SailorError
+from planner.specs.families import WeightRule, family, from_hf_config, to_hf_config
+from planner.specs.model import BLOCK, EMBEDDING, FINAL_NORM, HEAD, ModelSpec
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+MAX_SHARD_BYTES = 5 * 2**30  # transformers' default shard size
+
+
+# -- naming -------------------------------------------------------------------------
+def _rules(model: ModelSpec, kind: str) -> tuple[WeightRule, ...]:
+    weights = family(model.family).weights
+    return {EMBEDDING: weights.embedding, BLOCK: weights.block, FINAL_NORM: weights.final_norm,
+            HEAD: weights.head}[kind]
+
+
+def rule_for(model: ModelSpec, logical: str) -> tuple[WeightRule, int]:
+    """The rule that makes logical tensor `layers.<L>.<path>`, and the block index for `{i}`."""
+    _, layer, path = logical.split(".", 2)
+    layer = int(layer)
+    kind = model.kind(layer)
+    for rule in _rules(model, kind):
+        if rule.ours == path:
+            return rule, layer - 1
+    raise SailorError(f"the {model.family} family has no Hugging Face name for {logical}; "
+                      "this model cannot be converted")
+
+
+def hf_names(rule: WeightRule, block: int) -> tuple[str, ...]:
+    return tuple(name.format(i=block) for name in rule.hf)
+
+
+# -- layout conversions (one per WeightRule.op) -------------------------------------------
+def _group_qkv(model: ModelSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """[q; k; v] rows -> megatron's per-query-group rows [q_g, k_g, v_g] for g in groups."""
+    groups, rest = model.num_query_groups, q.shape[1:]
+    return torch.cat([q.reshape(groups, -1, *rest), k.reshape(groups, -1, *rest), v.reshape(groups, -1, *rest)],
+                     dim=1).reshape(-1, *rest)
+
+
+def _ungroup_qkv(model: ModelSpec, fused: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    groups, rest, d = model.num_query_groups, fused.shape[1:], model.head_dim
+    per_group = fused.reshape(groups, -1, *rest)
+    q, k, v = per_group.split([per_group.size(1) - 2 * d, d, d], dim=1)
+    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+
+
+def to_ours(model: ModelSpec, rule: WeightRule, tensors: list[torch.Tensor], shape: tuple[int, ...],
+            names: tuple[str, ...] = ()) -> torch.Tensor:
+    """The logical tensor of `shape` from the rule's Hugging Face tensors (`names`: theirs, for errors)."""
+    op = rule.op
+    if op == "copy":
+        out = tensors[0]
+    elif op == "t":
+        out = tensors[0].t()
+    elif op == "vocab":
+        out = torch.zeros(shape, dtype=tensors[0].dtype)
+        if tensors[0].shape[1:] == shape[1:] and tensors[0].size(0) == model.vocab:
+            out[: model.vocab] = tensors[0]
+        else:
+            out = tensors[0]  # wrong shape: reported below
+    elif op == "qkv":
+        out = _group_qkv(model, *tensors) if _qkv_shapes_ok(model, tensors) else tensors[0]
+    elif op in ("qkv_cat", "qkv_cat_t"):
+        fused = tensors[0].t() if op == "qkv_cat_t" else tensors[0]
+        sizes = [model.q_dim, model.kv_dim, model.kv_dim]
+        out = _group_qkv(model, *fused.split(sizes, dim=0)) if fused.size(0) == sum(sizes) else fused
+    elif op == "gate_up":
+        out = torch.stack(tensors) if tensors[0].shape == tensors[1].shape else tensors[0]
+    else:
+        raise ValueError(f"unknown weight op {op!r}")
+    if tuple(out.shape) != tuple(shape):
+        given = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(names or rule.hf, tensors))
+        raise SailorError(f"Hugging Face weights do not match the model: {given} cannot make {rule.ours} of shape "
+                          f"{tuple(shape)}; load weights saved for this config")
+    return out.contiguous()
+
+
+def _qkv_shapes_ok(model: ModelSpec, tensors: list[torch.Tensor]) -> bool:
+    q, k, v = tensors
+    return q.size(0) == model.q_dim and k.size(0) == v.size(0) == model.kv_dim and q.shape[1:] == k.shape[1:] \
+        == v.shape[1:]
+
+
+def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The rule's Hugging Face tensors from our logical tensor."""
+    op = rule.op
+    if op == "copy":
+        return [tensor]
+    if op == "t":
+        return [tensor.t()]
+    if op == "vocab":
+        return [tensor[: model.vocab]]
+    if op == "qkv":
+        return list(_ungroup_qkv(model, tensor))
+    if op in ("qkv_cat", "qkv_cat_t"):
+        fused = torch.cat(_ungroup_qkv(model, tensor), dim=0)
+        return [fused.t() if op == "qkv_cat_t" else fused]
+    if op == "gate_up":
+        return list(tensor.unbind(0))
+    raise ValueError(f"unknown weight op {op!r}")
+
+
+# -- reading ----------------------------------------------------------------------
+class HFWeights:
+    """The tensors of a Hugging Face checkpoint directory, opened lazily."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        index, single = self.directory / INDEX_FILE, self.directory / SINGLE_FILE
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError, TypeError):
+                raise SailorError(f"{index} is not a safetensors index (no weight_map)") from None
+            self.files = {name: self.directory / file for name, file in weight_map.items()}
+        elif single.exists():
+            with self._open(single) as f:
+                self.files = dict.fromkeys(f.keys(), single)
+        else:
+            raise SailorError(f"no Hugging Face weights in {self.directory}: expected {SINGLE_FILE} or {INDEX_FILE} "
+                              "(safetensors; convert .bin checkpoints with transformers' save_pretrained)")
+        self._handles: dict[Path, object] = {}
+
+    @staticmethod
+    def _open(path: Path):
+        from safetensors import safe_open
+
+        try:
+            return safe_open(str(path), framework="pt")
+        except FileNotFoundError:
+            raise SailorError(f"{path} is missing (listed in the index)") from None
+        except Exception as e:  # safetensors raises its own error types for damaged headers
+            raise SailorError(f"{path} is not a readable safetensors file ({str(e).splitlines()[0][:200]})") \
+                from None
+
+    def get(self, name: str) -> torch.Tensor:
+        path = self.files.get(name)
+        if path is None:
+            raise SailorError(f"Hugging Face weights in {self.directory} have no tensor {name}; they were saved "
+                              "for another model or config")
+        if path not in self._handles:
+            self._handles[path] = self._open(path).__enter__()
+        return self._handles[path].get_tensor(name).float()
+
+    def close(self) -> None:
+        for handle in self._handles.values():
+            handle.__exit__(None, None, None)
+        self._handles = {}
+
+
+def check_config(model: ModelSpec, directory: str | Path) -> None:
+    """Refuse weights whose config.json describes another architecture."""
+    theirs = from_hf_config(directory, seq_len=model.seq_len)
+    if theirs.architecture() != model.architecture():
+        ours, other = model.to_dict(), theirs.to_dict()
+        diff = next(k for k in ours if ours[k] != other[k] and k not in ("name", "hf_model_type"))
+        raise SailorError(f"the Hugging Face model in {directory} has {diff} {other[diff]!r} but the plan's model "
+                          f"{model.name} has {ours[diff]!r}; plan with --model {directory}")
+
+
+@torch.no_grad()
+def load_stage(stage, directory: str | Path) -> None:
+    """Give every parameter of `stage` (a StageModel) its slice of the Hugging Face weights."""
+    model = stage.spec.model
+    if (Path(directory) / "config.json").exists():
+        check_config(model, directory)
+    weights = HFWeights(directory)
+    try:
+        for name, param in stage.named_parameters():
+            shard = stage.shards[name]
+            rule, block = rule_for(model, shard.name)
+            names = hf_names(rule, block)
+            full = to_ours(model, rule, [weights.get(n) for n in names], shard.logical_shape, names)
+            shard.view(param).copy_(shard.shard_of(full))
+    finally:
+        weights.close()
+
+
+# -- writing ----------------------------------------------------------------------
+def hf_state_dict(model: ModelSpec, logical: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Hugging Face tensors from our logical tensors (tied weights written once)."""
+    out = {}
+    for name in sorted(logical):
+        rule, block = rule_for(model, name)
+        for hf_name, tensor in zip(hf_names(rule, block), to_hf(model, rule, logical[name])):
+            out[hf_name] = tensor.to(dtype).contiguous()
+    return out
+
+
+def export(logical: dict[str, torch.Tensor], model: ModelSpec, out_dir: str | Path,
+           dtype: torch.dtype = torch.float32, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[Path]:
+    """Write config.json and safetensors (sharded with an index beyond max_shard_bytes) into out_dir."""
+    from safetensors.torch import save_file
+
+    config = to_hf_config(model)
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    tensors = hf_state_dict(model, logical, dtype)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    names = [SINGLE_FILE] if len(shards) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    written = []
+    for file, shard in zip(names, shards):
+        written.append(_atomic(out / file, lambda tmp, shard=shard: save_file(shard, str(tmp), {"format": "pt"})))
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+                 "weight_map": {n: f for f, shard in zip(names, shards) for n in shard}}
+        written.append(_atomic(out / INDEX_FILE, lambda tmp: tmp.write_text(json.dumps(index, indent=2) + "\n")))
+    written.append(_atomic(out / "config.json", lambda tmp: tmp.write_text(json.dumps(config, indent=2) + "\n")))
+    return written
+
+
+def _atomic(path: Path, write) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+    return path

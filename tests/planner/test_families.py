@@ -1,0 +1,113 @@
+"""Hugging Face configs read per family: parameter counts, sequence length, bad configs.
+
+The parameter counts are the published sizes of each model (transformers'
+models of these configs, counted on the meta device, give the same numbers:
+checked live below where transformers is installed).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.errors import SailorError
+from planner.specs.model import get_model
+
+# The architecture fields of each model's published config.json, and its published size.
+PUBLISHED = {
+    "opt-125m": ({"model_type": "opt", "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                  "ffn_dim": 3072, "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 768,
+                  "do_layer_norm_before": True, "activation_function": "relu", "pad_token_id": 1}, 125_239_296),
+    "opt-350m": ({"model_type": "opt", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                  "ffn_dim": 4096, "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 512,
+                  "do_layer_norm_before": False, "activation_function": "relu", "pad_token_id": 1}, 331_196_416),
+    "gpt2": ({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+              "n_positions": 1024, "activation_function": "gelu_new"}, 124_439_808),
+    "gpt-neo-2.7B": ({"model_type": "gpt_neo", "hidden_size": 2560, "num_layers": 32, "num_heads": 20,
+                      "vocab_size": 50257, "max_position_embeddings": 2048, "window_size": 256,
+                      "attention_types": [[["global", "local"], 16]]}, 2_651_307_520),
+    "Llama-3-8B": ({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                    "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                    "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+                    "tie_word_embeddings": False}, 8_030_261_248),
+    "Mistral-7B": ({"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+                    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+                    "max_position_embeddings": 32768, "sliding_window": 4096, "tie_word_embeddings": False},
+                   7_241_732_096),
+    "Qwen2-0.5B": ({"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                    "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+                    "max_position_embeddings": 131072, "rope_theta": 1000000.0, "tie_word_embeddings": True},
+                   494_032_768),
+}
+
+
+def _write(tmp_path, cfg: dict):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_count_is_the_published_one(name, tmp_path):
+    cfg, published = PUBLISHED[name]
+    model = get_model(str(_write(tmp_path, cfg)))
+    assert model.total_params(padded=False) == published
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    with torch.device("meta"):
+        live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+    assert sum(p.numel() for p in live.parameters()) == published
+
+
+def test_architecture_details(tmp_path):
+    opt = get_model(str(_write(tmp_path, PUBLISHED["opt-350m"][0])))
+    assert (opt.word_dim, opt.post_norm, opt.final_norm, opt.tied_embeddings, opt.position_rows) == \
+        (512, True, False, True, 2050)
+    neo = get_model(str(_write(tmp_path, PUBLISHED["gpt-neo-2.7B"][0])))
+    assert not neo.qkv_bias and neo.out_bias and neo.attention_scale == 1.0
+    assert neo.windows[:4] == (0, 256, 0, 256)
+    qwen = get_model(str(_write(tmp_path, PUBLISHED["Qwen2-0.5B"][0])))
+    assert qwen.qkv_bias and not qwen.out_bias and qwen.num_query_groups == 2 and qwen.windows == ()
+    mistral = get_model(str(_write(tmp_path, PUBLISHED["Mistral-7B"][0])))
+    assert mistral.windows == (4096,) * 32
+
+
+def test_sequence_length_default_and_limit(tmp_path):
+    path = str(_write(tmp_path, PUBLISHED["Qwen2-0.5B"][0]))
+    assert get_model(path).seq_len == 2048 and get_model(path).context_length == 131072
+    assert get_model(path, seq_len=4096).seq_len == 4096
+    gpt2 = str(_write(tmp_path, PUBLISHED["gpt2"][0]))
+    assert get_model(gpt2).seq_len == 1024  # its context is shorter than 2048
+    with pytest.raises(SailorError, match="--seq-length 2048 exceeds the context length 1024"):
+        get_model(gpt2, seq_len=2048)
+    assert get_model("llama-3-8b").seq_len == 8192  # Sailor's preset keeps the length of its measured runs
+
+
+def test_llama3_rope_scaling_is_read(tmp_path):
+    cfg = dict(PUBLISHED["Llama-3-8B"][0], rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}, max_position_embeddings=131072)
+    model = get_model(str(_write(tmp_path, cfg)))
+    assert dict(model.rope_scaling) == {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192.0}
+    assert model.rope_theta == 500000.0
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"model_type": "bert"}, "model_type 'bert' is not supported"),
+    ({"hidden_size": "4096"}, "hidden_size must be a positive integer"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers must be a positive integer"),
+    ({"num_hidden_layers": 10**6}, "beyond 4096"),
+    ({"num_key_value_heads": 5}, "32 heads not divisible by kv_heads 5"),
+    ({"hidden_act": "mish"}, "hidden_act 'mish' is not supported"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn' is not supported"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope low_freq_factor must be a positive number"),
+    ({"pad_token_id": 200000}, "pad token 200000 is outside the vocabulary"),
+    ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
+])
+def test_bad_config_is_one_clear_error(tmp_path, change, needle):
+    cfg = {k: v for k, v in PUBLISHED["Llama-3-8B"][0].items()}
+    cfg.update(change)
+    with pytest.raises(SailorError, match=needle):
+        get_model(str(_write(tmp_path, cfg)))

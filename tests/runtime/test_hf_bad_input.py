@@ -1,0 +1,117 @@
+"""Hugging Face weights and exports that cannot work: one clear line, exit 2, at once.
+
+The run has two stages, so a mistake in the second stage's weights must stop
+the first stage too (it would otherwise wait for its peer until --dist-timeout).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from _runtime_helpers import ROOT, plan_dict, run_plan
+from test_bad_input import assert_one_clear_line
+
+transformers = pytest.importorskip("transformers")
+
+LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=300, max_position_embeddings=64)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("hf")
+    transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**LLAMA)).save_pretrained(directory)
+    return directory
+
+
+def _copy(hf_dir, tmp_path, tensors=None, config=None):
+    """A copy of the model directory with its tensors and/or config changed."""
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path / "hf"
+    out.mkdir()
+    weights = load_file(hf_dir / "model.safetensors")
+    save_file(tensors(weights) if tensors else weights, out / "model.safetensors", {"format": "pt"})
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config(cfg) if config else cfg))
+    return out
+
+
+def _train(tmp_path, model_dir, load_dir, *extra):
+    plan = plan_dict([((0, 1), [1]), ((2, 4), [1])], [(2, 2)], model=str(model_dir))  # llama: layers 0..4
+    start = time.monotonic()
+    run = run_plan(tmp_path / "run", plan, 2, ["--load-hf", str(load_dir), "--train-iters", "1", *extra], timeout=120)
+    return run, time.monotonic() - start
+
+
+def test_weights_shaped_for_another_config_name_the_tensor(hf_dir, tmp_path):
+    def shrink(weights):  # the second stage's down projection loses a column
+        name = "model.layers.1.mlp.down_proj.weight"
+        weights[name] = weights[name][:, :-1].contiguous()
+        return weights
+
+    bad = _copy(hf_dir, tmp_path, tensors=shrink)
+    run, seconds = _train(tmp_path, hf_dir, bad)
+    assert run.returncodes == [2, 2]
+    assert_one_clear_line(run.log(0), "rank 1", "model.layers.1.mlp.down_proj.weight (64, 95)",
+                          "mlp.linear_fc2.weight of shape (64, 96)")
+    assert run.log(1) == "" or "sailor: error" not in run.log(1)  # rank 0 alone reports it
+    assert seconds < 60
+
+
+def test_missing_tensor_is_named(hf_dir, tmp_path):
+    bad = _copy(hf_dir, tmp_path, tensors=lambda w: {k: v for k, v in w.items() if k != "model.norm.weight"})
+    run, _ = _train(tmp_path, hf_dir, bad)
+    assert run.returncodes == [2, 2]
+    assert_one_clear_line(run.log(0), "have no tensor model.norm.weight")
+
+
+def test_weights_of_another_architecture(hf_dir, tmp_path):
+    other = _copy(hf_dir, tmp_path, config=lambda c: {**c, "intermediate_size": 128})
+    run, _ = _train(tmp_path, hf_dir, other)
+    assert run.returncodes == [2, 2]
+    assert_one_clear_line(run.log(0), "has ffn_hidden 128", "has 96", "plan with --model")
+
+
+def test_directory_without_safetensors(hf_dir, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text((hf_dir / "config.json").read_text())
+    run, _ = _train(tmp_path, hf_dir, empty)
+    assert run.returncodes == [2, 2]
+    assert_one_clear_line(run.log(0), "no Hugging Face weights in", "model.safetensors")
+
+
+def test_sequence_longer_than_the_context(hf_dir, tmp_path):
+    run, _ = _train(tmp_path, hf_dir, hf_dir, "--seq-length", "128")
+    assert run.returncodes == [2, 2]
+    assert_one_clear_line(run.log(0), "--seq-length 128 exceeds the context length 64")
+
+
+def _export(*args):
+    return subprocess.run([sys.executable, "-m", "planner.cli", "export", *map(str, args)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize("case", ["missing", "overlap", "occupied"])
+def test_export_refuses_with_one_line(case, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    if case == "missing":
+        done = _export(ckpt, "--to-hf", tmp_path / "out")
+        needle = "no checkpoint in"
+    else:
+        ckpt.mkdir()
+        if case == "overlap":
+            done = _export(ckpt, "--to-hf", ckpt / "hf")
+            needle = "overlaps the checkpoint"
+        else:
+            (tmp_path / "out").mkdir()
+            (tmp_path / "out" / "model.safetensors").write_bytes(b"x")
+            done = _export(ckpt, "--to-hf", tmp_path / "out")
+            needle = "already holds safetensors files"
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("sailor: error:") and needle in done.stderr, \
+        done.stderr
