@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -197,7 +198,7 @@ class HFWeights:
 def check_config(model: ModelSpec, directory: str | Path) -> None:
     """Refuse weights whose config.json describes another architecture."""
     theirs = from_hf_config(directory, seq_len=model.seq_len)
-    if theirs.architecture() != model.architecture():
+    if replace(theirs, name="", hf_model_type="") != replace(model, name="", hf_model_type=""):
         ours, other = model.to_dict(), theirs.to_dict()
         diff = next(k for k in ours if ours[k] != other[k] and k not in ("name", "hf_model_type"))
         raise SailorError(f"the Hugging Face model in {directory} has {diff} {other[diff]!r} but the plan's model "

@@ -263,9 +263,10 @@ class ModelSpec:
         return d
 
     def architecture(self) -> "ModelSpec":
-        """The same model without its name: two specs with equal architecture()
-        have the same layers, so measured profiles of one apply to the other."""
-        return replace(self, name="", hf_model_type="")
+        """The same model without what does not change a layer's time or memory (its name,
+        norm epsilon, rotary base and scaling, padding token): two specs with equal
+        architecture() have the same layers, so measured profiles of one apply to the other."""
+        return replace(self, name="", hf_model_type="", norm_eps=0.0, rope_theta=0.0, rope_scaling=(), pad_token=-1)
 
 
 _SCALARS = {"int": int, "bool": bool, "float": (int, float), "str": str}  # field annotation -> JSON types it takes
@@ -380,8 +381,9 @@ def get_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
 
         return from_hf_config(name_or_path, seq_len)
     raise SailorError(
-        f"unknown model {name_or_path!r}: use one of {', '.join(preset_names())} "
-        "(or Sailor's OPT-350, GPT-Neo-2.7, LLAMA-3-8, OPT-30), or a path to a config.json or model directory"
+        f"unknown model {name_or_path!r}: use a Hugging Face config.json or model directory, or one of the "
+        f"Megatron-style presets of Sailor's runs: {', '.join(preset_names())} (Sailor's names OPT-350, "
+        "GPT-Neo-2.7, LLAMA-3-8, OPT-30 work too)"
     )
 
 
