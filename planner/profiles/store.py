@@ -9,8 +9,8 @@ calibrated on the measured profiles at hand; the profile's `source` says which.
 
 A measured profile applies to every model with the same architecture
 (ModelSpec.architecture(): every field that changes a layer's time or
-memory, the sequence length included), whatever each is called: a config.json describing LLaMA-3-8 at
-8192 tokens uses Sailor's LLAMA-3-8 profiles; another sequence length, or
+memory, the sequence length included), whatever each is called: a config.json describing Sailor's
+LLAMA-3-8 at 8192 tokens uses its profiles; another sequence length, or
 another width anywhere, gets an estimate.
 """
 from __future__ import annotations
