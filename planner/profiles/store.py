@@ -53,6 +53,7 @@ class ProfileStore:
                                   f"has {model.num_layers}; re-profile the model")
             if found.optimizer_s_per_param <= 0:  # not measured (Sailor's A100-80 files)
                 found.optimizer_s_per_param = optimizer_s_per_param(gpu, self.efficiency())
+                found.meta["optimizer"] = "estimated"
             return found
         key = (name, gpu.name, precision)
         if key not in self._estimated:
