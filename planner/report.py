@@ -4,6 +4,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from planner.provenance import footnotes
+
 GB = 1e9
 
 
@@ -50,7 +52,8 @@ def print_estimate(est, title: str = "", provenance=None) -> None:
     out.print(f"peak memory      {_mark(f'{est.peak_memory_bytes / GB:.2f}', mem_est)} GB per GPU"
               + ("" if est.fits_in_memory else "  [red]does not fit[/]"))
     out.print(f"cost             {_mark(f'${est.cost_per_iteration_usd:.4f}', time_est)}/iteration (egress "
-              f"${est.egress_cost_per_iteration_usd:.4f}), ${est.cost_per_hour_usd:.2f}/hour, "
+              f"${est.egress_cost_per_iteration_usd:.4f}), "
+              f"{_mark(f'${est.cost_per_hour_usd:.2f}', time_est and est.egress_cost_per_iteration_usd > 0)}/hour, "
               f"${est.cost_per_million_tokens_usd:.3f}/1M tokens")
     out.print(f"GPUs             {_gpus(est.gpus_used)}")
     for what, src in est.sources.items():
@@ -59,8 +62,6 @@ def print_estimate(est, title: str = "", provenance=None) -> None:
 
 
 def _footnotes(out, provenances) -> None:
-    from planner.provenance import footnotes
-
     for line in footnotes(provenances):
         out.print(f"{MARK} {line}", soft_wrap=True)
 
