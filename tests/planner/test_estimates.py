@@ -87,7 +87,8 @@ def test_default_efficiency_is_the_fit_to_all_of_sailors_profiles(sailor_data, b
 
 def test_mismatched_profiles_and_logitless_heads_are_not_calibrated_on(sailor_store):
     llama = sailor_store.measured[("llama-3-8b", "GH200-96")]
-    assert not describes(llama, get_model("llama-3-8b"))  # Sailor's LLAMA-3-8 is another model (llm_info)
+    assert describes(llama, get_model("llama-3-8b"))  # the preset is the model Sailor measured (llm_info)
+    assert not describes(llama, replace(get_model("llama-3-8b"), kv_heads=8))  # grouped-query attention: other parameter counts
     neo, neo_model = sailor_store.measured[("gpt-neo-2.7b", "A100-40")], get_model("gpt-neo-2.7b")
     assert describes(neo, neo_model) and not keeps_logits(neo.memory[1], neo_model, 1, 4)
     opt, opt_model = sailor_store.measured[("opt-350m", "A100-40")], get_model("opt-350m")
