@@ -178,10 +178,11 @@ TARGETS = ("torchrun", "slurm", "skypilot", "k8s", "megatron-lm")
 
 def _launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="torchrun", choices=TARGETS,
-                   help="what to print: torchrun command lines (default), a Slurm batch script, SkyPilot task "
-                        "YAML, a Kubernetes manifest (PyTorchJob), or stock Megatron-LM arguments")
+                   help="what to write: torchrun command lines (default), a Slurm batch script, SkyPilot task "
+                        "YAML (one file per node group), a Kubernetes manifest (ConfigMap + PyTorchJobs), or a "
+                        "stock Megatron-LM pretrain_gpt.py script (docs/deploy.md)")
     p.add_argument("-o", "--output", help="write it to this file instead of printing")
-    p.add_argument("--cluster", help="cluster file (GPUs per node of custom GPU types)")
+    p.add_argument("--cluster", help="cluster file (GPUs per node of custom GPU types); every rank gets it too")
     p.add_argument("--master-addr", default="$MASTER_ADDR", help="host of node 0 (default: $MASTER_ADDR)")
     p.add_argument("--master-port", type=int, default=29500)
     p.add_argument("--local", action="store_true", help="run every rank on this machine now")

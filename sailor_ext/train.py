@@ -6,8 +6,11 @@ one Megatron's own arguments describe (--tensor-model-parallel-size,
 the torchrun world). With --plan, the plan fixes the batch sizes and the
 batch-size arguments, if given, must agree with it.
 
-User mistakes (plan vs world size, layer ranges, bad files) print one line,
-`sailor: error: ...`, and exit 2 before any process group forms. A peer that
+User mistakes (plan vs world size, layer ranges, bad files, a rank on the
+wrong node) print one line, `sailor: error: ...`, from the rank that found
+them (a mistake every rank of a node shares: from its local rank 0), and end
+every rank at once with exit 2 before any process group forms
+(sailor_ext/startup.py). A peer that
 dies or hangs makes the collectives fail after --dist-timeout seconds with
 one line naming the rank, and exit 3; the last complete checkpoint stays
 intact.
