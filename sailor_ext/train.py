@@ -192,11 +192,14 @@ def start(args, rank: int, world_size: int, local_rank: int):
         startup.report(store, rank, None)
         startup.wait_for_all(store, world_size, args.dist_timeout)
     except startup.PeerFailedAtStartup:
+        if startup.hosts_store(rank):  # the others read the outcome from this rank's store
+            startup.linger(store, world_size, args.dist_timeout)
         return SailorError.exit_code  # that rank said why
     except (RuntimeError, TimeoutError) as e:  # the store's host is gone: its node failed
-        print(f"sailor: error: rank {rank}: stopped at startup: the rendezvous store at {os.environ.get('MASTER_ADDR')}:"
-              f"{os.environ.get('MASTER_PORT')} is gone or silent ({str(e).splitlines()[0][:200]}); another node "
-              "failed, see its log", file=sys.stderr, flush=True)
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        print(f"sailor: error: rank {rank}: stopped at startup: the rendezvous store at {where} is gone or silent "
+              f"({first}); another node failed, see its log", file=sys.stderr, flush=True)
         return SailorError.exit_code
     return plan, model, layout, data, store
 

@@ -41,7 +41,8 @@ class Cluster:
         ctl = free_port()
         lines = [
             "ClusterName=sailortest", "SlurmctldHost=localhost(127.0.0.1)", f"SlurmctldPort={ctl}",
-            "AuthType=auth/munge", f"AuthInfo=socket={workdir}/munge/munge.socket", "SlurmUser=root", "SlurmdUser=root", "MpiDefault=none",
+            "AuthType=auth/munge", f"AuthInfo=socket={workdir}/munge/munge.socket", "SlurmUser=root",
+            "SlurmdUser=root", "MpiDefault=none",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SchedulerType=sched/backfill",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "ReturnToService=2",
             "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
