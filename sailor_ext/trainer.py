@@ -38,11 +38,14 @@ from sailor_ext.topology import Topology
 RNG_RULE = "derived from (seed, step, tp rank) at every step"
 
 
-def init_distributed(layout: Layout, rank: int, local_rank: int, timeout_s: float) -> torch.device:
-    """Join the world: NCCL on CUDA, gloo on CPU; every collective times out."""
+def init_distributed(layout: Layout, rank: int, local_rank: int, timeout_s: float,
+                     store: dist.Store | None = None) -> torch.device:
+    """Join the world: NCCL on CUDA, gloo on CPU; every collective times out. store: the rendezvous store
+    startup used (default: MASTER_ADDR/MASTER_PORT)."""
     device = compat.pick_device(local_rank)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=layout.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+                            timeout=datetime.timedelta(seconds=timeout_s),
+                            **({"store": dist.PrefixStore("pg", store)} if store is not None else {}))
     return device
 
 

@@ -31,7 +31,9 @@ File format (JSON); `count` repeats an entry:
      "model_config": {...}}     # ModelSpec.to_dict(), only for models that are not presets
 
 Sailor's plan_config format (pipeline_list / layers_per_stage / tmp_per_stage /
-dp / mbs / gbs) is read and written too.
+dp / mbs / gbs) is read and written too; written, it also carries the model,
+runtime and sequence length (fields Sailor ignores), so it re-reads as the
+same plan.
 """
 from __future__ import annotations
 
@@ -302,7 +304,13 @@ def plan_from_sailor(d: dict, source: str = "plan", model: str | None = None) ->
                                            for r in s.replicas)) for s in stages]
     measured = {k: d[k] for k in ("real", "max_mem", "red_grads", "N") if k in d}
     name = canonical_name(model or d.get("model", "opt-350m"))
-    return Plan(name, gbs, tuple(stages), pipelines, "megatron-deepspeed", measured)
+    # Sailor's own files ran on Megatron-DeepSpeed; ours say which runtime and model they were made for
+    runtime = d.get("runtime", "megatron-deepspeed")
+    plan = Plan(name, gbs, tuple(stages), pipelines, runtime, measured, d.get("seq_length"))
+    if "model_config" in d:
+        spec = model_from_dict(d["model_config"], f"{source}: model_config")
+        plan = replace(plan, model=spec.name, seq_length=spec.seq_len, model_spec=spec)
+    return plan
 
 
 def plan_to_sailor(plan: Plan) -> dict:
@@ -317,7 +325,11 @@ def plan_to_sailor(plan: Plan) -> dict:
     from planner.specs.hardware import SAILOR_GPU_NAMES
 
     mbs = plan.pipelines[0].microbatch_size
+    # Sailor reads only its own fields; the others make `sailor simulate` of this file see the same plan
     return {
+        "model": plan.model, "runtime": plan.runtime,
+        **({"seq_length": plan.seq_length} if plan.seq_length is not None else {}),
+        **({"model_config": plan.model_spec.to_dict()} if plan.model_spec is not None else {}),
         "pipeline_list": [{
             "num_stages": plan.pp,
             "layers_per_stage": [list(s.layers) for s in plan.stages],
