@@ -75,4 +75,4 @@ def test_failing_ranks_fail_the_job(cluster, tmp_path):
     state, code, log = submit(cluster, tmp_path, tiny_plan(["local-a", "local-a", "local-b", "local-b"]), [],
                               ["--train-iters", "3", "--data-path", "no-such-dataset"])
     assert state == "FAILED" and code != "0:0", log[-3000:]
-    assert "sailor: error:" in log and "no-such-dataset" in log
+    assert "sailor: error:" in log and "no-such-dataset" in log, log[-6000:]
