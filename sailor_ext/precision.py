@@ -51,10 +51,10 @@ class PrecisionConfig:
     initial_loss_scale: float = 2.0**32
     min_loss_scale: float = 1.0
     loss_scale_window: int = 1000  # clean steps before the scale doubles
-    hysteresis: int = 2  # overflowing steps in a row before the scale halves
+    hysteresis: int = 2  # overflowing steps (without a clean window between) before the scale halves
 
     @property
-    def dtype(self) -> "torch.dtype":
+    def dtype(self) -> torch.dtype:
         import torch
 
         return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.name]
@@ -99,7 +99,7 @@ class MainParams:
     model is then cast to `dtype` and the exact fp32 values stay as masters.
     """
 
-    def __init__(self, model: "nn.Module", dtype: "torch.dtype"):
+    def __init__(self, model: nn.Module, dtype: torch.dtype):
         import torch
 
         self.model_params = dict(model.named_parameters())
@@ -113,8 +113,8 @@ class MainParams:
             param.register_post_accumulate_grad_hook(self._accumulate_into(self.params[name]))
 
     @staticmethod
-    def _accumulate_into(main: "torch.Tensor"):
-        def hook(param: "torch.Tensor") -> None:
+    def _accumulate_into(main: torch.Tensor):
+        def hook(param: torch.Tensor) -> None:
             # fp32 += bf16/fp16 (promoted): one microbatch's gradient into the fp32 sum
             if main.grad is None:
                 main.grad = param.grad.float()

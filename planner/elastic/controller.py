@@ -502,12 +502,14 @@ def _train_args(args) -> tuple[list[str], int, int]:
             raise SailorError(f"training argument --model {rest[i + 1]} contradicts sailor run --model {args.model}")
     else:
         rest = ["--model", args.model, *rest]
+    from sailor_ext.precision import precision_config
     from sailor_ext.train import parse_args  # torch-free: argument parsing only
 
     try:
         parsed = parse_args(rest)
     except SystemExit:
         raise SailorError("bad training arguments after '--' (see the message above)") from None
+    precision_config(parsed, cuda=False)  # --fp16 with --bf16 and the like: before any node starts
     if args.load and "--load" not in rest:
         rest += ["--load", args.load]
     return rest, parsed.train_iters, parsed.make_vocab_size_divisible_by

@@ -162,7 +162,7 @@ def test_llama_shaped_plan_matches_single_process(name, runs_dir, reference, lla
 
 # bf16 against the fp32 single process. bf16 keeps 8 significant bits: each rounding is off by up to
 # 2^-9 (relative), a product of a few roundings by ~2^-8 = 3.9e-3. Measured over every plan below and
-# the bf16 single process (3 SGD steps; 2026-11-23, this machine):
+# the bf16 single process (3 SGD steps; 2026-11-24, this 2-core VM):
 #   loss: at most 1.7e-5 relative. The loss is a mean over 1536 tokens whose rounding errors are
 #     independent, and near ln(V) it barely depends on any one logit; 1e-4 still sees a gradient
 #     that is 10 % off (its update moves the next loss by ~5e-4).
