@@ -178,7 +178,7 @@ def heterogeneous(work: Path, config: Path, name: str, plan: dict, steps: int, w
     model = get_model(str(config))
     parsed = plan_from_dict({**plan, "model": str(config)})
     cluster = load_cluster(None)
-    store = load_profiles([str(profiles)], dict(cluster.gpus), model.name)
+    store = load_profiles([str(profiles)], dict(cluster.gpus), model)
     predicted = Simulator(model, cluster, store, "fp32").simulate(parsed).iteration_time_s
     measured = statistics.median(times)
     return {"plan": name, "ranks": world, "measured_median_s": round(measured, 4),

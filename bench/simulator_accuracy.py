@@ -22,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from planner.profiles.store import load_profiles  # noqa: E402
 from planner.simulator.simulate import Simulator  # noqa: E402
 from planner.specs.hardware import Cluster  # noqa: E402
-from planner.specs.model import get_model  # noqa: E402
-from planner.specs.plan import load_plan  # noqa: E402
+from planner.specs.plan import load_plan, plan_model  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "sailor-data"
 
@@ -35,7 +34,7 @@ def rows(data: Path, calibration: bool = False) -> list[dict]:
     out = []
     for f in sorted((data / "validation").rglob("plan_config_*.json")):
         plan = load_plan(str(f))
-        sim = sims.setdefault(plan.model, Simulator(get_model(plan.model), cluster, store))
+        sim = sims.setdefault(plan.model, Simulator(plan_model(plan), cluster, store))
         est = sim.simulate(plan)
         real, mem = plan.notes["real"], plan.notes["max_mem"]
         row = {

@@ -18,8 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from planner.profiles.store import load_profiles  # noqa: E402
 from planner.simulator.simulate import Simulator  # noqa: E402
 from planner.specs.hardware import Cluster  # noqa: E402
-from planner.specs.model import get_model  # noqa: E402
-from planner.specs.plan import load_plan  # noqa: E402
+from planner.specs.plan import load_plan, plan_model  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "sailor-data"
 
@@ -39,7 +38,7 @@ def main() -> int:
     per_plan, all_times = {}, []
     for f in files:
         plan = load_plan(str(f))
-        sim = Simulator(get_model(plan.model), cluster, store)
+        sim = Simulator(plan_model(plan), cluster, store)
         sim.simulate(plan)  # warm the profile and network caches, as a planner would have them
         times = []
         for _ in range(args.repeat):

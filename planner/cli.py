@@ -1,7 +1,7 @@
 """The `sailor` command: the only place in the planner that prints.
 
-    sailor simulate PLAN --model NAME [--profiles DIR] [--cluster FILE] [--json]
-    sailor plan --model NAME [--gpus TYPE@ZONE=N,...] [--global-batch N] [--objective ...] ...
+    sailor simulate PLAN [--model NAME] [--seq-length N] [--profiles DIR] [--cluster FILE] [--json]
+    sailor plan --model NAME [--seq-length N] [--gpus TYPE@ZONE=N,...] [--global-batch N] [--objective ...] ...
 
 Every user mistake ends in one line `sailor: error: ...` and exit code 2.
 """
@@ -29,25 +29,44 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="print nothing but errors (files are still written; the exit code tells the outcome)")
 
 
-def _context(args, model_name: str):
+def _seq_length_option(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--seq-length", type=int, metavar="TOKENS", help=f"training sequence length (default: {default})")
+
+
+SEQ_DEFAULT = "a preset's own; a config.json's min(2048, its context length)"
+
+
+def _context(args, model):
+    """(cluster, simulator) for `model` (a ModelSpec), with the profiles that apply to it."""
     from planner.profiles.store import load_profiles
     from planner.simulator.simulate import Simulator
     from planner.specs.hardware import load_cluster
-    from planner.specs.model import get_model
 
     cluster = load_cluster(args.cluster)
-    model = get_model(model_name)
-    store = load_profiles(args.profiles, dict(cluster.gpus), model.name)
-    return cluster, model, Simulator(model, cluster, store, args.precision)
+    store = load_profiles(args.profiles, dict(cluster.gpus), model)
+    return cluster, Simulator(model, cluster, store, args.precision)
+
+
+def _seq_length(model, args, planned: int | None = None) -> dict:
+    """The sequence length used and why, for the output."""
+    from planner.specs.model import seq_length_reason
+
+    return {"seq_length": model.seq_len, "seq_length_source": seq_length_reason(model, args.seq_length, planned)}
+
+
+def _print_seq_length(seq: dict) -> None:
+    print(f"sequence length {seq['seq_length']} ({seq['seq_length_source']})")
 
 
 # -- simulate ----------------------------------------------------------------
 def cmd_simulate(args) -> int:
     from planner.simulator.runtime_model import runtime_model
-    from planner.specs.plan import load_plan
+    from planner.specs.plan import load_plan, plan_model
 
     plan = load_plan(args.plan)
-    _, model, sim = _context(args, args.model or plan.model)
+    model = plan_model(plan, args.model, args.seq_length)
+    _, sim = _context(args, model)
+    seq = _seq_length(model, args, plan.seq_length)
     rt = runtime_model(args.runtime) if args.runtime else None
     est = sim.simulate(plan, rt)
     if args.plot:
@@ -58,12 +77,14 @@ def cmd_simulate(args) -> int:
         out = est.to_dict()
         out["plan"] = args.plan
         out["model"] = model.name
+        out.update(seq)
         out["runtime"] = args.runtime or plan.runtime
         print(json.dumps(out, indent=1))
         return 0
     from planner.report import print_estimate
 
     print_estimate(est, title=f"{model.name}: {Path(args.plan).name} on {plan.runtime if not args.runtime else args.runtime}")
+    _print_seq_length(seq)
     return 0
 
 
@@ -75,9 +96,11 @@ def cmd_plan(args) -> int:
     from planner.search.goal import Goal
     from planner.search.planner import Planner
     from planner.specs.hardware import parse_gpus
+    from planner.specs.model import get_model
     from planner.specs.plan import plan_to_dict, save_plan
 
-    cluster, model, sim = _context(args, args.model)
+    model = get_model(args.model, args.seq_length)
+    cluster, sim = _context(args, model)
     if args.gpus or not cluster.available:
         cluster = cluster.with_available(parse_gpus(args.gpus or EXAMPLE_CLUSTER, cluster))
         sim.cluster = cluster
@@ -97,9 +120,11 @@ def cmd_plan(args) -> int:
     best_plan, best = result.plans[0]
     if args.output:
         save_plan(best_plan, args.output, "sailor" if args.format == "sailor" else "sailor-plan")
+    seq = _seq_length(model, args)
     if args.json:
         out = {
             "plan": plan_to_dict(best_plan),
+            **seq,
             "iteration_time_s": best.iteration_time_s,
             "throughput_iters_per_s": best.throughput_iters_per_s,
             "cost_per_iteration_usd": best.cost_per_iteration_usd,
@@ -118,6 +143,7 @@ def cmd_plan(args) -> int:
 
     print_plans(result.pareto if args.pareto else result.plans, title=f"{model.name}, global batch "
                 f"{args.global_batch}, objective {args.objective}" + (" (Pareto front)" if args.pareto else ""))
+    _print_seq_length(seq)
     print(f"search: {result.search_time_s:.2f} s CPU, {result.evaluated} candidate plans evaluated"
           + (f"; best plan written to {args.output}" if args.output else ""))
     return 0
@@ -137,8 +163,10 @@ def _summary(plan, est) -> dict:
 def cmd_replay(args) -> int:
     from planner.replay import load_trace, planner_for, replay
     from planner.search.goal import Goal
+    from planner.specs.model import get_model
 
-    cluster, model, sim = _context(args, args.model)
+    model = get_model(args.model, args.seq_length)
+    cluster, sim = _context(args, model)
     trace = load_trace(args.trace, args.gpu, args.zone)
     for snap in trace:
         for p in snap.pools:
@@ -155,14 +183,16 @@ def cmd_replay(args) -> int:
         from planner.plots import plot_replay
 
         plot_replay(runs, args.plot, title=f"{model.name} on {Path(args.trace).name}")
+    seq = _seq_length(model, args)
     if args.json:
-        print(json.dumps({"trace": args.trace, "model": model.name, "restart_s": args.restart_s,
+        print(json.dumps({"trace": args.trace, "model": model.name, **seq, "restart_s": args.restart_s,
                           "summary": [r.summary() for r in runs],
                           "steps": {r.policy: [vars(s) for s in r.steps] for r in runs}}, indent=1))
         return 0
     from planner.report import print_replay
 
     print_replay(runs, title=f"{model.name}: {Path(args.trace).name} ({len(trace)} snapshots, restart {args.restart_s:g} s)")
+    _print_seq_length(seq)
     return 0
 
 
@@ -189,6 +219,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="predict iteration time, memory and cost of a plan")
     p.add_argument("plan", help="plan file: ours, or Sailor's plan_config JSON (detected)")
     p.add_argument("--model", help="model preset, Sailor name or config.json (default: the plan's)")
+    _seq_length_option(p, "the plan's; for plans that record none, " + SEQ_DEFAULT + "; one that contradicts "
+                       "the plan is refused")
     p.add_argument("--runtime", choices=["sailor", "megatron-deepspeed"],
                    help="framework that runs the plan (default: the plan's; Sailor-format plans: megatron-deepspeed)")
     p.add_argument("--plot", metavar="FILE", help="write the pipeline timeline and memory per stage (PNG/SVG)")
@@ -197,6 +229,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="find the best GPU allocation and parallelization plan")
     p.add_argument("--model", required=True, help="model preset, Sailor name or config.json")
+    _seq_length_option(p, SEQ_DEFAULT)
     p.add_argument("--gpus", metavar="TYPE@ZONE=N,...",
                    help=f"available GPUs (default: the cluster file's, else {EXAMPLE_CLUSTER})")
     p.add_argument("--global-batch", type=int, default=1024, help="samples per iteration (default 1024)")
@@ -222,7 +255,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser("replay", help="replay a GPU-availability trace through planner and simulator")
     p.add_argument("trace", help="Sailor's CSV (,Timestamp,GPU_zone,...) or JSON ([{Time, GPUs}]) trace")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="model preset, Sailor name or config.json")
+    _seq_length_option(p, SEQ_DEFAULT)
     p.add_argument("--gpu", default="A100-40", help="GPU type of JSON traces (default A100-40)")
     p.add_argument("--zone", default="us-central1-a", help="zone of JSON traces (default us-central1-a)")
     p.add_argument("--global-batch", type=int, default=1024)

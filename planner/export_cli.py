@@ -26,6 +26,7 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
 def cmd_export(args) -> int:
     import torch
 
+    from planner.profile_cli import parse_size
     from planner.specs.model import get_model, model_from_dict
     from sailor_ext import checkpoint, hf
 
@@ -35,12 +36,15 @@ def cmd_export(args) -> int:
                           "directory of its own")
     if out.exists() and any(out.glob("*.safetensors")) and not args.force:
         raise SailorError(f"{args.to_hf} already holds safetensors files; choose an empty directory or add --force")
+    shard_bytes = parse_size(args.max_shard_size, "--max-shard-size")
+    if shard_bytes <= 0:
+        raise SailorError(f"--max-shard-size {args.max_shard_size} must be positive, e.g. 5GB")
     meta, logical = checkpoint.read_logical(args.checkpoint)
     if "model_config" in meta:
         model = model_from_dict(meta["model_config"], f"checkpoint {args.checkpoint}")
     else:  # written before checkpoints carried the model: a preset by name
         model = get_model(meta.get("model", ""), seq_len=meta.get("seq_len"))
-    written = hf.export(logical, model, out, getattr(torch, DTYPES[args.dtype]))
+    written = hf.export(logical, model, out, getattr(torch, DTYPES[args.dtype]), shard_bytes)
     copied = []
     tokenizer = Path(args.tokenizer or meta.get("hf_source") or "")
     if str(tokenizer) and tokenizer.is_dir():
@@ -63,6 +67,8 @@ def add_parser(subparsers, add_common=None):
     p.add_argument("--to-hf", required=True, metavar="DIR", help="output directory")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
                    help="dtype of the written weights (default float32: the trained master weights)")
+    p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
+                   help="largest safetensors file; beyond it the weights are sharded with an index (default 5GB)")
     p.add_argument("--tokenizer", metavar="DIR", help="copy tokenizer files from this directory (default: the "
                                                       "--load-hf directory training started from, if it still exists)")
     p.add_argument("--force", action="store_true", help="write into a directory that already holds safetensors")

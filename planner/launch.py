@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from planner.errors import SailorError
 from planner.simulator.placement import place
 from planner.specs.hardware import Cluster, load_cluster
-from planner.specs.model import ModelSpec, get_model
-from planner.specs.plan import Pipeline, Plan, Replica, Stage, load_plan
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Pipeline, Plan, Replica, Stage, load_plan, plan_model, with_model
 
 
 @dataclass(frozen=True)
@@ -111,15 +111,23 @@ def rank_layout(plan: Plan, cluster: Cluster | None = None) -> Layout:
 
 
 # -- checks the runtime needs beyond Plan.check ---------------------------------
+def check_tp(model: ModelSpec, tp: int, where: str = "plan") -> None:
+    """The runtime's tensor parallelism splits the heads, the query groups and the FFN width evenly."""
+    parts = {"attention heads": model.heads, "query groups": model.num_query_groups, "FFN width": model.ffn_hidden}
+    if model.num_query_groups == model.heads:
+        del parts["query groups"]  # multi-head attention: one group per head
+    bad = [f"{n} {what}" if what != "FFN width" else f"FFN width {n}" for what, n in parts.items() if n % tp]
+    if bad:
+        raise SailorError(f"{where}: TP {tp} does not divide {model.name}'s {' and '.join(bad)}; use a TP degree "
+                          f"that does: {', '.join(map(str, model.tp_degrees(tp)))}")
+
+
 def check_runnable(plan: Plan, model: ModelSpec, cluster: Cluster | None = None) -> None:
     """Raise SailorError if the runtime cannot execute `plan` for `model`."""
     plan.check(num_layers=model.num_layers, cluster=cluster)
     for i, stage in enumerate(plan.stages):
-        for r in stage.replicas:
-            if model.heads % r.tp or model.ffn_hidden % r.tp or model.num_query_groups % r.tp:
-                raise SailorError(f"plan: stage {i} uses TP {r.tp} but {model.name} has {model.heads} heads, "
-                                  f"{model.num_query_groups} key/value groups and FFN width {model.ffn_hidden}; "
-                                  "use a TP degree that divides all three")
+        for tp in sorted({r.tp for r in stage.replicas}):
+            check_tp(model, tp, f"plan: stage {i}")
 
 
 def uniform_plan(model: ModelSpec, world_size: int, tp: int, pp: int, global_batch_size: int,
@@ -141,7 +149,7 @@ def uniform_plan(model: ModelSpec, world_size: int, tp: int, pp: int, global_bat
         stages.append(Stage(first, last, (Replica(gpu, tp, zone),) * dp))
         first = last + 1
     n = global_batch_size // (micro_batch_size * dp)
-    return Plan(model.name, global_batch_size, tuple(stages), (Pipeline(micro_batch_size, n),) * dp)
+    return with_model(Plan(model.name, global_batch_size, tuple(stages), (Pipeline(micro_batch_size, n),) * dp), model)
 
 
 # -- torchrun command lines ----------------------------------------------------
@@ -214,7 +222,8 @@ def _split_rest(args) -> list[str]:
 def run(args) -> int:
     plan = load_plan(args.plan)
     cluster = load_cluster(args.cluster)
-    check_runnable(plan, get_model(plan.model), cluster)
+    model = plan_model(plan)
+    check_runnable(plan, model, cluster)
     layout = rank_layout(plan, cluster)
     train_args = _split_rest(args)
     if args.local:
@@ -242,7 +251,7 @@ def run(args) -> int:
         elif args.target == "k8s":
             text = targets.kubernetes(layout, args.plan, train_args, args.master_port)
         else:
-            text = targets.megatron_lm(plan, get_model(plan.model), args.master_port)
+            text = targets.megatron_lm(plan, model, args.master_port)
     if args.output:
         with open(args.output, "w") as f:
             f.write(text)

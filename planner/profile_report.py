@@ -3,19 +3,19 @@ from __future__ import annotations
 
 from planner.profiles.collection import ProfileDir, network_entries
 from planner.profiles.network_fits import BandwidthFit
-from planner.profiles.profile import Profile
+from planner.profiles.profile import Profile, measured_model
 from planner.report import console
-from planner.specs.model import BLOCK, EMBEDDING, HEAD, get_model
+from planner.specs.model import BLOCK, EMBEDDING, HEAD
 
 MS = 1e3
 
 
 def _layer_kinds(p: Profile) -> dict[str, int]:
     """Index of the embedding, the first block and the head (by the model's layout when known)."""
-    try:
-        model = get_model(p.model)
+    model = measured_model(p.model, p.model_spec)
+    if model is not None and model.num_layers == p.num_layers:
         kinds = [model.kind(i) for i in range(p.num_layers)]
-    except Exception:  # an unknown model name: assume embedding, blocks, head
+    else:  # a model sailor does not know: assume embedding, blocks, head
         kinds = [EMBEDDING] + [BLOCK] * (p.num_layers - 2) + [HEAD]
     return {k: kinds.index(k) for k in (EMBEDDING, BLOCK, HEAD) if k in kinds}
 

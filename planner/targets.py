@@ -149,6 +149,59 @@ def kubernetes(layout, plan_path: str, train_args: list[str], port: int = 29500,
     return yaml.safe_dump_all(jobs, sort_keys=False)
 
 
+def megatron_model_args(model) -> list[str]:
+    """Megatron-LM's arguments for the architecture of `model` beyond its sizes (defaults: GPT's)."""
+    def refuse(what: str) -> None:
+        raise SailorError(f"{model.name} uses {what}, which stock Megatron-LM's arguments cannot express; train it "
+                          "with sailor's runtime")
+
+    if model.post_norm:
+        refuse("a norm after each residual add (post-LN)")
+    if model.projected:
+        refuse(f"a {model.word_dim}-wide word embedding projected to {model.hidden}")
+    if any(model.windows):
+        refuse("sliding-window attention")
+    if model.attention_scale:
+        refuse(f"attention scaled by {model.attention_scale:g} instead of 1/sqrt(head_dim)")
+    if not model.final_norm:
+        refuse("no norm before the head")
+    args = []
+    if model.rms_norm:
+        args.append("--normalization RMSNorm")
+    if model.norm_eps != 1e-5:
+        args.append(f"--norm-epsilon {model.norm_eps:g}")
+    if model.gated_mlp and model.activation == "silu":
+        args.append("--swiglu")
+    elif model.gated_mlp or model.activation not in ("gelu", "gelu_tanh"):
+        refuse(f"a{' gated' if model.gated_mlp else ''} {model.activation} MLP")
+    elif model.activation == "gelu_tanh":
+        args.append("--openai-gelu")
+    if not model.learned_positions:
+        args += ["--position-embedding-type rope", f"--rotary-base {model.rope_theta:g}"]
+        scaling = dict(model.rope_scaling)
+        if scaling.get("type") == "linear" and float(scaling["factor"]).is_integer():
+            args.append(f"--rotary-seq-len-interpolation-factor {int(scaling['factor'])}")
+        elif scaling.get("type") == "llama3" and (scaling["low_freq_factor"], scaling["high_freq_factor"],
+                                                  scaling["original_max_position_embeddings"]) == (1, 4, 8192):
+            args += ["--use-rope-scaling", f"--rotary-scaling-factor {scaling['factor']:g}"]
+        elif scaling:
+            refuse(f"rotary scaling {scaling}")
+    if model.num_query_groups != model.heads:
+        args += ["--group-query-attention", f"--num-query-groups {model.num_query_groups}"]
+    if model.head_dim_override:
+        args.append(f"--kv-channels {model.head_dim}")
+    biases = (model.qkv_bias, model.out_bias, model.mlp_bias)
+    if biases == (True, False, False):
+        args += ["--disable-bias-linear", "--add-qkv-bias"]
+    elif biases == (False, False, False):
+        args.append("--disable-bias-linear")
+    elif biases != (True, True, True):
+        refuse("biases on some linear layers only")
+    if not model.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    return args
+
+
 def megatron_lm(plan, model, port: int = 29500) -> str:
     """Stock Megatron-LM arguments for a homogeneous plan, to compare with sailor's runtime."""
     reps = {r for s in plan.stages for r in s.replicas}
@@ -166,11 +219,9 @@ def megatron_lm(plan, model, port: int = 29500) -> str:
         f"--tensor-model-parallel-size {tp}", f"--pipeline-model-parallel-size {pp}",
         f"--num-layers {blocks}", f"--hidden-size {model.hidden}", f"--num-attention-heads {model.heads}",
         f"--ffn-hidden-size {model.ffn_hidden}", f"--seq-length {model.seq_len}",
-        f"--max-position-embeddings {model.seq_len}", f"--micro-batch-size {mbs}",
-        f"--global-batch-size {plan.global_batch_size}",
+        f"--max-position-embeddings {model.context_length}", *megatron_model_args(model),
+        f"--micro-batch-size {mbs}", f"--global-batch-size {plan.global_batch_size}",
     ]
-    if not model.tied_embeddings:
-        args.append("--untie-embeddings-and-output-weights")
     recomputing = {s.recompute for s in plan.stages}
     if len(recomputing) != 1:
         raise SailorError("Megatron-LM recomputes on every stage or none; this plan recomputes on some stages only "

@@ -9,8 +9,8 @@ tensor by tensor, which Hugging Face tensors make a logical tensor and how
   * `HFWeights(dir)` reads `model.safetensors` or a sharded checkpoint
     (`model.safetensors.index.json`), lazily, tensor by tensor;
   * `load_stage(stage, dir)` gives every parameter of a stage (its fp32 main
-    parameter in bf16/fp16 runs) its slice of the converted tensor
-    (`--load-hf`: any plan, any TP degree);
+    parameter in bf16/fp16 runs) its slice of the converted tensor, reading
+    only that slice from disk (`--load-hf`: any plan, any TP degree);
   * `export(logical, model, out_dir)` writes safetensors + config.json that
     `transformers.AutoModelForCausalLM.from_pretrained` loads.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -55,9 +56,9 @@ def hf_names(rule: WeightRule, block: int) -> tuple[str, ...]:
 
 
 # -- layout conversions (one per WeightRule.op) -------------------------------------------
-def _group_qkv(model: ModelSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """[q; k; v] rows -> megatron's per-query-group rows [q_g, k_g, v_g] for g in groups."""
-    groups, rest = model.num_query_groups, q.shape[1:]
+def _group_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -> torch.Tensor:
+    """[q; k; v] rows of `groups` query groups -> megatron's rows [q_g, k_g, v_g] for each group g."""
+    rest = q.shape[1:]
     return torch.cat([q.reshape(groups, -1, *rest), k.reshape(groups, -1, *rest), v.reshape(groups, -1, *rest)],
                      dim=1).reshape(-1, *rest)
 
@@ -69,45 +70,8 @@ def _ungroup_qkv(model: ModelSpec, fused: torch.Tensor) -> tuple[torch.Tensor, t
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
 
 
-def to_ours(model: ModelSpec, rule: WeightRule, tensors: list[torch.Tensor], shape: tuple[int, ...],
-            names: tuple[str, ...] = ()) -> torch.Tensor:
-    """The logical tensor of `shape` from the rule's Hugging Face tensors (`names`: theirs, for errors)."""
-    op = rule.op
-    if op == "copy":
-        out = tensors[0]
-    elif op == "t":
-        out = tensors[0].t()
-    elif op == "vocab":
-        out = torch.zeros(shape, dtype=tensors[0].dtype)
-        if tensors[0].shape[1:] == shape[1:] and tensors[0].size(0) == model.vocab:
-            out[: model.vocab] = tensors[0]
-        else:
-            out = tensors[0]  # wrong shape: reported below
-    elif op == "qkv":
-        out = _group_qkv(model, *tensors) if _qkv_shapes_ok(model, tensors) else tensors[0]
-    elif op in ("qkv_cat", "qkv_cat_t"):
-        fused = tensors[0].t() if op == "qkv_cat_t" else tensors[0]
-        sizes = [model.q_dim, model.kv_dim, model.kv_dim]
-        out = _group_qkv(model, *fused.split(sizes, dim=0)) if fused.size(0) == sum(sizes) else fused
-    elif op == "gate_up":
-        out = torch.stack(tensors) if tensors[0].shape == tensors[1].shape else tensors[0]
-    else:
-        raise ValueError(f"unknown weight op {op!r}")
-    if tuple(out.shape) != tuple(shape):
-        given = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(names or rule.hf, tensors))
-        raise SailorError(f"Hugging Face weights do not match the model: {given} cannot make {rule.ours} of shape "
-                          f"{tuple(shape)}; load weights saved for this config")
-    return out.contiguous()
-
-
-def _qkv_shapes_ok(model: ModelSpec, tensors: list[torch.Tensor]) -> bool:
-    q, k, v = tensors
-    return q.size(0) == model.q_dim and k.size(0) == v.size(0) == model.kv_dim and q.shape[1:] == k.shape[1:] \
-        == v.shape[1:]
-
-
 def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torch.Tensor]:
-    """The rule's Hugging Face tensors from our logical tensor."""
+    """The rule's Hugging Face tensors from our logical tensor (also on the meta device: their shapes)."""
     op = rule.op
     if op == "copy":
         return [tensor]
@@ -123,6 +87,49 @@ def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torc
     if op == "gate_up":
         return list(tensor.unbind(0))
     raise ValueError(f"unknown weight op {op!r}")
+
+
+def local_slice(weights: "HFWeights", model: ModelSpec, rule: WeightRule, names: tuple[str, ...],
+                shard) -> torch.Tensor:
+    """This rank's slice (shard.local_shape, our layout) of a logical tensor, reading from the
+    Hugging Face tensors only the rows or columns it needs."""
+    expected = [tuple(t.shape) for t in to_hf(model, rule, torch.empty(shard.logical_shape, device="meta"))]
+    given = [weights.shape(n) for n in names]
+    if given != expected:
+        found = ", ".join(f"{n} {g}" for n, g in zip(names, given))
+        raise SailorError(f"Hugging Face weights do not match the model: {found} cannot make {rule.ours} of shape "
+                          f"{tuple(shard.logical_shape)} (expected {', '.join(map(str, expected))}); load weights "
+                          "saved for this config")
+    op, dim = rule.op, shard.dim
+    start, stop = shard.local_range() if dim is not None else (None, None)
+    if op == "copy":
+        out = weights.get(names[0], dim, start, stop)
+    elif op == "t":
+        out = weights.get(names[0], None if dim is None else 1 - dim, start, stop).t()
+    elif op == "vocab":  # rows beyond the vocabulary are the runtime's padding: zeros
+        lo, hi = (0, shard.logical_shape[0]) if dim is None else (start, stop)
+        out = torch.zeros((hi - lo, *shard.logical_shape[1:]))
+        if lo < model.vocab:
+            out[: min(hi, model.vocab) - lo] = weights.get(names[0], 0, lo, min(hi, model.vocab))
+    elif op == "gate_up":  # logical [2, ffn, ...], split along the ffn rows
+        lo, hi = (None, None) if dim is None else (start, stop)
+        out = torch.stack([weights.get(n, None if dim is None else 0, lo, hi) for n in names])
+    elif op in ("qkv", "qkv_cat", "qkv_cat_t"):
+        per_group = (model.heads // model.num_query_groups + 2) * model.head_dim  # fused rows of one group
+        g0, g1 = (0, model.num_query_groups) if dim is None else (start // per_group, stop // per_group)
+        q_rows, kv_rows = model.q_dim // model.num_query_groups, model.head_dim
+        spans = [(g0 * q_rows, g1 * q_rows), (g0 * kv_rows, g1 * kv_rows), (g0 * kv_rows, g1 * kv_rows)]
+        if op == "qkv":
+            parts = [weights.get(n, 0, lo, hi) for n, (lo, hi) in zip(names, spans)]
+        else:  # q, k and v stacked in one tensor: its rows (columns of GPT-2's Conv1D weight)
+            offsets = (0, model.q_dim, model.q_dim + model.kv_dim)
+            axis = 1 if op == "qkv_cat_t" else 0
+            parts = [weights.get(names[0], axis, o + lo, o + hi) for o, (lo, hi) in zip(offsets, spans)]
+            parts = [p.t() for p in parts] if op == "qkv_cat_t" else parts
+        out = _group_qkv(*parts, groups=g1 - g0)
+    else:
+        raise ValueError(f"unknown weight op {op!r}")
+    return out.reshape(shard.local_shape)
 
 
 # -- reading ----------------------------------------------------------------------
@@ -158,14 +165,29 @@ class HFWeights:
             raise SailorError(f"{path} is not a readable safetensors file ({str(e).splitlines()[0][:200]})") \
                 from None
 
-    def get(self, name: str) -> torch.Tensor:
+    def _slice(self, name: str):
         path = self.files.get(name)
         if path is None:
             raise SailorError(f"Hugging Face weights in {self.directory} have no tensor {name}; they were saved "
                               "for another model or config")
         if path not in self._handles:
             self._handles[path] = self._open(path).__enter__()
-        return self._handles[path].get_tensor(name).float()
+        return self._handles[path].get_slice(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._slice(name).get_shape())
+
+    def get(self, name: str, dim: int | None = None, start: int | None = None, stop: int | None = None) \
+            -> torch.Tensor:
+        """Tensor `name` in fp32, or only [start, stop) along `dim` (0 or 1), read from disk alone."""
+        view = self._slice(name)
+        if dim is None:
+            tensor = view[:]
+        elif dim == 0:
+            tensor = view[start:stop]
+        else:
+            tensor = view[:, start:stop]
+        return tensor.float()
 
     def close(self) -> None:
         for handle in self._handles.values():
@@ -176,7 +198,7 @@ class HFWeights:
 def check_config(model: ModelSpec, directory: str | Path) -> None:
     """Refuse weights whose config.json describes another architecture."""
     theirs = from_hf_config(directory, seq_len=model.seq_len)
-    if theirs.architecture() != model.architecture():
+    if replace(theirs, name="", hf_model_type="") != replace(model, name="", hf_model_type=""):
         ours, other = model.to_dict(), theirs.to_dict()
         diff = next(k for k in ours if ours[k] != other[k] and k not in ("name", "hf_model_type"))
         raise SailorError(f"the Hugging Face model in {directory} has {diff} {other[diff]!r} but the plan's model "
@@ -197,9 +219,7 @@ def load_stage(stage, directory: str | Path, params: dict[str, torch.Tensor] | N
         for name, param in (params or dict(stage.named_parameters())).items():
             shard = stage.shards[name]
             rule, block = rule_for(model, shard.name)
-            names = hf_names(rule, block)
-            full = to_ours(model, rule, [weights.get(n) for n in names], shard.logical_shape, names)
-            shard.view(param).copy_(shard.shard_of(full))
+            shard.view(param).copy_(local_slice(weights, model, rule, hf_names(rule, block), shard))
     finally:
         weights.close()
 

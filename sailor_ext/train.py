@@ -23,7 +23,7 @@ from planner.errors import SailorError
 from planner.launch import Layout, check_runnable, rank_layout, uniform_plan
 from planner.specs.hardware import load_cluster
 from planner.specs.model import ModelSpec, get_model
-from planner.specs.plan import Plan, load_plan
+from planner.specs.plan import Plan, load_plan, plan_model
 from sailor_ext.data import DEFAULT_SPLIT, EVAL_ITERS, DataSources, open_training_data
 from sailor_ext.precision import precision_config
 
@@ -111,7 +111,7 @@ def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:
     cluster = load_cluster(args.cluster)
     if args.plan:
         plan = load_plan(args.plan)
-        model = get_model(args.model or plan.model, seq_len=args.seq_length)
+        model = plan_model(plan, args.model, args.seq_length)
         if args.global_batch_size is not None and args.global_batch_size != plan.global_batch_size:
             raise SailorError(f"--global-batch-size {args.global_batch_size} disagrees with the plan's global batch "
                               f"{plan.global_batch_size}; drop the flag")

@@ -41,7 +41,7 @@ from planner.simulator.placement import place
 from planner.simulator.runtime_model import runtime_model
 from planner.simulator.simulate import GRAD_BYTES, Simulator
 from planner.specs.hardware import Cluster
-from planner.specs.plan import Pipeline, Plan, Replica, Stage
+from planner.specs.plan import Pipeline, Plan, Replica, Stage, with_model
 
 INF = math.inf
 Device = tuple[str, str]  # (GPU type, zone) of one GPU
@@ -355,7 +355,8 @@ def make_plan(sim: Simulator, global_batch: int, bounds: tuple[int, ...], replic
               mbs: int, microbatches: list[int], runtime: str, recompute: bool = False) -> Plan:
     ranges = stage_ranges(sim.model.num_layers, bounds)
     stages = tuple(Stage(f, last, tuple(reps), recompute) for (f, last), reps in zip(ranges, replicas))
-    return Plan(sim.model.name, global_batch, stages, tuple(Pipeline(mbs, m) for m in microbatches), runtime)
+    return with_model(Plan(sim.model.name, global_batch, stages, tuple(Pipeline(mbs, m) for m in microbatches),
+                           runtime), sim.model)
 
 
 def even_shares(global_batch: int, mbs: int, pipelines: int) -> list[int] | None:

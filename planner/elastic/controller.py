@@ -454,7 +454,10 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
         "run", help="train elastically: re-plan and reconfigure in place when nodes come and go",
         description="Start the controller of an elastic job (it hosts the job's store), optionally with local "
                     "node agents; arguments after '--' go to the training workers (sailor_ext.train's).")
-    p.add_argument("--model", required=True, help="model preset or config.json")
+    p.add_argument("--model", required=True, help="model preset or config.json (the plans carry it to the workers)")
+    p.add_argument("--seq-length", type=int, metavar="TOKENS",
+                   help="training sequence length (default: a preset's own; a config.json's min(2048, its context "
+                        "length))")
     p.add_argument("--global-batch", type=int, required=True, help="samples per step, fixed for the whole job")
     p.add_argument("--gpus", metavar="TYPE@ZONE=N,...",
                    help="with --local: the GPUs to start agents for; else: wait for this many before the first plan")
@@ -487,8 +490,11 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     return p
 
 
-def _train_args(args) -> tuple[list[str], int, int]:
-    """The workers' arguments, checked here so a mistake is one line, not N crashed workers."""
+def _train_args(args, model) -> tuple[list[str], int, int]:
+    """The workers' arguments, checked here so a mistake is one line, not N crashed workers.
+
+    The model and its sequence length reach the workers in every plan (plan/<e>), so they need no
+    --model: a config.json need not exist on their nodes."""
     rest = list(args.rest or [])
     if rest and rest[0] == "--":
         rest = rest[1:]
@@ -496,12 +502,6 @@ def _train_args(args) -> tuple[list[str], int, int]:
         if any(a == flag or a.startswith(flag + "=") for a in rest):
             raise SailorError(f"{flag} is decided by the planner in `sailor run`; drop it (use --global-batch for "
                               "the batch)")
-    if "--model" in rest:
-        i = rest.index("--model")
-        if i + 1 < len(rest) and rest[i + 1] != args.model:
-            raise SailorError(f"training argument --model {rest[i + 1]} contradicts sailor run --model {args.model}")
-    else:
-        rest = ["--model", args.model, *rest]
     from sailor_ext.precision import precision_config
     from sailor_ext.train import parse_args  # torch-free: argument parsing only
 
@@ -510,6 +510,11 @@ def _train_args(args) -> tuple[list[str], int, int]:
     except SystemExit:
         raise SailorError("bad training arguments after '--' (see the message above)") from None
     precision_config(parsed, cuda=False)  # --fp16 with --bf16 and the like: before any node starts
+    if parsed.model is not None and parsed.model != args.model:
+        raise SailorError(f"training argument --model {parsed.model} contradicts sailor run --model {args.model}")
+    if parsed.seq_length is not None and parsed.seq_length != model.seq_len:
+        raise SailorError(f"training argument --seq-length {parsed.seq_length} contradicts the job's sequence length "
+                          f"{model.seq_len}; give it to sailor run as --seq-length")
     if args.load and "--load" not in rest:
         rest += ["--load", args.load]
     return rest, parsed.train_iters, parsed.make_vocab_size_divisible_by
@@ -547,15 +552,15 @@ def run(args) -> int:
     from planner.profiles.store import load_profiles
     from planner.search.goal import Goal
     from planner.specs.hardware import load_cluster, parse_gpus
-    from planner.specs.model import get_model
+    from planner.specs.model import get_model, seq_length_reason
 
-    train_args, train_iters, divisor = _train_args(args)
+    model = get_model(args.model, args.seq_length)
+    train_args, train_iters, divisor = _train_args(args, model)
     cluster = load_cluster(args.cluster)
-    model = get_model(args.model)
     if args.max_tp < 1 or args.max_tp & (args.max_tp - 1):
         raise SailorError(f"--max-tp {args.max_tp} must be a power of two")
     padded_vocab, max_tp = job_vocabulary(model.vocab, divisor, args.max_tp, args.load)
-    profiles = load_profiles(args.profiles, dict(cluster.gpus), model.name)
+    profiles = load_profiles(args.profiles, dict(cluster.gpus), model)
     replanner = Replanner(model, cluster, profiles, args.global_batch, Goal(args.objective),
                           args.precision, max_tp)
     pools = parse_gpus(args.gpus, cluster) if args.gpus else ()
@@ -574,9 +579,12 @@ def run(args) -> int:
         tmp = Path(args.address_file + ".tmp")
         tmp.write_text(f"{host}:{port}\n")
         os.replace(tmp, args.address_file)
+    seq_source = seq_length_reason(model, args.seq_length)
     controller.events.emit("job_start", f"store at {host}:{port}; join nodes with `sailor agent --store "
-                           f"{host}:{port} --gpus TYPE@ZONE=N`", store=f"{host}:{port}", train_args=train_args,
-                           padded_vocab=padded_vocab)
+                           f"{host}:{port} --gpus TYPE@ZONE=N`; {model.name}, sequence length {model.seq_len} "
+                           f"({seq_source})", store=f"{host}:{port}", train_args=train_args,
+                           padded_vocab=padded_vocab, model=model.name, seq_length=model.seq_len,
+                           seq_length_source=seq_source)
     if args.local:
         if not pools:
             raise SailorError("--local needs --gpus TYPE@ZONE=N,... to know which agents to start")

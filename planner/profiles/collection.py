@@ -77,6 +77,10 @@ def merge_profiles(a: Profile, b: Profile, sources: tuple[str, str], prefer: str
     if a.num_layers != b.num_layers:
         raise SailorError(f"{name} has {a.num_layers} layers in {sources[0]} but {b.num_layers} in {sources[1]}; "
                           "re-profile one of them")
+    if a.model_spec is not None and b.model_spec is not None and \
+            a.model_spec.architecture() != b.model_spec.architecture():
+        raise SailorError(f"{name} describes different models in {sources[0]} and {sources[1]} (another architecture "
+                          "or sequence length); they cannot be merged")
     if a.precision != b.precision:
         raise SailorError(f"{name} is {a.precision} in {sources[0]} but {b.precision} in {sources[1]}; they "
                           "describe different training and cannot be merged")
@@ -93,7 +97,7 @@ def merge_profiles(a: Profile, b: Profile, sources: tuple[str, str], prefer: str
     notes = dict(a.meta.get("notes") or {})
     notes["merged_from"] = [*notes.get("merged_from", [sources[0]]), sources[1]]
     return Profile(a.model, a.gpu, a.num_layers, a.precision, a.source, times, optimizer, memory,
-                   {**a.meta, "notes": notes})
+                   {**a.meta, "notes": notes}, a.model_spec or b.model_spec)
 
 
 def _fit_entry(fit: BandwidthFit) -> dict:

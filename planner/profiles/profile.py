@@ -7,10 +7,16 @@ every layer (parameters on one GPU, activation bytes kept for backward per
 sample, output bytes per sample). `source` says whether the numbers were
 measured or estimated, and the CLI shows it.
 
-Our file format (one file per model and GPU type, `DIR/MODEL/GPU/profile.json`):
+A profile applies to every model with the same architecture as the one it
+measured, whatever each is called (store.py): so our files carry the whole
+model description (`model_config`, ModelSpec.to_dict()); files without it
+describe the preset they are named after.
+
+Our file format (one file per model and GPU type, `DIR/MODEL/GPU/profile.json`;
+a "/" in the model's name, as in Hugging Face's, becomes "--" in MODEL):
 
     {"format": "sailor-profile", "version": 1, "model": "tiny", "gpu": "CPU",
-     "precision": "fp32", "created": "2026-11-22", "software": {"torch": "2.13.0"},
+     "model_config": {...}, "precision": "fp32", "created": "2026-11-22", "software": {"torch": "2.13.0"},
      "optimizer_s_per_param": 3.1e-9,
      "times": {"<mbs>": {"<tp>": {"fwd": [s, ...], "bwd": [s, ...]}}},      # per layer
      "memory": {"<tp>": {"params": [n, ...], "activation_bytes": [b, ...],   # per layer,
@@ -24,6 +30,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from planner.errors import SailorError
+from planner.specs.model import ModelSpec, canonical_name, get_model, is_preset, model_from_dict
 
 MEASURED, ESTIMATED = "measured", "estimated"
 
@@ -88,6 +95,7 @@ class Profile:
     optimizer_s_per_param: float
     memory: dict[int, LayerMemory]  # tp -> memory facts
     meta: dict = field(default_factory=dict)
+    model_spec: ModelSpec | None = None  # the model measured; None: the preset `model` names
 
     def microbatch_sizes(self, tp: int | None = None) -> list[int]:
         return sorted({b for b, t in self.times if tp is None or t == tp})
@@ -111,6 +119,26 @@ class Profile:
         except KeyError:
             raise SailorError(f"the profile of {self.model} on {self.gpu} has no memory facts at TP {tp}; "
                               "re-profile with that TP degree") from None
+
+
+# -- which models a profile applies to ----------------------------------------------
+def measured_model(name: str, spec: ModelSpec | None) -> ModelSpec | None:
+    """The model a profile measured: its description, else the preset it is named after (None: unknown)."""
+    if spec is not None:
+        return spec
+    return get_model(name) if is_preset(name) else None
+
+
+def model_key(name: str, spec: ModelSpec | None) -> tuple:
+    """What a profile's numbers belong to: the measured model's architecture (its name only when the file
+    describes no model sailor knows, as older profiles of config.json models)."""
+    model = measured_model(name, spec)
+    return ("architecture", model.architecture()) if model is not None else ("name", canonical_name(name))
+
+
+def model_keys(model: ModelSpec) -> tuple[tuple, tuple]:
+    """The keys of profiles that apply to `model`: its architecture, else its name."""
+    return ("architecture", model.architecture()), ("name", canonical_name(model.name))
 
 
 def smooth_over_microbatches(times: dict[tuple[int, int], LayerTimes]) -> dict[tuple[int, int], LayerTimes]:
@@ -145,8 +173,9 @@ def profile_to_dict(p: Profile) -> dict:
     for (b, t), lt in sorted(p.times.items()):
         times.setdefault(str(b), {})[str(t)] = {"fwd": list(lt.fwd), "bwd": list(lt.bwd)}
     return {
-        "format": "sailor-profile", "version": 1, "model": p.model, "gpu": p.gpu, "precision": p.precision,
-        **p.meta,
+        "format": "sailor-profile", "version": 1, "model": p.model, "gpu": p.gpu,
+        **({"model_config": p.model_spec.to_dict()} if p.model_spec is not None else {}),
+        "precision": p.precision, **p.meta,
         "optimizer_s_per_param": p.optimizer_s_per_param,
         "times": times,
         "memory": {str(t): {"params": list(m.params), "activation_bytes": list(m.activation_bytes),
@@ -154,7 +183,15 @@ def profile_to_dict(p: Profile) -> dict:
     }
 
 
+def profile_spec(d: dict, source_name: str) -> ModelSpec | None:
+    """The model a profile file measured (its model_config), without reading the rest."""
+    if d.get("model_config") is None:
+        return None
+    return model_from_dict(d["model_config"], f"profile {source_name}: model_config")
+
+
 def profile_from_dict(d: dict, source_name: str) -> Profile:
+    spec = profile_spec(d, source_name)
     try:
         times = {(int(b), int(t)): LayerTimes(tuple(map(float, v["fwd"])), tuple(map(float, v["bwd"])))
                  for b, per_tp in d["times"].items() for t, v in per_tp.items()}
@@ -166,15 +203,20 @@ def profile_from_dict(d: dict, source_name: str) -> Profile:
             raise ValueError(f"layer lists have different lengths {sorted(lengths)}")
         meta = {k: v for k, v in d.items() if k in ("created", "software", "device", "notes")}
         return Profile(str(d["model"]), str(d["gpu"]), lengths.pop(), str(d.get("precision", "fp32")), MEASURED,
-                       times, float(d["optimizer_s_per_param"]), memory, meta)
+                       times, float(d["optimizer_s_per_param"]), memory, meta, spec)
     except KeyError as e:
         raise SailorError(f"profile {source_name}: missing field {e.args[0]!r}; see docs/formats.md") from None
     except (TypeError, ValueError, AttributeError) as e:
         raise SailorError(f"profile {source_name}: malformed ({e}); see docs/formats.md") from None
 
 
+def profile_dir(directory: str | Path, model: str, gpu: str) -> Path:
+    """DIR/MODEL/GPU: one level per part, also for Hugging Face names like org/model."""
+    return Path(directory) / model.replace("/", "--") / gpu
+
+
 def save_profile(p: Profile, directory: str) -> Path:
-    path = Path(directory) / p.model / p.gpu / "profile.json"
+    path = profile_dir(directory, p.model, p.gpu) / "profile.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(profile_to_dict(p), indent=1) + "\n")
@@ -182,9 +224,15 @@ def save_profile(p: Profile, directory: str) -> Path:
     return path
 
 
-def load_profile_file(path: Path) -> Profile:
+def read_profile_file(path: Path) -> dict:
     try:
         d = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise SailorError(f"profile {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-    return profile_from_dict(d, str(path))
+    if not isinstance(d, dict):
+        raise SailorError(f"profile {path}: expected a JSON object; see docs/formats.md")
+    return d
+
+
+def load_profile_file(path: Path) -> Profile:
+    return profile_from_dict(read_profile_file(path), str(path))

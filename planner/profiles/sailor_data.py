@@ -28,9 +28,9 @@ import statistics
 from pathlib import Path
 
 from planner.profiles.network_fits import NetworkFits, load_sailor_network
-from planner.profiles.profile import MEASURED, LayerMemory, LayerTimes, Profile
+from planner.profiles.profile import MEASURED, LayerMemory, LayerTimes, Profile, measured_model, model_keys
 from planner.specs.hardware import SAILOR_GPU_NAMES, canonical_gpu
-from planner.specs.model import SAILOR_NAMES, canonical_name, get_model
+from planner.specs.model import SAILOR_NAMES, ModelSpec, canonical_name, get_model, is_preset
 
 FP32_BYTES = 4
 
@@ -43,13 +43,22 @@ def _gpu_name(name: str) -> str:
     return canonical_gpu(name) or name
 
 
-def load_sailor_dir(root: Path, model: str | None = None) -> tuple[dict, NetworkFits]:
+def load_sailor_dir(root: Path, model: ModelSpec | str | None = None) -> tuple[dict, NetworkFits]:
     """Profiles keyed by (our model name, our GPU name), and the network fits.
 
-    With `model`, only that model's profiles are read (a planner run needs no others).
+    The layout names its models only, so only the presets' are read (an
+    exported profile of a config.json model is for Sailor's own planner).
+    With `model` (a ModelSpec or a preset's name), only the profiles of
+    models with its architecture are read (a planner run needs no others).
     """
     info = json.loads((root / "llm_info.json").read_text())
-    wanted = (lambda name: canonical_name(name) == canonical_name(model)) if model else (lambda name: True)
+    if isinstance(model, str):
+        model = get_model(model)
+    keys = model_keys(model) if model is not None else ()
+
+    def wanted(name: str) -> bool:
+        return is_preset(name) and (model is None or ("architecture", get_model(name).architecture()) in keys)
+
     raw: dict[tuple[str, str], dict] = {}
     for f in sorted((root / "profiles").glob("*/*/profile.json")):
         if wanted(f.parent.parent.name):
@@ -64,7 +73,7 @@ def load_sailor_dir(root: Path, model: str | None = None) -> tuple[dict, Network
     for (model_name, gpu_name), data in raw.items():
         if model_name not in info:
             continue
-        spec = get_model(model_name)
+        spec = get_model(model_name)  # a preset (wanted)
         memory = memory_facts(info[model_name], spec.num_layers)
         profile = _profile(spec, _gpu_name(gpu_name), data, memory)
         if profile is not None:
@@ -128,7 +137,7 @@ def _profile(model, gpu: str, data: dict, memory: dict[int, LayerMemory]) -> Pro
     return Profile(
         model=canonical_name(model.name), gpu=gpu, num_layers=n, precision="fp32", source=MEASURED, times=times,
         optimizer_s_per_param=statistics.median(per_param) if per_param else 0.0,
-        memory=memory, meta={"origin": "sailor-data"},
+        memory=memory, meta={"origin": "sailor-data"}, model_spec=model,
     )
 
 
@@ -138,8 +147,8 @@ def save_sailor_dir(profiles: list[Profile], root: Path) -> list[Path]:
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     written = []
     for p in profiles:
-        model = get_model(p.model)
-        name = SAILOR_NAMES.get(canonical_name(p.model), p.model)
+        model = measured_model(p.model, p.model_spec) or get_model(p.model)
+        name = SAILOR_NAMES.get(canonical_name(p.model), p.model).replace("/", "--")
         data: dict = {}
         for (mbs, tp), lt in sorted(p.times.items()):
             mem = p.memory.get(tp)

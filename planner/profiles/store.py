@@ -6,6 +6,12 @@ like Sailor's published data, or one of ours (MODEL/GPU/profile.json files and
 an optional network.json). `ProfileStore.get(model, gpu)` returns the measured
 profile if there is one, else an analytical estimate whose efficiency is
 calibrated on the measured profiles at hand; the profile's `source` says which.
+
+A measured profile applies to every model with the same architecture
+(ModelSpec.architecture(): every field that changes a layer's time or
+memory, the sequence length included), whatever each is called: a config.json describing LLaMA-3-8 at
+8192 tokens uses Sailor's LLAMA-3-8 profiles; another sequence length, or
+another width anywhere, gets an estimate.
 """
 from __future__ import annotations
 
@@ -15,7 +21,8 @@ from pathlib import Path
 from planner.errors import SailorError
 from planner.profiles.estimate import calibrate_efficiency, estimate_profile, optimizer_s_per_param
 from planner.profiles.network_fits import NetworkFits, load_network_file
-from planner.profiles.profile import Profile, load_profile_file, smooth_over_microbatches
+from planner.profiles.profile import (Profile, measured_model, model_key, model_keys, profile_from_dict,
+                                      profile_spec, read_profile_file, smooth_over_microbatches)
 from planner.profiles.sailor_data import is_sailor_dir, load_sailor_dir
 from planner.specs.hardware import CATALOG, GPUSpec
 from planner.specs.model import ModelSpec, canonical_name, get_model
@@ -25,38 +32,37 @@ class ProfileStore:
     def __init__(self, measured: dict[tuple[str, str], Profile] | None = None,
                  network: NetworkFits | None = None, gpus: dict[str, GPUSpec] | None = None):
         self.measured = dict(measured or {})
+        self._by_model: dict[tuple, Profile] = {}  # (model_key, gpu) -> profile
         for p in self.measured.values():
             p.times = smooth_over_microbatches(p.times)
+            self._by_model.setdefault((model_key(p.model, p.model_spec), p.gpu), p)
         self.network = network or NetworkFits()
-        self._estimated: dict[tuple[str, str, str], Profile] = {}
+        self._estimated: dict[tuple[ModelSpec, str, str], Profile] = {}
         self._efficiency: float | None = None
         self._gpus = gpus or CATALOG
 
     def efficiency(self) -> float:
         """Median measured model-FLOPs utilisation, used for estimates."""
         if self._efficiency is None:
-            models = {}
-            for p in self.measured.values():
-                try:
-                    models[p.model] = get_model(p.model)
-                except SailorError:
-                    pass
+            models = {p.model: m for p in self.measured.values()
+                      if (m := measured_model(p.model, p.model_spec)) is not None}
             self._efficiency = calibrate_efficiency(self.measured.values(), models, self._gpus)
         return self._efficiency
 
     def get(self, model: ModelSpec, gpu: GPUSpec, precision: str = "fp32") -> Profile:
-        name = canonical_name(model.name)
-        found = self.measured.get((name, gpu.name))
+        """The measured profile of a model with `model`'s architecture on `gpu`, else an estimate."""
+        keys = model_keys(model)
+        found = next((p for k in keys if (p := self._by_model.get((k, gpu.name))) is not None), None)
         if found is not None:
             if found.num_layers != model.num_layers:
-                raise SailorError(f"the profile of {name} on {gpu.name} has {found.num_layers} layers but the model "
-                                  f"has {model.num_layers}; re-profile the model")
+                raise SailorError(f"the profile of {found.model} on {gpu.name} has {found.num_layers} layers but "
+                                  f"{model.name} has {model.num_layers}; re-profile the model")
             if found.optimizer_s_per_param <= 0:  # not measured (Sailor's A100-80 files)
                 found.optimizer_s_per_param = optimizer_s_per_param(gpu, self.efficiency())
             return found
-        key = (name, gpu.name, precision)
-        if key not in self._estimated:
-            memory = next((p.memory for (m, _), p in self.measured.items() if m == name), None)
+        key = (model, gpu.name, precision)
+        if key not in self._estimated:  # memory facts do not depend on the GPU: any measured ones apply
+            memory = next((p.memory for (k, _), p in self._by_model.items() if k in keys), None)
             self._estimated[key] = estimate_profile(model, gpu, precision, self.efficiency(), memory)
         return self._estimated[key]
 
@@ -69,8 +75,12 @@ def profile_dirs(cli_dirs: list[str] | None) -> list[str]:
 
 
 def load_profiles(dirs: list[str] | None = None, gpus: dict[str, GPUSpec] | None = None,
-                  model: str | None = None) -> ProfileStore:
-    """Every profile in `dirs` (or only those of `model`), and the network fits."""
+                  model: ModelSpec | str | None = None) -> ProfileStore:
+    """Every profile in `dirs` (or only those that apply to `model`: a ModelSpec, or a preset's name),
+    and the network fits. A file of another model is not parsed beyond its model description."""
+    if isinstance(model, str):
+        model = get_model(model)
+    keys = model_keys(model) if model is not None else ()
     measured: dict[tuple[str, str], Profile] = {}
     network = NetworkFits()
     for d in profile_dirs(dirs):
@@ -83,9 +93,13 @@ def load_profiles(dirs: list[str] | None = None, gpus: dict[str, GPUSpec] | None
             measured.update(profiles)
             network.merge(fits)
             continue
-        files = sorted(root.glob(f"{canonical_name(model) if model else '*'}/*/profile.json"))
+        files = sorted(root.glob("*/*/profile.json"))
         for f in files:
-            p = load_profile_file(f)
+            doc = read_profile_file(f)
+            name = doc.get("model")
+            if model is not None and isinstance(name, str) and model_key(name, profile_spec(doc, str(f))) not in keys:
+                continue
+            p = profile_from_dict(doc, str(f))
             measured[(canonical_name(p.model), p.gpu)] = p
         net = root / "network.json"
         if net.exists():

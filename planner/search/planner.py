@@ -40,7 +40,7 @@ from planner.search.two_types import TwoTypes
 from planner.simulator.network import Endpoint
 from planner.simulator.runtime_model import RuntimeModel, runtime_model
 from planner.simulator.simulate import Estimate, Simulator
-from planner.specs.plan import Plan
+from planner.specs.plan import Plan, with_model
 
 GROUP, FAMILY, CONFIG, REFINE, EVALUATE = 0, 1, 2, 3, 4  # what a queue entry asks for
 RECOMPUTE_MODES = {"never": (False,), "always": (True,), "auto": (False, True)}  # the passes of each mode
@@ -325,7 +325,7 @@ class Planner(SinglePool, TwoPools, TwoTypes):
             front.append(cand)
 
     def _materialize(self, c: Candidate) -> tuple[Plan, Estimate]:
-        plan = self._design(c.design).to_plan(self.model.name, self.L, self.gbs, self.runtime)
+        plan = with_model(self._design(c.design).to_plan(self.model.name, self.L, self.gbs, self.runtime), self.model)
         if c.recompute:
             plan = replace(plan, stages=tuple(replace(s, recompute=True) for s in plan.stages))
         est = self.sim.simulate(plan, self.rt)

@@ -49,7 +49,7 @@ from planner.simulator.placement import place
 from planner.simulator.recompute import recomputed_memory, recomputed_times
 from planner.simulator.runtime_model import RuntimeModel, runtime_model
 from planner.specs.hardware import Cluster
-from planner.specs.model import BLOCK, ModelSpec
+from planner.specs.model import BLOCK, ModelSpec, canonical_name
 from planner.specs.plan import Plan
 
 GRAD_BYTES = 4  # gradients are all-reduced in fp32
@@ -275,7 +275,10 @@ class Simulator:
     def _sources(self, plan: Plan) -> dict[str, str]:
         out = {}
         for gpu in sorted({r.gpu for st in plan.stages for r in st.replicas}):
-            out[f"profile {self.model.name} on {gpu}"] = self.profile(gpu).source
+            profile = self.profile(gpu)
+            same = canonical_name(profile.model) == canonical_name(self.model.name)
+            out[f"profile {self.model.name} on {gpu}"] = profile.source if same else \
+                f"{profile.source} ({profile.model}'s: the same architecture)"
         fitted = self.profiles.network.sources
         out["network"] = "measured fits where available" if fitted else "estimated from the catalog"
         return out

@@ -263,9 +263,13 @@ class ModelSpec:
         return d
 
     def architecture(self) -> "ModelSpec":
-        """The same model without its name: two specs with equal architecture()
-        have the same layers, so measured profiles of one apply to the other."""
-        return replace(self, name="", hf_model_type="")
+        """The same model without what does not change a layer's time or memory (its name,
+        norm epsilon, rotary base and scaling, padding token): two specs with equal
+        architecture() have the same layers, so measured profiles of one apply to the other."""
+        return replace(self, name="", hf_model_type="", norm_eps=0.0, rope_theta=0.0, rope_scaling=(), pad_token=-1)
+
+
+_SCALARS = {"int": int, "bool": bool, "float": (int, float), "str": str}  # field annotation -> JSON types it takes
 
 
 def model_from_dict(d: dict, source: str = "model description") -> ModelSpec:
@@ -277,6 +281,19 @@ def model_from_dict(d: dict, source: str = "model description") -> ModelSpec:
     if unknown:
         raise SailorError(f"{source}: unknown model field {unknown[0]!r}; it was written by another sailor version "
                           "or edited by hand")
+    for f in fields(ModelSpec):
+        expected = _SCALARS.get(f.type)
+        value = d.get(f.name)
+        if expected is not None and f.name in d and (not isinstance(value, expected) or
+                                                     (isinstance(value, bool) and expected is not bool)):
+            raise SailorError(f"{source}: malformed model description ({f.name} must be {f.type}, not {value!r})")
+    if "family" in d:
+        from planner.specs.families import family
+
+        try:
+            family(d["family"])
+        except SailorError as e:
+            raise SailorError(f"{source}: {e}") from None
     d = dict(d)
     try:
         if "windows" in d:
@@ -342,12 +359,19 @@ def is_preset(name: str) -> bool:
     return canonical_name(name) in _PRESETS
 
 
+def check_seq_length(seq_len: int | None) -> None:
+    """A --seq-length (None: not given) must be a positive number of tokens."""
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0):
+        raise SailorError(f"--seq-length {seq_len} must be a positive number of tokens")
+
+
 def get_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
     """A preset by name or alias, or a Hugging Face config.json (or a directory holding one).
 
     seq_len: the training sequence length; default: a preset's own, or for a
     config.json min(2048, its context length).
     """
+    check_seq_length(seq_len)
     key = canonical_name(name_or_path)
     if key in _PRESETS:
         model = _PRESETS[key]
@@ -357,6 +381,25 @@ def get_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
 
         return from_hf_config(name_or_path, seq_len)
     raise SailorError(
-        f"unknown model {name_or_path!r}: use one of {', '.join(preset_names())} "
-        "(or Sailor's OPT-350, GPT-Neo-2.7, LLAMA-3-8, OPT-30), or a path to a config.json or model directory"
+        f"unknown model {name_or_path!r}: use a Hugging Face config.json or model directory, or one of the "
+        f"Megatron-style presets of Sailor's runs: {', '.join(preset_names())} (Sailor's names OPT-350, "
+        "GPT-Neo-2.7, LLAMA-3-8, OPT-30 work too)"
     )
+
+
+def is_preset_spec(spec: ModelSpec) -> bool:
+    """True when `spec` is a preset (at any sequence length): its name alone describes it."""
+    preset = _PRESETS.get(canonical_name(spec.name))
+    return preset is not None and spec.seq_len <= preset.context_length and \
+        replace(preset, seq_len=spec.seq_len) == spec
+
+
+def seq_length_reason(spec: ModelSpec, flag: int | None = None, planned: int | None = None) -> str:
+    """Where spec.seq_len came from, for the output: a plan, --seq-length, or the default."""
+    if planned is not None:
+        return "the plan's"
+    if flag is not None:
+        return "--seq-length"
+    if is_preset_spec(spec):
+        return f"default: {spec.name}'s own; set --seq-length"
+    return f"default: min({DEFAULT_SEQ_LEN}, context {spec.context_length}); set --seq-length"

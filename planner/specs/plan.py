@@ -14,14 +14,21 @@ its D replicas. A stage may recompute its transformer blocks' activations in
 backward (`recompute`): it then keeps only each block's input per microbatch
 in flight, at the price of a second forward pass.
 
+A plan also names the model it was made for: a preset by name, any other
+model (a config.json's) by its whole description (`model_config`), so the
+commands that read the plan later need nothing else; and the sequence
+length it was made for (`seq_length`). `plan_model` is how every command
+gets the model of a plan.
+
 File format (JSON); `count` repeats an entry:
 
-    {"format": "sailor-plan", "version": 1, "model": "opt-350m",
+    {"format": "sailor-plan", "version": 1, "model": "opt-350m", "seq_length": 2048,
      "global_batch_size": 1024, "runtime": "sailor",
      "stages": [{"layers": [0, 12], "recompute": false,
                  "replicas": [{"gpu": "A100-40", "tp": 2, "zone": "us-central1-a", "count": 32}]},
                 ...],
-     "pipelines": [{"microbatch_size": 2, "num_microbatches": 16, "count": 32}]}
+     "pipelines": [{"microbatch_size": 2, "num_microbatches": 16, "count": 32}],
+     "model_config": {...}}     # ModelSpec.to_dict(), only for models that are not presets
 
 Sailor's plan_config format (pipeline_list / layers_per_stage / tmp_per_stage /
 dp / mbs / gbs) is read and written too.
@@ -30,11 +37,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
 
 from planner.errors import SailorError
+from planner.specs.model import ModelSpec, check_seq_length, get_model, is_preset_spec, model_from_dict
 
 RUNTIMES = ("sailor", "megatron-deepspeed")
 
@@ -78,6 +86,8 @@ class Plan:
     pipelines: tuple[Pipeline, ...]
     runtime: str = "sailor"  # which framework executes it (the simulator models each)
     notes: dict = field(default_factory=dict, compare=False, hash=False)  # extra fields kept from files
+    seq_length: int | None = None  # tokens per sample it was made for; None: the model's default (older files)
+    model_spec: ModelSpec | None = None  # the whole model, when it is not a preset (`model` names it then)
 
     @property
     def pp(self) -> int:
@@ -145,6 +155,34 @@ class Plan:
         return self
 
 
+# -- the model of a plan --------------------------------------------------------
+def with_model(plan: Plan, model: ModelSpec) -> Plan:
+    """`plan`, made for `model`: its name and sequence length, and its whole description unless it is a preset."""
+    return replace(plan, model=model.name, seq_length=model.seq_len,
+                   model_spec=None if is_preset_spec(model) else model)
+
+
+def plan_model(plan: Plan, override: str | None = None, seq_len: int | None = None) -> ModelSpec:
+    """The model `plan` trains; every command that reads a plan gets it here.
+
+    override: a preset or config.json from the command line, instead of the
+    plan's model. seq_len: --seq-length; a plan made for another sequence
+    length refuses it (its split, microbatches and memory were chosen for
+    its own), plans that do not record one (older files, Sailor's) take it.
+    """
+    check_seq_length(seq_len)
+    if seq_len is not None and plan.seq_length is not None and seq_len != plan.seq_length:
+        raise SailorError(f"--seq-length {seq_len} contradicts the plan, which was made for sequence length "
+                          f"{plan.seq_length}; drop the flag, or make a plan for it with `sailor plan --seq-length "
+                          f"{seq_len}`")
+    seq = plan.seq_length or seq_len
+    if override:
+        return get_model(override, seq)
+    if plan.model_spec is not None:
+        return plan.model_spec
+    return get_model(plan.model, seq)
+
+
 # -- our JSON format ----------------------------------------------------------
 def plan_to_dict(plan: Plan) -> dict:
     def runs(items, encode):
@@ -161,6 +199,7 @@ def plan_to_dict(plan: Plan) -> dict:
         "format": "sailor-plan",
         "version": 1,
         "model": plan.model,
+        **({"seq_length": plan.seq_length} if plan.seq_length is not None else {}),
         "global_batch_size": plan.global_batch_size,
         "runtime": plan.runtime,
         "stages": [
@@ -170,6 +209,7 @@ def plan_to_dict(plan: Plan) -> dict:
         ],
         "pipelines": runs(plan.pipelines, lambda p: {"microbatch_size": p.microbatch_size,
                                                      "num_microbatches": p.num_microbatches}),
+        **({"model_config": plan.model_spec.to_dict()} if plan.model_spec is not None else {}),
         **plan.notes,
     }
 
@@ -192,13 +232,27 @@ def plan_from_dict(d: dict, source: str = "plan") -> Plan:
         pipelines = []
         for p in d["pipelines"]:
             pipelines += [Pipeline(int(p["microbatch_size"]), int(p["num_microbatches"]))] * int(p.get("count", 1))
-        known = {"format", "version", "model", "global_batch_size", "runtime", "stages", "pipelines"}
-        return Plan(str(d["model"]), int(d["global_batch_size"]), tuple(stages), tuple(pipelines),
-                    str(d.get("runtime", "sailor")), {k: v for k, v in d.items() if k not in known})
+        seq_length = d.get("seq_length")
+        if seq_length is not None and (isinstance(seq_length, bool) or not isinstance(seq_length, int)
+                                       or seq_length < 1):
+            raise ValueError(f"seq_length must be a positive integer, not {seq_length!r}")
+        known = {"format", "version", "model", "seq_length", "global_batch_size", "runtime", "stages", "pipelines",
+                 "model_config"}
+        plan = Plan(str(d["model"]), int(d["global_batch_size"]), tuple(stages), tuple(pipelines),
+                    str(d.get("runtime", "sailor")), {k: v for k, v in d.items() if k not in known}, seq_length)
     except KeyError as e:
         raise SailorError(f"{source}: missing field {e.args[0]!r}; see the plan format in docs/formats.md") from None
     except (TypeError, ValueError) as e:
         raise SailorError(f"{source}: malformed plan ({e}); see the plan format in docs/formats.md") from None
+    if "model_config" not in d:
+        return plan
+    spec = model_from_dict(d["model_config"], f"{source}: model_config")
+    if spec.name != plan.model:
+        raise SailorError(f"{source}: model {plan.model!r} but model_config describes {spec.name!r}; make them agree")
+    if plan.seq_length not in (None, spec.seq_len):
+        raise SailorError(f"{source}: seq_length {plan.seq_length} but model_config has seq_len {spec.seq_len}; "
+                          "make them agree")
+    return replace(plan, seq_length=spec.seq_len, model_spec=spec)
 
 
 # -- Sailor's plan_config format ---------------------------------------------

@@ -209,8 +209,7 @@ class Worker:
 
         from planner.launch import rank_layout
         from planner.specs.hardware import load_cluster
-        from planner.specs.model import get_model
-        from planner.specs.plan import plan_from_dict
+        from planner.specs.plan import plan_from_dict, plan_model
         from sailor_ext import compat, devices
         from sailor_ext.snapshot import Persister, PersistTarget, StoreBoard
         from sailor_ext.data import open_training_data
@@ -226,7 +225,7 @@ class Worker:
         result = EpochResult("failed")
         try:
             plan = plan_from_dict(a.plan)
-            model = get_model(args.model or plan.model, seq_len=args.seq_length)
+            model = plan_model(plan, args.model, args.seq_length)
             cluster = load_cluster(args.cluster)
             cluster = replace(cluster, gpus={**cluster.gpus, **{
                 g: replace(cluster.gpu(g), gpus_per_node=n) for g, n in a.gpus_per_node.items()}})

@@ -81,7 +81,7 @@ class LayerBench:
                  precision: str = "fp32", seed: int = 1234):
         self.model, self.tp, self.tp_group, self.device = model, tp, tp_group, device
         self.blocks = min(blocks, model.num_blocks)
-        reduced = replace(model, num_blocks=self.blocks)
+        reduced = replace(model, num_blocks=self.blocks, windows=model.windows[: self.blocks])
         spec = StageSpec(reduced, 0, reduced.num_layers - 1, tp, tp_rank, model.padded_vocab(tp),
                          stage=0, stage_chunks=tp, embedding_chunks=tp)
         compat.install(device, seed, tp_rank)

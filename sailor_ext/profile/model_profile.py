@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Callable
 
 from planner.errors import SailorError
-from planner.profiles.profile import MEASURED, LayerMemory, LayerTimes, Profile, save_profile
+from planner.launch import check_tp
+from planner.profiles.profile import MEASURED, LayerMemory, LayerTimes, Profile, profile_dir, save_profile
 from planner.specs.model import ModelSpec, canonical_name, get_model
 from sailor_ext.profile.ranks import run_local_ranks
 
@@ -90,9 +91,7 @@ def check_request(req: ModelProfileRequest) -> tuple[ModelSpec, Settings]:
     if not req.tp_degrees or min(req.tp_degrees) < 1:
         raise SailorError(f"--tp must be positive integers, got {list(req.tp_degrees)}")
     for t in req.tp_degrees:
-        if model.heads % t or model.ffn_hidden % t:
-            raise SailorError(f"--tp {t} does not divide {model.name}'s {model.heads} heads and FFN width "
-                              f"{model.ffn_hidden}; use TP degrees that divide both")
+        check_tp(model, t, "--tp")
     if req.warmup < 0 or req.repeats < 1 or req.blocks < 1 or req.threads < 1 or req.concurrency < 1:
         raise SailorError("--warmup must be >= 0 and --repeats, --blocks, --threads, --concurrency >= 1")
     if req.device == "cuda":
@@ -200,7 +199,7 @@ def _run_workers(req: ModelProfileRequest, settings: Settings, tp: int, sizes: l
 def profile_model(req: ModelProfileRequest, on_progress: Callable[[str, int, int], None] | None = None) -> Path:
     """Measure, save, return the profile's path. on_progress(what, done, total) after each point."""
     model, settings = check_request(req)
-    target = Path(req.out_dir) / settings.model / settings.gpu
+    target = profile_dir(req.out_dir, settings.model, settings.gpu)
     progress = open_progress(target / "profile.partial.json", settings, req.resume)
     tps, sizes = sorted(set(req.tp_degrees)), sorted(set(req.microbatch_sizes))
     total = len(tps) * len(sizes)
@@ -280,5 +279,5 @@ def assemble(model: ModelSpec, settings: Settings, progress: Progress) -> Profil
     meta = {"created": today(), "software": software_versions(),
             "device": device_facts(settings.device, settings.threads, settings.concurrency), "notes": notes}
     return Profile(settings.model, settings.gpu, model.num_layers, settings.precision, MEASURED, times,
-                   per_param[min(per_param)], memory, meta)
+                   per_param[min(per_param)], memory, meta, model)
 

@@ -100,6 +100,40 @@ def test_megatron_lm_args_for_homogeneous_plans_only(tmp_path):
     assert out.returncode == 2 and "some stages only" in out.stderr
 
 
+def _with_model(tmp_path, plan: dict, cfg: dict) -> dict:
+    """`plan` for the model of a Hugging Face config: the plan carries it (model_config)."""
+    from planner.specs.model import get_model
+
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = get_model(str(tmp_path / "config.json"), seq_len=1024)
+    last = spec.num_layers - 1
+    stages = [{**plan["stages"][0], "layers": [0, last // 2]}, {**plan["stages"][1], "layers": [last // 2 + 1, last]}]
+    return {**plan, "model": spec.name, "seq_length": 1024, "stages": stages, "model_config": spec.to_dict()}
+
+
+def test_megatron_lm_args_follow_the_plans_model(tmp_path):
+    llama = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,
+             "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 4096,
+             "rope_theta": 500000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False}
+    text = launch(tmp_path, _with_model(tmp_path, HOMO, llama), "--target", "megatron-lm")
+    for arg in ("--num-layers 4", "--seq-length 1024", "--max-position-embeddings 4096", "--normalization RMSNorm",
+                "--norm-epsilon 1e-06", "--swiglu", "--position-embedding-type rope", "--rotary-base 500000",
+                "--group-query-attention", "--num-query-groups 2", "--disable-bias-linear",
+                "--untie-embeddings-and-output-weights"):
+        assert arg in text, arg
+    opt_350m = {"model_type": "opt", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16,
+                "ffn_dim": 4096, "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 512,
+                "do_layer_norm_before": False}
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(_with_model(tmp_path, HOMO, opt_350m)))
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(f), "--target", "megatron-lm"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "cannot express" in out.stderr and "post-LN" in out.stderr
+    # sailor's runtime takes what Megatron-LM cannot
+    torchrun = launch(tmp_path, _with_model(tmp_path, HOMO, opt_350m), "--target", "torchrun")
+    assert "-m sailor_ext.train --plan" in torchrun and "--train-iters 5" in torchrun
+
+
 @pytest.mark.skipif(shutil.which("hadolint") is None and not (Path(sys.executable).parent / "hadolint").exists(),
                     reason="hadolint is installed with the test extras")
 def test_dockerfiles_lint_clean():

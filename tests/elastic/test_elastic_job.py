@@ -218,3 +218,27 @@ def test_a_checkpoint_of_another_model_ends_the_job_in_one_line(tmp_path):
     assert code == 2 and len(errors) == 1, job.log()
     assert "has no tensor layers.0" in errors[0] and "saved for another model" in errors[0]
     assert job.metrics() == [] and sorted(p.name for p in other.iterdir()) == ["iter_0000005", "latest"]
+
+
+@pytest.mark.timeout(180)
+def test_a_config_json_model_reaches_the_workers_in_the_plan(tmp_path):
+    """`sailor run --model path/config.json --seq-length N`: the workers get neither the path nor the
+    length as arguments; every plan carries both (their nodes need not have the file)."""
+    import json
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 128,
+        "_name_or_path": "org/tiny-llama"}))
+    job = Job(tmp_path / "job", ["--train-iters", "3"], global_batch=4, min_gpus=2, model=str(config),
+              controller_args=["--seq-length", "32"])
+    try:
+        job.add_agent("a")
+        code = job.wait(120)
+    finally:
+        job.close()
+    assert code == 0, job.log()
+    start = job.events("job_start")[0]
+    assert (start["model"], start["seq_length"]) == ("org/tiny-llama", 32) and "--model" not in start["train_args"]
+    assert [m["tokens"] for m in job.metrics()] == [4 * 32] * 3

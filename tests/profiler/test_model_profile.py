@@ -129,3 +129,27 @@ def test_concurrency_runs_load_ranks(tmp_path):
     d = json.loads((tmp_path / "tiny" / "CPU" / "profile.json").read_text())
     assert d["device"]["concurrent_processes"] == n and d["notes"]["statistic"].startswith("mean")
     assert set(d["times"]) == {"1"}
+
+
+def test_a_config_models_profile_applies_by_architecture(tmp_path):
+    """A config.json model's profile carries its description: another path, or another name, of the same
+    architecture gets it; another sequence length does not."""
+    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 128,
+           "_name_or_path": "org/tiny-llama"}
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "config.json").write_text(json.dumps({**cfg, "_name_or_path": f"org/{d}"}))
+    out = tmp_path / "profiles"
+    run = sailor("profile", "model", "--model", tmp_path / "a", "--device", "cpu", "--micro-batch-sizes", "1",
+                 *QUICK, "-o", out, "--quiet")
+    assert run.returncode == 0, run.stderr[-3000:]
+    written = json.loads((out / "org--a" / "CPU" / "profile.json").read_text())
+    assert written["model_config"] == get_model(str(tmp_path / "a")).to_dict()
+    for model, source in (("b", "measured (org/a's: the same architecture)"), ("a", "measured")):
+        run = sailor("plan", "--model", tmp_path / model, "--gpus", "CPU@local=1", "--global-batch", "2",
+                     "--microbatch-sizes", "1", "--profiles", out, "-o", tmp_path / "plan.json")
+        assert run.returncode == 0, run.stderr
+        sim = json.loads(sailor("simulate", tmp_path / "plan.json", "--profiles", out, "--json").stdout)
+        assert sim["sources"][f"profile org/{model} on CPU"] == source
+    assert not load_profiles([str(out)], model=get_model(str(tmp_path / "b"), seq_len=64)).measured

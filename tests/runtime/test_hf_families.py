@@ -157,3 +157,34 @@ def test_family_trains_like_transformers(kind, tmp_path):
     tokens = _batch(STEPS)[:, :-1]
     with torch.no_grad():
         torch.testing.assert_close(loaded(tokens).logits, reference(tokens).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_sharded_checkpoints_load_and_export(tmp_path):
+    """A checkpoint saved in shards (with model.safetensors.index.json) loads under a plan,
+    and `sailor export --max-shard-size` writes one that transformers loads."""
+    torch.manual_seed(0)
+    reference = transformers.AutoModelForCausalLM.from_config(_small("llama")).eval()
+    hf_dir = tmp_path / "hf"
+    reference.save_pretrained(hf_dir, max_shard_size="100KB")
+    assert (hf_dir / "model.safetensors.index.json").exists()
+    cpu = {"gpu": "CPU", "zone": "local"}
+    plan = {"format": "sailor-plan", "version": 1, "model": str(hf_dir), "global_batch_size": GBS,
+            "stages": [{"layers": [0, 2], "replicas": [{"tp": 1, **cpu}]}, {"layers": [3, 4], "replicas": [{"tp": 1, **cpu}]}],
+            "pipelines": [{"microbatch_size": 2, "num_microbatches": 4}]}
+    # lr 0: the weights stay what was loaded, so the export must give back the same model
+    run = run_plan(tmp_path / "run", plan, 2, ["--load-hf", str(hf_dir), "--seq-length", str(SEQ), "--train-iters",
+                                               "1", "--seed", "7", "--lr", "0", "--save", "ckpt"])
+    assert_ok(run)
+    with torch.no_grad():
+        assert run.metrics[0]["loss"] == pytest.approx(_hf_loss(reference, _batch(0)).item(), rel=1e-5)
+    out = tmp_path / "exported"
+    done = subprocess.run([sys.executable, "-m", "planner.cli", "export", str(tmp_path / "run" / "ckpt"),
+                           "--to-hf", str(out), "--max-shard-size", "100KB"], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tokens = _batch(1)[:, :-1]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens).logits, reference(tokens).logits, rtol=1e-5, atol=1e-6)
