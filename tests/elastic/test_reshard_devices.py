@@ -4,9 +4,10 @@ Snapshots live in host memory. Under NCCL a slice must be copied to the GPU
 before it is sent, and received into a GPU buffer; gloo on CPU takes the host
 tensors as they are, so only strict mode (sailor_ext/devices.py, on for this
 suite in conftest.py) can tell on this machine. Two ranks: rank 0 holds a
-step-5 snapshot of a [8, 3] weight and its AdamW moments and donates it,
-rank 1 needs the weight's rows 0..3 and 4..7 as two TP halves... of which it
-holds one (TP 2, rank 1) and takes it from rank 0's memory.
+step-5 snapshot of a [8, 3] weight (whole, TP 1) and its AdamW moments and
+donates it; rank 1, TP rank 1 of 2 in the new plan, needs rows 4..7 and
+takes them from rank 0's memory. The values use fp32's whole mantissa (bf16
+cannot hold them): the masters of a bf16 run move exactly.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ device = torch.device("cpu")
 devices.configure(device)
 assert devices.is_strict(), "strict mode must be on for this test"
 dist.init_process_group("gloo", rank=rank, world_size=2)
-full = torch.arange(24.0).view(8, 3)
+full = torch.arange(24.0).view(8, 3) / 7  # fp32 values a bf16 weight cannot hold
 ring = SnapshotRing()
 if rank == 0:  # held whole (TP 1) at step 5
     shards = {"w": ParamShard("w", (8, 3), 0, 1, 0, 1, (0,))}
@@ -58,7 +59,7 @@ else:  # needs TP rank 1 of 2: rows 4..7
     params = {"w": torch.zeros(4, 3)}
     adam = Adam(params)
     info = reshard.exchange(ring, params, adam, shards, [0, 1], device)
-    assert torch.equal(params["w"], full[4:]), params["w"]
+    assert torch.equal(params["w"], full[4:]) and not torch.equal(full[4:], full[4:].bfloat16().float())
     assert torch.equal(adam.state["w"]["exp_avg_sq"], full[4:] + 200)
     assert type(params["w"]) is torch.Tensor and adam.step_count == 5
 assert info.step == 5 and info.consumed == 60 and info.loss_scaler == {"scale": 1024.0}, info
