@@ -25,10 +25,11 @@ square, as Megatron-LM counts it; recomputation not counted) over the step
 time, against the GPU's dense bf16 peak from planner/specs/hardware.py
 (--gpu, or recognised from torch.cuda.get_device_name()).
 
-    python bench/gpu_step.py [--steps 10] [--warmup 3] [--micro-batch-size 2] [--num-microbatches 4]
+    python bench/gpu_step.py [--steps 10] [--warmup 3] [--micro-batch-size 1] [--num-microbatches 8]
     python bench/gpu_step.py --layers 2 --steps 3      # a quick look (smaller model)
 
-Needs one CUDA GPU with about 40 GB free; it has NOT been run yet (written
+Needs one CUDA GPU with about 50 GB free (megatron-core's local spec keeps s x s
+attention scores per block); it has NOT been run yet (written
 on a machine without a GPU): no number from it is in the docs.
 """
 from __future__ import annotations
@@ -55,8 +56,9 @@ LLAMA_1B = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 563
 # torch.cuda.get_device_name() -> catalog GPU type (planner/specs/hardware.py); other GPUs need --gpu
 # (an H100 PCIe, for one, peaks lower than the catalog's SXM H100-80)
 KNOWN_GPUS = {"NVIDIA H100 80GB HBM3": "H100-80", "NVIDIA H200": "H200", "NVIDIA GH200 480GB": "GH200-96",
-              "NVIDIA A100-SXM4-80GB": "A100-80", "NVIDIA A100-SXM4-40GB": "A100-40", "NVIDIA A100 80GB PCIe": "A100-80",
-              "NVIDIA A100-PCIE-40GB": "A100-40", "NVIDIA L4": "L4", "Tesla T4": "T4", "Tesla V100-SXM2-16GB": "V100-16"}
+              "NVIDIA A100-SXM4-80GB": "A100-80", "NVIDIA A100-SXM4-40GB": "A100-40",
+              "NVIDIA A100 80GB PCIe": "A100-80", "NVIDIA A100-PCIE-40GB": "A100-40", "NVIDIA L4": "L4",
+              "Tesla T4": "T4", "Tesla V100-SXM2-16GB": "V100-16"}
 
 
 def _free_port() -> int:
@@ -134,11 +136,12 @@ def run_megatron(config: Path, opts, out: Path) -> None:
     except ImportError:
         spec, spec_name = get_gpt_layer_local_spec(normalization="RMSNorm"), "local (no transformer_engine)"
     cfg = TransformerConfig(
-        num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"], num_attention_heads=hf["num_attention_heads"],
-        num_query_groups=hf["num_key_value_heads"], ffn_hidden_size=hf["intermediate_size"],
-        kv_channels=hf["hidden_size"] // hf["num_attention_heads"], normalization="RMSNorm",
-        layernorm_epsilon=hf["rms_norm_eps"], gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
-        hidden_dropout=0.0, attention_dropout=0.0, bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
+        num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"],
+        num_attention_heads=hf["num_attention_heads"], num_query_groups=hf["num_key_value_heads"],
+        ffn_hidden_size=hf["intermediate_size"], kv_channels=hf["hidden_size"] // hf["num_attention_heads"],
+        normalization="RMSNorm", layernorm_epsilon=hf["rms_norm_eps"], gated_linear_unit=True,
+        activation_func=F.silu, add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0, bf16=True,
+        params_dtype=torch.bfloat16,
         # the fused kernels below need Apex or megatron's compiled extensions; ours runs without them too
         masked_softmax_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
         gradient_accumulation_fusion=False, apply_rope_fusion=False, persist_layer_norm=False)
@@ -217,8 +220,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10, help="timed steps per side (after --warmup)")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--micro-batch-size", type=int, default=2)
-    ap.add_argument("--num-microbatches", type=int, default=4)
+    # 8 sequences of 2048 tokens; microbatches of 1 keep megatron's local spec (s x s attention scores,
+    # softmax in fp32) within an 80 GB GPU
+    ap.add_argument("--micro-batch-size", type=int, default=1)
+    ap.add_argument("--num-microbatches", type=int, default=8)
     ap.add_argument("--seq-length", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=LLAMA_1B["num_hidden_layers"], help="transformer blocks")
     ap.add_argument("--gpu", help="GPU type for the bf16 peak (default: recognised from the device name)")

@@ -10,9 +10,9 @@ Layout of SAVE/:
 A piece is a slice [start, stop) along one dimension (or the whole) of one
 logical tensor, with its optimizer state (AdamW moments). Parameters are the
 fp32 main (master) weights whatever the run's precision (precision.py), so a
-bf16 run resumes exactly and a checkpoint resumes under any precision. Each unique chunk is
-written once, by its designated owner (sharding.py), so no rank gathers whole
-tensors. Loading under any other plan (stages, TP degrees, replica counts,
+bf16 run resumes exactly and a checkpoint resumes under any precision. Each
+unique chunk is written once, by its designated owner (sharding.py), so no
+rank gathers whole tensors. Loading under any other plan (stages, TP degrees, replica counts,
 microbatch sizes, GPU types) reassembles each local slice from the pieces
 that overlap it (files are memory-mapped, only the needed bytes are read).
 

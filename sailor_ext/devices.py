@@ -1,7 +1,7 @@
 """Where communicated tensors must live, and a strict mode that checks it on CPU.
 
 The rule: every tensor handed to a collective or a point-to-point operation
-lives on the rank's device (`comm_device()`): its CUDA device under NCCL,
+lives on the rank's device (set by `configure`): its CUDA device under NCCL,
 which moves nothing else, and the CPU under gloo. Host memory (snapshots,
 checkpoint reads, tensors made without device=) is moved there with
 `.to(device)` first.
@@ -50,7 +50,7 @@ FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch
              torch.randperm, torch.arange, torch.linspace, torch.eye, torch.tensor, torch.empty_strided}
 
 _comm_device = torch.device("cpu")
-_strict: "_Strict | None" = None
+_strict: _Strict | None = None
 
 
 class StrictDeviceError(AssertionError):
@@ -92,10 +92,6 @@ def configure(device: torch.device, strict: bool | None = None) -> None:
     _comm_device = device
     if (strict_requested() if strict is None else strict) and _strict is None:
         _enable()
-
-
-def comm_device() -> torch.device:
-    return _comm_device
 
 
 def is_strict() -> bool:

@@ -194,7 +194,7 @@ def test_bf16_run_keeps_the_hf_weights_as_its_fp32_masters(tmp_path):
     """--load-hf in a bf16 run: the fp32 Hugging Face weights become the masters as they are (the model
     computes with their bf16 rounding). With lr 0 one step leaves the masters unchanged, so the
     export gives back transformers' own tensors bitwise; the first loss is transformers' fp32 loss
-    within bf16's error (measured 6.1e-5 relative; tolerance 5e-4, see test_equivalence.py's BF16_LOSS)."""
+    within bf16's error (measured 6.1e-5 relative; tolerance 5e-4; see BF16_* in test_equivalence.py)."""
     from planner.specs.model import get_model
 
     hf_dir = tmp_path / "hf"
