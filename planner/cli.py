@@ -73,17 +73,22 @@ def cmd_simulate(args) -> int:
         from planner.plots import plot_plan
 
         plot_plan(plan, est, sim, args.plot, title=f"{model.name}: {Path(args.plan).name}")
+    from planner.provenance import provenance
+
+    estimated = provenance(sim, plan, args.model or plan.model)
     if args.json:
         out = est.to_dict()
         out["plan"] = args.plan
         out["model"] = model.name
         out.update(seq)
         out["runtime"] = args.runtime or plan.runtime
+        out["estimated"] = estimated.to_dict()
         print(json.dumps(out, indent=1))
         return 0
     from planner.report import print_estimate
 
-    print_estimate(est, title=f"{model.name}: {Path(args.plan).name} on {plan.runtime if not args.runtime else args.runtime}")
+    print_estimate(est, title=f"{model.name}: {Path(args.plan).name} on {plan.runtime if not args.runtime else args.runtime}",
+                   provenance=estimated)
     _print_seq_length(seq)
     return 0
 
@@ -120,11 +125,17 @@ def cmd_plan(args) -> int:
     best_plan, best = result.plans[0]
     if args.output:
         save_plan(best_plan, args.output, "sailor" if args.format == "sailor" else "sailor-plan")
+    from planner.provenance import provenance
+
+    def summary(plan, est) -> dict:
+        return {**_summary(plan, est), "estimated": provenance(sim, plan, args.model).to_dict()}
+
     seq = _seq_length(model, args)
     if args.json:
         out = {
             "plan": plan_to_dict(best_plan),
             **seq,
+            "estimated": provenance(sim, best_plan, args.model).to_dict(),
             "iteration_time_s": best.iteration_time_s,
             "throughput_iters_per_s": best.throughput_iters_per_s,
             "cost_per_iteration_usd": best.cost_per_iteration_usd,
@@ -133,16 +144,18 @@ def cmd_plan(args) -> int:
             "peak_memory_bytes": best.peak_memory_bytes,
             "search_time_s": result.search_time_s,
             "plans_evaluated": result.evaluated,
-            "top": [_summary(p, e) for p, e in result.plans],
+            "top": [summary(p, e) for p, e in result.plans],
         }
         if args.pareto:
-            out["pareto"] = [_summary(p, e) for p, e in result.pareto]
+            out["pareto"] = [summary(p, e) for p, e in result.pareto]
         print(json.dumps(out, indent=1))
         return 0
     from planner.report import print_plans
 
-    print_plans(result.pareto if args.pareto else result.plans, title=f"{model.name}, global batch "
-                f"{args.global_batch}, objective {args.objective}" + (" (Pareto front)" if args.pareto else ""))
+    shown = result.pareto if args.pareto else result.plans
+    print_plans(shown, title=f"{model.name}, global batch "
+                f"{args.global_batch}, objective {args.objective}" + (" (Pareto front)" if args.pareto else ""),
+                provenances=[provenance(sim, p, args.model) for p, _ in shown])
     _print_seq_length(seq)
     print(f"search: {result.search_time_s:.2f} s CPU, {result.evaluated} candidate plans evaluated"
           + (f"; best plan written to {args.output}" if args.output else ""))

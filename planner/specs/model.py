@@ -327,10 +327,12 @@ _PRESETS = {
     "opt-30b": _megatron("opt-30b", "opt", 7168, 48, 56, 28672, 50272, 2048),
     "gpt2": _megatron("gpt2", "gpt2", 768, 12, 12, 3072, 50257, 1024, tied_embeddings=True),
     "gpt-neo-2.7b": _megatron("gpt-neo-2.7b", "gpt-neo", 2560, 32, 20, 10240, 50257, 2048, tied_embeddings=True),
+    # Sailor's LLAMA-3-8 run is LLaMA-3-8B's depth and width on a GPT-style Megatron build: full
+    # multi-head attention, a SwiGLU of 16384 with biases, GPT-2's 50257-token vocabulary with a
+    # tied head (llm_info.json's counts say so). Meta's Llama-3-8B is its config.json.
     "llama-3-8b": _megatron(
-        "llama-3-8b", "llama", 4096, 32, 32, 14336, 128256, 8192, kv_heads=8, gated_mlp=True,
-        rms_norm=True, learned_positions=False, qkv_bias=False, out_bias=False, mlp_bias=False,
-        separate_final_norm=True, activation="silu", rope_theta=500000.0,
+        "llama-3-8b", "llama", 4096, 32, 32, 16384, 50257, 8192, tied_embeddings=True, gated_mlp=True,
+        rms_norm=True, learned_positions=False, separate_final_norm=True, activation="silu",
     ),
 }
 # Sailor's names for the same models (its profiles and plans use these).
