@@ -6,7 +6,6 @@ change bf16 numbers, are in test_equivalence.py.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import shutil
 
