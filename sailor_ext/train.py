@@ -28,6 +28,7 @@ from planner.specs.hardware import load_cluster
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, load_plan, plan_model
 from sailor_ext.data import DEFAULT_SPLIT, EVAL_ITERS, DataSources, open_training_data
+from sailor_ext.precision import precision_config
 
 PEER_FAILURE_EXIT = 3
 
@@ -62,8 +63,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--adam-beta2", type=float, default=0.95)
     g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--clip-grad", type=float, default=1.0, help="global gradient-norm clip (0: off)")
+    g = p.add_argument_group("precision (sailor_ext/precision.py)")
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                   help="bf16 compute (default: on with CUDA, off on CPU)")
+                   help="bf16 parameters and activations, fp32 main gradients and master weights (default: on with "
+                   "CUDA, off on CPU)")
+    g.add_argument("--fp16", action="store_true", help="fp16 parameters and activations with loss scaling, fp32 "
+                   "main gradients and master weights")
+    g.add_argument("--loss-scale", type=float, help="fp16: a constant loss scale (default: dynamic scaling)")
+    g.add_argument("--initial-loss-scale", type=float, help="fp16: the first dynamic scale (default 2^32)")
+    g.add_argument("--min-loss-scale", type=float, help="fp16: the dynamic scale never goes below this (default 1)")
+    g.add_argument("--loss-scale-window", type=int,
+                   help="fp16: clean steps in a row before the scale doubles (default 1000)")
+    g.add_argument("--hysteresis", type=int, help="fp16: overflowing steps (without a clean window between) before "
+                   "the scale halves (default 2); every overflowing step is skipped")
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", metavar="PREFIX",
                    help="megatron indexed dataset (PREFIX.bin + PREFIX.idx, e.g. from `sailor data prepare`), or "
@@ -90,6 +102,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--log-interval", type=int, default=1)
     g.add_argument("--dist-timeout", type=float, default=300.0,
                    help="seconds a collective may wait for a peer before the run fails")
+    g.add_argument("--distributed-backend", choices=("nccl", "gloo"),
+                   help="default: nccl with CUDA, gloo on CPU; gloo on CUDA lets ranks share a GPU (plans without "
+                   "pipeline stages only: gloo cannot send CUDA tensors)")
     g.add_argument("--grad-bucket-numel", type=int, default=2**25)
     return p.parse_args(argv)
 
@@ -148,7 +163,7 @@ def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, lo
 
     from sailor_ext.trainer import Trainer, init_distributed
 
-    device = init_distributed(layout, rank, local_rank, args.dist_timeout, store)
+    device = init_distributed(layout, rank, local_rank, args.dist_timeout, store, args.distributed_backend)
     trainer = Trainer(args, plan, model_spec, layout, rank, device, data=data)
     trainer.run()
     dist.barrier()
@@ -169,6 +184,12 @@ def start(args, rank: int, world_size: int, local_rank: int):
         own = True
         check_placement(layout, rank)
         own = False
+        precision_config(args, cuda=False)  # flag mistakes now; the default (bf16 on CUDA) is decided per device
+        if args.distributed_backend == "nccl":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise SailorError("--distributed-backend nccl needs CUDA GPUs, and none is visible; use gloo on CPU")
         data = open_training_data(args, model)
     except SailorError as e:
         error = e

@@ -502,12 +502,14 @@ def _train_args(args, model) -> tuple[list[str], int, int]:
         if any(a == flag or a.startswith(flag + "=") for a in rest):
             raise SailorError(f"{flag} is decided by the planner in `sailor run`; drop it (use --global-batch for "
                               "the batch)")
+    from sailor_ext.precision import precision_config
     from sailor_ext.train import parse_args  # torch-free: argument parsing only
 
     try:
         parsed = parse_args(rest)
     except SystemExit:
         raise SailorError("bad training arguments after '--' (see the message above)") from None
+    precision_config(parsed, cuda=False)  # --fp16 with --bf16 and the like: before any node starts
     if parsed.model is not None and parsed.model != args.model:
         raise SailorError(f"training argument --model {parsed.model} contradicts sailor run --model {args.model}")
     if parsed.seq_length is not None and parsed.seq_length != model.seq_len:
