@@ -1,20 +1,24 @@
 """Runtime overhead vs plain DDP, and step times of heterogeneous plans (prints JSON).
 
 1. Homogeneous data parallelism (1 stage, D replicas, TP 1): in the same D
-   processes, steps of our runtime and of torch DistributedDataParallel on
-   the same model (the same megatron-built stage, the same initial weights)
-   and the same microbatches alternate (who goes first alternates too), so
-   both see identical conditions.
+   processes, steps of our runtime with the gradient all-reduce overlapped
+   with the backward pass, the same runtime without overlap (the same
+   Trainer, its GradSync.overlap switched off for that step), and torch
+   DistributedDataParallel on the same model (the same megatron-built stage,
+   the same initial weights) take turns on the same microbatches (who goes
+   first rotates), so all three see the same conditions.
    DDP runs the textbook loop: no_sync for all but the last microbatch, loss
-   summed over tokens / global tokens, clip_grad_norm_, AdamW(foreach). We
-   report the medians after warm-up and ours / DDP.
+   summed over tokens / global tokens, clip_grad_norm_, AdamW(foreach); it
+   overlaps its bucketed all-reduce with the backward pass (25 MB buckets,
+   the first 1 MB). We report medians after warm-up, ours / DDP and
+   without / with overlap, also as medians of the step-by-step ratios.
 2. Heterogeneous plans on the same model: median step time from the metrics
    file of a normal training run, next to the simulator's prediction for
    the plan from a profile measured here: `sailor profile model` on the
    same model with as many busy processes as the plan has ranks, and
    `sailor profile network --local 2` for the loopback links.
 
-    python bench/runtime_overhead.py [--steps 20] [--replicas 2] [--quick]
+    python bench/runtime_overhead.py [--steps 20] [--replicas 2] [--grad-bucket-numel N] [--quick]
 
 CPU only here (gloo, fp32, one thread per process).
 """
@@ -72,7 +76,7 @@ def _plan(stages, pipelines) -> dict:
 
 
 # -- worker: ours and DDP side by side -------------------------------------------------
-def worker(config: str, plan_path: str, steps: int, warmup: int, out: str) -> None:
+def worker(config: str, plan_path: str, steps: int, warmup: int, out: str, bucket_numel: str) -> None:
     import torch
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
@@ -82,7 +86,8 @@ def worker(config: str, plan_path: str, steps: int, warmup: int, out: str) -> No
     from sailor_ext.trainer import Trainer, init_distributed
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    args = parse_args(["--plan", plan_path, "--model", config, "--train-iters", str(steps), *TRAIN_ARGS])
+    args = parse_args(["--plan", plan_path, "--model", config, "--train-iters", str(steps), *TRAIN_ARGS,
+                       "--grad-bucket-numel", bucket_numel, "--overlap-grad-reduce"])
     plan, model_spec, layout = resolve_plan(args, world)
     device = init_distributed(layout, rank, 0, args.dist_timeout)
     ours = Trainer(args, plan, model_spec, layout, rank, device)
@@ -111,36 +116,53 @@ def worker(config: str, plan_path: str, steps: int, warmup: int, out: str) -> No
         adam.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
 
-    times = {"ours": [], "ddp": []}
+    def ours_step(overlap: bool):
+        def step(_batches) -> float:
+            ours.grad_sync.overlap = overlap
+            return ours.train_step().seconds
+        return step
+
+    contenders = {"ours": ours_step(True), "ours_no_overlap": ours_step(False), "ddp": ddp_step}
+    names = list(contenders)
+    times = {name: [] for name in names}
+    early = []
     for i in range(warmup + steps):
-        batches = ours.microbatches()  # the same samples for both
-        if i % 2:  # alternate who goes first, so neither gets a systematically warmer cache
-            d = ddp_step(batches)
-            o = ours.train_step().seconds
-        else:
-            o = ours.train_step().seconds
-            d = ddp_step(batches)
-        if i >= warmup:
-            times["ours"].append(o)
-            times["ddp"].append(d)
+        batches = ours.microbatches()  # the same samples for all
+        for k in range(len(names)):  # rotate who goes first, so none gets a systematically warmer cache
+            name = names[(i + k) % len(names)]
+            seconds = contenders[name](batches)
+            if name == "ours":
+                early.append(ours.grad_sync.started_in_backward)
+            if i >= warmup:
+                times[name].append(seconds)
     if rank == 0:
-        Path(out).write_text(json.dumps({**times, "buckets": ours.grad_sync.num_collectives}))
+        Path(out).write_text(json.dumps({**times, "buckets": ours.grad_sync.num_collectives,
+                                         "started_in_backward": max(early)}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
 # -- orchestration --------------------------------------------------------------------
-def homogeneous(work: Path, config: Path, replicas: int, steps: int, warmup: int) -> dict:
+def homogeneous(work: Path, config: Path, replicas: int, steps: int, warmup: int, bucket_numel: int) -> dict:
     plan = _plan([((0, 5), [1] * replicas)], [(4, 2)] * replicas)
     (work / "dp.json").write_text(json.dumps(plan))
     out = work / "dp_times.json"
     _spawn(replicas, [str(Path(__file__).resolve()), "--worker", str(config), "dp.json", str(steps), str(warmup),
-                      str(out)], work, "dp")
+                      str(out), str(bucket_numel)], work, "dp")
     t = json.loads(out.read_text())
-    ours, ddp = statistics.median(t["ours"]), statistics.median(t["ddp"])
+    med = {k: statistics.median(t[k]) for k in ("ours", "ours_no_overlap", "ddp")}
+
+    def pairwise(a: str, b: str) -> float:
+        return round(statistics.median(x / y for x, y in zip(t[a], t[b])), 4)
+
     return {"plan": f"1 stage x {replicas} replicas, TP 1, 2 microbatches of 4 each", "steps": steps,
-            "ours_median_s": round(ours, 4), "ddp_median_s": round(ddp, 4), "ratio": round(ours / ddp, 4),
-            "within_10_percent": ours <= 1.10 * ddp, "gradient_buckets": t["buckets"]}
+            "grad_bucket_numel": bucket_numel, "gradient_buckets": t["buckets"],
+            "buckets_started_during_backward": t["started_in_backward"],
+            "ours_median_s": round(med["ours"], 4), "ours_no_overlap_median_s": round(med["ours_no_overlap"], 4),
+            "ddp_median_s": round(med["ddp"], 4), "ratio": round(med["ours"] / med["ddp"], 4),
+            "ratio_stepwise_median": pairwise("ours", "ddp"), "within_10_percent": med["ours"] <= 1.10 * med["ddp"],
+            "no_overlap_over_overlap": round(med["ours_no_overlap"] / med["ours"], 4),
+            "no_overlap_over_overlap_stepwise_median": pairwise("ours_no_overlap", "ours")}
 
 
 def measure_profiles(work: Path, config: Path, worlds: set[int]) -> dict[int, Path]:
@@ -162,7 +184,8 @@ def measure_profiles(work: Path, config: Path, worlds: set[int]) -> dict[int, Pa
     return dirs
 
 
-def heterogeneous(work: Path, config: Path, name: str, plan: dict, steps: int, warmup: int, profiles: Path) -> dict:
+def heterogeneous(work: Path, config: Path, name: str, plan: dict, steps: int, warmup: int, profiles: Path,
+                  bucket_numel: int) -> dict:
     from planner.profiles.store import load_profiles
     from planner.simulator.simulate import Simulator
     from planner.specs.hardware import load_cluster
@@ -171,40 +194,48 @@ def heterogeneous(work: Path, config: Path, name: str, plan: dict, steps: int, w
 
     (work / f"{name}.json").write_text(json.dumps(plan))
     world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
-    metrics = work / f"{name}.jsonl"
-    _spawn(world, ["-m", "sailor_ext.train", "--plan", f"{name}.json", "--model", str(config), "--train-iters",
-                   str(warmup + steps), "--metrics-file", str(metrics), *TRAIN_ARGS], work, name)
-    times = [json.loads(line)["step_time_s"] for line in metrics.read_text().splitlines()][warmup:]
+    measured = {}
+    for overlap in ("--overlap-grad-reduce", "--no-overlap-grad-reduce"):  # one run each, one after the other
+        metrics = work / f"{name}{overlap}.jsonl"
+        _spawn(world, ["-m", "sailor_ext.train", "--plan", f"{name}.json", "--model", str(config), "--train-iters",
+                       str(warmup + steps), "--metrics-file", str(metrics), *TRAIN_ARGS, overlap,
+                       "--grad-bucket-numel", str(bucket_numel)], work, name)
+        times = [json.loads(line)["step_time_s"] for line in metrics.read_text().splitlines()][warmup:]
+        measured[overlap] = statistics.median(times)
     model = get_model(str(config))
     parsed = plan_from_dict({**plan, "model": str(config)})
     cluster = load_cluster(None)
     store = load_profiles([str(profiles)], dict(cluster.gpus), model)
     predicted = Simulator(model, cluster, store, "fp32").simulate(parsed).iteration_time_s
-    measured = statistics.median(times)
-    return {"plan": name, "ranks": world, "measured_median_s": round(measured, 4),
-            "simulator_predicted_s": round(predicted, 4), "error_pct": round(100 * (predicted / measured - 1), 1),
+    with_overlap = measured["--overlap-grad-reduce"]
+    return {"plan": name, "ranks": world, "measured_median_s": round(with_overlap, 4),
+            "no_overlap_median_s": round(measured["--no-overlap-grad-reduce"], 4),
+            "simulator_predicted_s": round(predicted, 4), "error_pct": round(100 * (predicted / with_overlap - 1), 1),
             "simulator_profile": f"measured here with {world} busy processes"}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, help="timed steps (default 20, with --quick 5)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--grad-bucket-numel", type=int, default=2**22, help="our gradient bucket size (elements)")
     ap.add_argument("--quick", action="store_true", help="fewer steps and no heterogeneous plans")
-    ap.add_argument("--worker", nargs=5, metavar=("CONFIG", "PLAN", "STEPS", "WARMUP", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=6, metavar=("CONFIG", "PLAN", "STEPS", "WARMUP", "OUT", "BUCKET"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        config, plan, steps, warmup, out = args.worker
-        worker(config, plan, int(steps), int(warmup), out)
+        config, plan, steps, warmup, out, bucket_numel = args.worker
+        worker(config, plan, int(steps), int(warmup), out, bucket_numel)
         return 0
-    steps = 5 if args.quick else args.steps
+    steps = args.steps or (5 if args.quick else 20)
     with tempfile.TemporaryDirectory(prefix="sailor-bench-") as tmp:
         work = Path(tmp)
         config = work / "config.json"
         config.write_text(json.dumps(MODEL))
         result = {"model": MODEL["_name_or_path"], "device": "cpu", "threads_per_process": 1,
-                  "homogeneous_dp": homogeneous(work, config, args.replicas, steps, args.warmup)}
+                  "homogeneous_dp": homogeneous(work, config, args.replicas, steps, args.warmup,
+                                                args.grad_bucket_numel)}
         if not args.quick:
             plans = {
                 "2 stages (TP 2, TP 1) x 2 replicas, mbs 2 and 1": _plan([((0, 2), [2, 2]), ((3, 5), [1, 1])],
@@ -217,7 +248,7 @@ def main() -> int:
             for i, (name, p) in enumerate(plans.items()):
                 world = sum(r["tp"] for s in p["stages"] for r in s["replicas"])
                 result["heterogeneous"].append(heterogeneous(work, config, f"het{i}", p, steps, args.warmup,
-                                                             profiles[world]) | {"plan": name})
+                                                             profiles[world], args.grad_bucket_numel) | {"plan": name})
     print(json.dumps(result, indent=1))
     return 0
 

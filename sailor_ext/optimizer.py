@@ -8,7 +8,9 @@ rounds the result into a low-precision model (MainParams.copy_to_model).
 The global gradient norm covers all shards of all stages and counts each
 unique element once: every chunk (sharding.py) has one designated owner,
 which alone adds its squares. The caller all-reduces that local sum over the
-world (together with the step's loss, one collective) and passes the norm.
+world (together with the step's loss, one collective) and passes the norm as
+a device tensor: the clip coefficient is computed on the device, so a step
+never waits for the device to tell the host the norm.
 As in Megatron, biases and norms get no weight decay.
 """
 from __future__ import annotations
@@ -95,12 +97,15 @@ class Optimizer:
         return self.config.lr_at(self.step_count)
 
     @torch.no_grad()
-    def step(self, grad_norm: float) -> float:
-        """Clip to the global norm, take one optimizer step; returns the LR used."""
+    def step(self, grad_norm: torch.Tensor) -> float:
+        """Clip to the global norm (a float64 device tensor), take one optimizer step; returns the LR used."""
         clip = self.config.clip_grad
-        if clip > 0 and grad_norm > clip:
-            coeff = clip / (grad_norm + 1e-6)
-            torch._foreach_mul_([p.grad for p in self.params.values() if p.grad is not None], coeff)
+        grads = [p.grad for p in self.params.values() if p.grad is not None]
+        if clip > 0 and grads:
+            # coefficient = clip / (norm + 1e-6) where norm > clip, else 1: multiplying by exactly 1 changes
+            # nothing, so this equals a host-side `if` bit for bit (fp32 gradients x the fp32-rounded coefficient)
+            coeff = torch.where(grad_norm > clip, clip / (grad_norm + 1e-6), torch.ones_like(grad_norm))
+            torch._foreach_mul_(grads, coeff.float())
         lr = self.config.lr_at(self.step_count)
         for group in self.inner.param_groups:
             group["lr"] = lr

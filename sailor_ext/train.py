@@ -105,7 +105,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--distributed-backend", choices=("nccl", "gloo"),
                    help="default: nccl with CUDA, gloo on CPU; gloo on CUDA lets ranks share a GPU (plans without "
                    "pipeline stages only: gloo cannot send CUDA tensors)")
-    g.add_argument("--grad-bucket-numel", type=int, default=2**25)
+    g = p.add_argument_group("gradient reduction (sailor_ext/grad_sync.py)")
+    g.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=True,
+                   help="start each gradient bucket's all-reduce as soon as the last microbatch's backward has "
+                   "finished its gradients (default: on)")
+    g.add_argument("--grad-bucket-numel", type=int, default=2**22,
+                   help="elements per gradient bucket (default 2^22: 16 MiB of fp32)")
     return p.parse_args(argv)
 
 

@@ -11,6 +11,7 @@ overflow would (tests/runtime/test_precision.py).
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import os
@@ -85,14 +86,40 @@ def agreed(action, rank: int, group) -> None:
 
 @dataclass(frozen=True)
 class StepResult:
+    """One step's outcome. Its loss, gradient norm, stop flag and time live on the device until one
+    of them is first read (one host synchronisation for all four): a loop that reads them only where
+    it logs never waits for the device between its log points."""
+
     step: int
-    loss: float
-    grad_norm: float | None  # None when the step was skipped (fp16 overflow)
     lr: float
-    seconds: float
-    stop: bool = False  # some rank asked to stop after this step (every rank sees the same)
+    stats: torch.Tensor  # [global gradient sum of squares, loss, stop requests]: float64, on the device
+    started: float  # time.perf_counter() when the step began
     skipped: bool = False  # fp16: a gradient overflowed; the weights and the optimizer did not move
     loss_scale: float | None = None  # fp16: the scale this step's loss was multiplied by
+
+    @functools.cached_property
+    def _host(self) -> tuple[float, float, bool, float]:
+        sumsq, loss, stop = self.stats.tolist()
+        return sumsq, loss, stop > 0, time.perf_counter() - self.started
+
+    @property
+    def loss(self) -> float:
+        return self._host[1]
+
+    @property
+    def grad_norm(self) -> float | None:
+        """None when the step was skipped (fp16 overflow)."""
+        return None if self.skipped else math.sqrt(self._host[0])
+
+    @property
+    def stop(self) -> bool:
+        """Some rank asked to stop after this step (every rank sees the same)."""
+        return self._host[2]
+
+    @property
+    def seconds(self) -> float:
+        """From the step's start until its numbers reached the host: read it right after the step."""
+        return self._host[3]
 
     def record(self) -> dict:
         """The step's fields of a metrics line."""
@@ -164,7 +191,8 @@ class Trainer:
         shape = PipelineShape(self.pipeline.microbatch_size, self.pipeline.num_microbatches, model_spec.seq_len,
                               model_spec.hidden, plan.global_batch_size * model_spec.seq_len)
         self.schedule = OneFOneB(self.model, StageLinks(topology, self.precision.dtype), topology, shape)
-        self.grad_sync = GradSync(self.params, self.model.shards, topology, bucket_numel=args.grad_bucket_numel)
+        self.grad_sync = GradSync(self.params, self.model.shards, topology, args.grad_bucket_numel,
+                                  self.pipeline.num_microbatches, self.main.model_params, args.overlap_grad_reduce)
         self.optimizer = Optimizer(self.params, self.model.shards, topology, OptimizerConfig(
             kind=args.optimizer, sgd_momentum=args.sgd_momentum, lr=args.lr, min_lr=args.min_lr,
             weight_decay=args.weight_decay, beta1=args.adam_beta1, beta2=args.adam_beta2, eps=args.adam_eps,
@@ -221,10 +249,10 @@ class Trainer:
         self.seed_step()
         scale = self.scaler.scale if self.scaler is not None else 1.0
         self.schedule.loss_scale = scale
-        loss_sum = self.schedule.run(self.microbatches())
+        loss_sum = self.schedule.run(self.microbatches())  # with overlap, buckets start during its backward
+        self.grad_sync.finish()
         if self._overflow_at == self.step + 1:
             self._inject_overflow()
-        self.grad_sync.sync()
         if scale != 1.0:
             self.optimizer.unscale(scale)
         counts_loss = topo.is_last_stage and topo.tp_rank == 0  # one copy of each pipeline's loss
@@ -232,26 +260,25 @@ class Trainer:
                              (loss_sum if counts_loss else torch.zeros_like(loss_sum)).double(),
                              torch.tensor(float(stop), dtype=torch.float64, device=loss_sum.device)])
         dist.all_reduce(stats, group=topo.world_group)  # grad norm, loss and stop requests in one collective
-        sumsq, loss = float(stats[0]), float(stats[1])
-        # Every gradient element is counted by one rank, so the world's sum of squares is finite
-        # exactly when no gradient overflowed anywhere: every rank takes the same decision.
-        skipped = self.scaler is not None and not math.isfinite(sumsq)
+        skipped = False
         if self.scaler is not None:
+            # fp16 only: skipping is the host's decision, so it reads the norm (as Megatron reads found_inf).
+            # Every gradient element is counted by one rank, so the world's sum of squares is finite
+            # exactly when no gradient overflowed anywhere: every rank takes the same decision.
+            skipped = not math.isfinite(float(stats[0]))
             self.scaler.update(skipped)
         if skipped:  # as Megatron: the iteration counts, the optimizer (and its LR schedule) does not move
-            grad_norm, lr = None, self.optimizer.lr
+            lr = self.optimizer.lr
         else:
-            grad_norm = math.sqrt(sumsq)
-            lr = self.optimizer.step(grad_norm)
+            lr = self.optimizer.step(stats[0].sqrt())
             self.main.copy_to_model()
         self.grad_sync.zero_grad()
         self.step += 1
         self.consumed += self.plan.global_batch_size
-        return StepResult(self.step, loss, grad_norm, lr, time.perf_counter() - start, bool(stats[2] > 0), skipped,
-                          scale if self.scaler is not None else None)
+        return StepResult(self.step, lr, stats, start, skipped, scale if self.scaler is not None else None)
 
     def _inject_overflow(self) -> None:
-        """The test hook: an inf in this rank's first gradient, as an fp16 overflow leaves it."""
+        """The test hook: an inf in this rank's first gradient (after the sync), as an fp16 overflow leaves it."""
         grad = next(p.grad for p in self.params.values() if p.grad is not None)
         grad.view(-1)[0] = float("inf")
 
@@ -344,20 +371,29 @@ class Trainer:
             print(f"sailor: training {self.model_spec.name} on {layout.world_size} ranks ({plan.pp} stages x "
                   f"{plan.dp} replicas), global batch {plan.global_batch_size}, {self.precision.name} "
                   f"on {self.device.type} ({dist.get_backend()}), {self.grad_sync.num_collectives} gradient buckets "
-                  "on rank 0", flush=True)
+                  f"on rank 0{' overlapped with the backward pass' if self.grad_sync.overlap else ''}", flush=True)
         samples = [p.samples for p in plan.pipelines]
         tokens = plan.global_batch_size * self.model_spec.seq_len
         while self.step < args.train_iters:
             r = self.train_step()
-            record = {**r.record(), "tokens": tokens, "samples_per_replica": samples}
-            if self.rank == 0 and args.log_interval and r.step % args.log_interval == 0:
+            printed = self.rank == 0 and args.log_interval and r.step % args.log_interval == 0
+            record = None  # a log point reads the step's numbers (elsewhere they stay on the device)
+            if self.metrics.file or printed:
+                record = {**r.record(), "tokens": tokens, "samples_per_replica": samples}
+            if printed:
                 print(f"step {r.step}/{args.train_iters} | {r.line()} | {r.seconds:.3f} s", flush=True)
             at_interval = args.save_interval and r.step % args.save_interval == 0
             if args.save and (at_interval or r.step == args.train_iters):
-                record["save_blocked_s"] = self.save()
-            if (val_loss := self.validate(r.step)) is not None:
+                blocked = self.save()
+                if record is not None:
+                    record["save_blocked_s"] = blocked
+            if (val_loss := self.validate(r.step)) is not None and record is not None:
                 record["val_loss"] = val_loss
-            self.metrics.write(record)
+            if record is not None:
+                self.metrics.write(record)
+        if self.rank == 0 and self.grad_sync.overlap:
+            log(f"the last step started {self.grad_sync.started_in_backward} of {self.grad_sync.num_collectives} "
+                "gradient buckets on rank 0 during the backward pass")
         if self.persister is not None:
             self.persister.flush()
             self.persister.close()
