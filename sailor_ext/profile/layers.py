@@ -200,7 +200,7 @@ class LayerBench:
         opt = Optimizer(self.main.params, self.stage.shards, _SoloTopology(0), OptimizerConfig())
 
         def step():
-            opt.step(float(opt.local_grad_sumsq().sqrt()))
+            opt.step(opt.local_grad_sumsq().sqrt())  # the clip coefficient on the device, as in training
             self.main.copy_to_model()
 
         times = []
