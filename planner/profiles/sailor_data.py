@@ -27,8 +27,12 @@ import json
 import statistics
 from pathlib import Path
 
+from planner.errors import SailorError
+from planner.inputs import MAX_BATCH, Doc, int_key, parse_json, read_text
+from planner.outputs import write_output
 from planner.profiles.network_fits import NetworkFits, load_sailor_network
-from planner.profiles.profile import MEASURED, LayerMemory, LayerTimes, Profile, measured_model, model_keys
+from planner.profiles.profile import (MAX_BYTES, MAX_PARAMS, MAX_SECONDS, MEASURED, LayerMemory, LayerTimes, Profile,
+                                      measured_model, model_keys, tp_key)
 from planner.specs.hardware import SAILOR_GPU_NAMES, canonical_gpu
 from planner.specs.model import SAILOR_NAMES, ModelSpec, canonical_name, get_model, is_preset
 
@@ -43,6 +47,11 @@ def _gpu_name(name: str) -> str:
     return canonical_gpu(name) or name
 
 
+def _read(path: Path, what: str) -> Doc:
+    where = f"{what} {path}"
+    return Doc(parse_json(read_text(path, what), where), where)
+
+
 def load_sailor_dir(root: Path, model: ModelSpec | str | None = None) -> tuple[dict, NetworkFits]:
     """Profiles keyed by (our model name, our GPU name), and the network fits.
 
@@ -50,8 +59,9 @@ def load_sailor_dir(root: Path, model: ModelSpec | str | None = None) -> tuple[d
     exported profile of a config.json model is for Sailor's own planner).
     With `model` (a ModelSpec or a preset's name), only the profiles of
     models with its architecture are read (a planner run needs no others).
+    Every value read is checked: a malformed file is one line naming it.
     """
-    info = json.loads((root / "llm_info.json").read_text())
+    info = dict(_read(root / "llm_info.json", "Sailor's llm_info").entries(SAILOR_HINT))
     if isinstance(model, str):
         model = get_model(model)
     keys = model_keys(model) if model is not None else ()
@@ -59,15 +69,15 @@ def load_sailor_dir(root: Path, model: ModelSpec | str | None = None) -> tuple[d
     def wanted(name: str) -> bool:
         return is_preset(name) and (model is None or ("architecture", get_model(name).architecture()) in keys)
 
-    raw: dict[tuple[str, str], dict] = {}
+    raw: dict[tuple[str, str], Doc] = {}
     for f in sorted((root / "profiles").glob("*/*/profile.json")):
         if wanted(f.parent.parent.name):
-            raw[(f.parent.parent.name, f.parent.name)] = json.loads(f.read_text())
+            raw[(f.parent.parent.name, f.parent.name)] = _read(f, "Sailor profile")
     merged = root / "profiles" / "profiles_tmp.json"
     if merged.exists():
-        for name, by_gpu in json.loads(merged.read_text()).items():
+        for name, by_gpu in _read(merged, "Sailor profiles").entries(SAILOR_HINT):
             if wanted(name):
-                for gpu, data in by_gpu.items():
+                for gpu, data in by_gpu.entries(SAILOR_HINT):
                     raw[(name, gpu)] = data  # the merged file wins
     profiles = {}
     for (model_name, gpu_name), data in raw.items():
@@ -82,18 +92,27 @@ def load_sailor_dir(root: Path, model: ModelSpec | str | None = None) -> tuple[d
     return profiles, network
 
 
-def memory_facts(by_tp: dict, num_layers: int) -> dict[int, LayerMemory]:
+SAILOR_HINT = "see Sailor's data layout in docs/formats.md"
+FLOAT_FIELDS = ("params_floats", "act_mem_floats", "act_output_floats")
+
+
+def memory_facts(by_tp: Doc, num_layers: int) -> dict[int, LayerMemory]:
     """llm_info for one model -> per-TP LayerMemory, filling TP 8 if missing."""
     out: dict[int, LayerMemory] = {}
-    for tp, layers in by_tp.items():
-        if len(layers) != num_layers:
+    for tp, layers in by_tp.entries(SAILOR_HINT):
+        tp = tp_key(tp, by_tp.source, by_tp.path)
+        rows = dict(layers.entries(SAILOR_HINT))
+        if len(rows) != num_layers:
             continue
-        rows = [layers[str(i)] for i in range(num_layers)]
-        out[int(tp)] = LayerMemory(
-            tuple(int(r["params_floats"]) for r in rows),
-            tuple(FP32_BYTES * float(r["act_mem_floats"]) for r in rows),
-            tuple(FP32_BYTES * float(r["act_output_floats"]) for r in rows),
-        )
+        facts = []
+        for i in range(num_layers):
+            if str(i) not in rows:
+                raise SailorError(f"{layers.source}: {layers.path} has no layer {i} of {num_layers}; {SAILOR_HINT}")
+            f = rows[str(i)].fields(FLOAT_FIELDS, open_ended=True, hint=SAILOR_HINT)
+            facts.append((f["params_floats"].int(0, int(MAX_PARAMS)), f["act_mem_floats"].number(0, MAX_BYTES),
+                          f["act_output_floats"].number(0, MAX_BYTES)))
+        out[tp] = LayerMemory(tuple(p for p, _, _ in facts), tuple(FP32_BYTES * a for _, a, _ in facts),
+                              tuple(FP32_BYTES * o for _, _, o in facts))
     measured = sorted(out)
     if len(measured) >= 2:
         for tp in (1, 2, 4, 8):
@@ -118,20 +137,27 @@ def _replicated_plus_sharded(points: list[tuple[int, float]], tp: int) -> float:
     return max(mx - b * mu + b / tp, 0.0)
 
 
-def _profile(model, gpu: str, data: dict, memory: dict[int, LayerMemory]) -> Profile | None:
+def _profile(model, gpu: str, data: Doc, memory: dict[int, LayerMemory]) -> Profile | None:
     n = model.num_layers
     times, per_param = {}, []
-    for mbs, by_tp in data.items():
-        for tp, layers in by_tp.items():
-            if len(layers) != n:
+    for mbs, by_tp in data.entries(SAILOR_HINT):
+        mbs = int_key(mbs, data.source, data.path or "the top level", 1, MAX_BATCH)
+        for tp, layers in by_tp.entries(SAILOR_HINT):
+            tp = tp_key(tp, by_tp.source, by_tp.path)
+            entries = dict(layers.entries(SAILOR_HINT))
+            if len(entries) != n or any(str(i) not in entries for i in range(n)):
                 continue  # a profile of another model (the GPT-Neo/GH-96 copy) or a partial run
-            rows = [layers[str(i)] for i in range(n)]
-            times[(int(mbs), int(tp))] = LayerTimes(tuple(float(r[0]) for r in rows), tuple(float(r[1]) for r in rows))
-            update = float(rows[1][2])
-            mem = memory.get(int(tp))
+            rows = [entries[str(i)].numbers(3, 0.0, MAX_SECONDS, "write [forward s, backward s, update s]")
+                    for i in range(n)]
+            if sum(r[0] + r[1] for r in rows) <= 0:
+                layers.fail("the times of at least one layer, not all zero", SAILOR_HINT)
+            times[(mbs, tp)] = LayerTimes(tuple(r[0] for r in rows), tuple(r[1] for r in rows))
+            update = rows[1][2]
+            mem = memory.get(tp)
             if update > 0 and mem is not None:
                 profiled = mem.params[0] + 2 * mem.params[1] + mem.params[-1]  # embedding, 2 blocks, head
-                per_param.append(update / profiled)
+                if profiled > 0:
+                    per_param.append(update / profiled)
     if not times:
         return None
     return Profile(
@@ -144,7 +170,10 @@ def _profile(model, gpu: str, data: dict, memory: dict[int, LayerMemory]) -> Pro
 def save_sailor_dir(profiles: list[Profile], root: Path) -> list[Path]:
     """Write profiles in Sailor's layout under root; llm_info.json keeps the models it already has."""
     info_path = root / "llm_info.json"
-    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    info = {}
+    for name, by_tp in _read(info_path, "Sailor's llm_info").entries(SAILOR_HINT) if info_path.exists() else ():
+        by_tp.entries(SAILOR_HINT)  # an object per model, kept as it is
+        info[name] = by_tp.value
     written = []
     for p in profiles:
         model = measured_model(p.model, p.model_spec) or get_model(p.model)
@@ -157,7 +186,7 @@ def save_sailor_dir(profiles: list[Profile], root: Path) -> list[Path]:
                                                       enumerate(zip(lt.fwd, lt.bwd))}
         path = root / "profiles" / name / SAILOR_GPU_NAMES.get(p.gpu, p.gpu) / "profile.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1) + "\n")
+        write_output(path, json.dumps(data, indent=1) + "\n", what="Sailor profile")
         written.append(path)
         by_tp = info.setdefault(name, {})
         for tp, mem in sorted(p.memory.items()):
@@ -172,5 +201,5 @@ def save_sailor_dir(profiles: list[Profile], root: Path) -> list[Path]:
                                   "act_mem_bytes": FP32_BYTES * act}
             by_tp[str(tp)] = layers
     root.mkdir(parents=True, exist_ok=True)
-    info_path.write_text(json.dumps(info, indent=1) + "\n")
+    write_output(info_path, json.dumps(info, indent=1) + "\n", what="Sailor's llm_info")
     return written

@@ -61,3 +61,17 @@ class Goal:
             or (self.max_cost_per_iteration is not None and o.cost_per_iteration_usd > self.max_cost_per_iteration)
             or (self.max_cost_per_hour is not None and o.cost_per_hour_usd > self.max_cost_per_hour)
         )
+
+
+NEAR = 0.005  # plans within 0.5 % on both time and cost are the same choice to a user
+
+
+def shortlist(ranked: list) -> list:
+    """The ranked (plan, estimate) pairs worth showing: each beats every better-ranked one on time or on
+    cost by more than NEAR; a plan a better-ranked one matches or beats on both is left out."""
+    out: list = []
+    for plan, est in ranked:
+        if not any(e.iteration_time_s <= est.iteration_time_s * (1 + NEAR) and
+                   e.cost_per_iteration_usd <= est.cost_per_iteration_usd * (1 + NEAR) for _, e in out):
+            out.append((plan, est))
+    return out

@@ -123,7 +123,7 @@ class Planner(SinglePool, TwoPools, TwoTypes):
                     continue
                 for tp in profile.tp_degrees():
                     if tp > min(spec.gpus_per_node, self.max_tp or tp) or (mbs, tp) not in profile.times \
-                            or tp not in profile.memory:
+                            or tp not in profile.memory or tp & (tp - 1):  # runtimes split by powers of two
                         continue
                     costs = self._stage_costs(gpu, mbs, tp, recompute)
                     plain = self._stage_costs(gpu, mbs, tp, False) if recompute and self.recompute == "auto" else None

@@ -34,13 +34,16 @@ def test_simulate_own_plan_without_profiles(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"stages": [{"layers": [0, 2], "replicas": [{"gpu": "B300", "tp": 1}]},
-                 {"layers": [3, 5], "replicas": [{"gpu": "V100-16", "tp": 1}]}]}, "unknown GPU type 'B300'"),
-    ({"stages": [{"layers": [0, 1], "replicas": [{"gpu": "A100-40", "tp": 1}]},
-                 {"layers": [3, 5], "replicas": [{"gpu": "V100-16", "tp": 1}]}]}, "a gap"),
-    ({"stages": [{"layers": [0, 5], "replicas": [{"gpu": "V100-16", "tp": 8}]}]}, "keep TP inside a node"),
+    ({"stages": [{"layers": [0, 2], "replicas": [{"gpu": "B300", "tp": 1, "zone": "us-central1-a"}]},
+                 {"layers": [3, 5], "replicas": [{"gpu": "V100-16", "tp": 1, "zone": "us-central1-a"}]}]},
+     "unknown GPU type 'B300'"),
+    ({"stages": [{"layers": [0, 1], "replicas": [{"gpu": "A100-40", "tp": 1, "zone": "us-central1-a"}]},
+                 {"layers": [3, 5], "replicas": [{"gpu": "V100-16", "tp": 1, "zone": "us-central1-a"}]}]}, "a gap"),
+    ({"stages": [{"layers": [0, 5], "replicas": [{"gpu": "V100-16", "tp": 8, "zone": "us-central1-a"}]}]},
+     "keep TP inside a node"),
+    ({"stages": [{"layers": [0, 5], "replicas": [{"gpu": "V100-16", "tp": 1}]}]}, "missing field 'stages[0].replicas[0].zone'"),
     ({"model": "gpt-9"}, "unknown model 'gpt-9'"),
-    ({"pipelines": [{"microbatch_size": 2}]}, "missing field 'num_microbatches'"),
+    ({"pipelines": [{"microbatch_size": 2}]}, "missing field 'pipelines[0].num_microbatches'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, change, message):
     out = sailor("simulate", str(write_plan(tmp_path, **change)))
@@ -60,7 +63,7 @@ def test_not_json_and_missing_file(tmp_path):
 
 def test_missing_microbatch_in_measured_profile(sailor_data, tmp_path):
     f = write_plan(tmp_path, model="opt-350m", global_batch_size=12,
-                   stages=[{"layers": [0, 25], "replicas": [{"gpu": "V100-16", "tp": 1}]}],
+                   stages=[{"layers": [0, 25], "replicas": [{"gpu": "V100-16", "tp": 1, "zone": "us-central1-a"}]}],
                    pipelines=[{"microbatch_size": 3, "num_microbatches": 4}])
     out = sailor("simulate", str(f), "--profiles", str(sailor_data))
     assert out.returncode == 2 and "no microbatch size 3 at TP 1" in out.stderr
@@ -94,7 +97,7 @@ def test_plan_in_sailor_format_and_pareto(tmp_path):
     (["--model", "llama-3-8b", "--gpus", "T4@us-central1-a=4", "--global-batch", "8"], "GB on a T4"),
     (["--model", "opt-125m", "--gpus", "A100-40=8", "--max-cost-per-iter", "1e-9"], "cheapest feasible plan"),
     (["--model", "opt-125m", "--gpus", "A100-40=8", "--min-throughput", "1e6"], "fastest plan"),
-    (["--model", "opt-125m", "--gpus", "A100-40=8", "--global-batch", "0"], "must be positive"),
+    (["--model", "opt-125m", "--gpus", "A100-40=8", "--global-batch", "0"], "must be a positive integer"),
     (["--model", "opt-125m", "--gpus", "B300=8"], "unknown GPU type"),
     (["--model", "llama-3-8b", "--gpus", "A100-80=8", "--global-batch", "64", "--recompute", "never"],
      "without recomputing activations; allow it with --recompute auto"),
@@ -124,4 +127,4 @@ def test_an_unwritable_output_is_one_line(tmp_path):
     out = sailor("plan", "--model", "tiny", "--gpus", "A100-40@us-central1-a=4", "--global-batch", "8",
                  "-o", str(tmp_path / "missing" / "dir" / "plan.json"))
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip().count("\n") == 0 and "cannot use" in out.stderr and "missing" in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "does not exist" in out.stderr and "missing" in out.stderr
