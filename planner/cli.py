@@ -147,7 +147,8 @@ def cmd_plan(args) -> int:
     model = get_model(args.model, args.seq_length)
     cluster, sim = _context(args, model)
     if args.gpus is not None or not cluster.available:
-        cluster = cluster.with_available(parse_gpus(args.gpus or EXAMPLE_CLUSTER, cluster, "--gpus"))
+        cluster = cluster.with_available(parse_gpus(EXAMPLE_CLUSTER if args.gpus is None else args.gpus, cluster,
+                                                    "--gpus"))
         sim.cluster = cluster
     goal = Goal(args.objective, args.max_cost_per_iter, args.max_cost_per_hour, args.min_throughput, args.max_gpus)
     planner = Planner(sim, args.global_batch, goal, args.runtime, args.max_stages,
@@ -279,11 +280,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                       "heterogeneous, geo-distributed GPUs.")
     ap.add_argument("--version", action="version", version=f"%(prog)s {version()}",
                     help="print sailor's version and exit")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
 
     p = sub.add_parser("simulate", help="predict iteration time, memory and cost of a plan")
     p.add_argument("plan", help="plan file: ours, or Sailor's plan_config JSON (detected)")
-    p.add_argument("--model", help="model preset, Sailor name or config.json (default: the plan's)")
+    p.add_argument("--model", type=flags.nonempty("a model"),
+                   help="model preset, Sailor name or config.json (default: the plan's)")
     _seq_length_option(p, "the plan's; for plans that record none, " + SEQ_DEFAULT + "; one that contradicts "
                        "the plan is refused")
     p.add_argument("--runtime", choices=RUNTIMES,
@@ -294,8 +296,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("plan", help="find the best GPU allocation and parallelization plan")
-    p.add_argument("--model", required=True, help="model preset, Sailor name or config.json (see `sailor list "
-                   "models`)")
+    p.add_argument("--model", required=True, type=flags.nonempty("a model"),
+                   help="model preset, Sailor name or config.json (see `sailor list models`)")
     _seq_length_option(p, SEQ_DEFAULT)
     p.add_argument("--gpus", metavar="TYPE@ZONE=N,...",
                    help=f"available GPUs (see `sailor list gpus` and `sailor list zones`; default: the cluster "
@@ -336,7 +338,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("replay", help="replay a GPU-availability trace through planner and simulator")
     p.add_argument("trace", help="Sailor's CSV (,Timestamp,GPU_zone,...) or JSON ([{Time, GPUs}]) trace")
-    p.add_argument("--model", required=True, help="model preset, Sailor name or config.json")
+    p.add_argument("--model", required=True, type=flags.nonempty("a model"),
+                   help="model preset, Sailor name or config.json")
     _seq_length_option(p, SEQ_DEFAULT)
     p.add_argument("--gpu", default="A100-40", help="GPU type of JSON traces (default A100-40)")
     p.add_argument("--zone", default="us-central1-a", help="zone of JSON traces (default us-central1-a)")

@@ -82,7 +82,7 @@ def read_document(path: str | Path, what: str) -> "Doc":
         import yaml
 
         try:
-            value = yaml.safe_load(text)
+            value = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml where built
         except yaml.YAMLError as e:
             raise SailorError(f"{where} is not valid YAML ({' '.join(str(e).split())})") from None
         except RecursionError:

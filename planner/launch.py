@@ -209,7 +209,7 @@ def _split_rest(args) -> list[str]:
     rest = list(args.rest or [])
     cut = rest.index("--") if "--" in rest else len(rest)
     if cut:
-        options = argparse.ArgumentParser(prog="sailor launch", add_help=False)
+        options = flags.Parser(prog="sailor launch", add_help=False)  # issue 18: one-line usage errors
         _launch_options(options)
         known, unknown = options.parse_known_args(rest[:cut])
         if unknown:
@@ -222,13 +222,13 @@ def _split_rest(args) -> list[str]:
 
 
 def run(args) -> int:
+    train_args = _split_rest(args)  # issue 18: options after the plan (--cluster, -o) apply before it is read
     plan = load_plan(args.plan)
     cluster = load_cluster(args.cluster)
     model = plan_model(plan)
     check_plan_for(plan, model, cluster, f"plan file {args.plan}")  # issue 18: zones, GPU types, TP (validation)
     check_runnable(plan, model, cluster)
     layout = rank_layout(plan, cluster)
-    train_args = _split_rest(args)
     if args.local:
         env = dict(os.environ)
         if plan.stages[0].replicas[0].gpu == "CPU":

@@ -22,12 +22,25 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        return directory.is_dir() and directory.resolve() in path.resolve().parents
+    except OSError:
+        return False
+
+
 def check_output(path: str | Path, inputs: Iterable[str | Path | None] = (), what: str = "output") -> Path:
-    """`path` as a place to write `what`: not an input, not a directory, in a directory that exists."""
+    """`path` as a place to write `what`: not an input (nor a file inside an input directory), not a
+    directory, in a directory that exists."""
     out = Path(path)
     for given in inputs:
-        if given is not None and _same(out, Path(given)):
+        if given is None:
+            continue
+        if _same(out, Path(given)):
             raise SailorError(f"{what} {path} is also an input of this command; write it to another file")
+        if out.exists() and _inside(out, Path(given)):
+            raise SailorError(f"{what} {path} would replace a file in {given}, an input of this command; write it "
+                              "elsewhere")
     if out.is_dir():
         raise SailorError(f"{what} {path} is a directory; give a file name")
     parent = out.parent if str(out.parent) else Path(".")

@@ -229,7 +229,7 @@ def cmd_export(args) -> int:
 def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     p = subparsers.add_parser("profile", help="measure a model or the network on this hardware; show, merge or "
                               "export profiles", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="profile_command", required=True)
+    sub = p.add_subparsers(dest="profile_command", required=True, metavar="WHAT", help="one of:")
 
     m = sub.add_parser("model", help="time the runtime's layers per microbatch size and TP degree",
                        description="Measure per-layer forward/backward time, memory and the optimizer step of a "

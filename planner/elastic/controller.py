@@ -457,7 +457,8 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
         "run", help="train elastically: re-plan and reconfigure in place when nodes come and go",
         description="Start the controller of an elastic job (it hosts the job's store), optionally with local "
                     "node agents; arguments after '--' go to the training workers (sailor_ext.train's).")
-    p.add_argument("--model", required=True, help="model preset or config.json (the plans carry it to the workers)")
+    p.add_argument("--model", required=True, type=flags.nonempty("a model"),
+                   help="model preset or config.json (the plans carry it to the workers)")
     p.add_argument("--seq-length", type=flags.seq_length, metavar="TOKENS",
                    help="training sequence length (default: a preset's own; a config.json's min(2048, its context "
                         "length))")

@@ -138,14 +138,15 @@ def load_sailor_network(providers: Path, gpu_name) -> NetworkFits:
         for sz, by_gpu in _read(inter_file, "Sailor network fits").entries(NETWORK_HINT):
             for sg, by_n in by_gpu.entries(NETWORK_HINT):
                 for sn, by_dz in by_n.entries(NETWORK_HINT):
+                    n_src = int_key(sn, by_n.source, by_n.path, 1, 1 << 16)
                     for dz, by_dg in by_dz.entries(NETWORK_HINT):
                         for dg, by_dn in by_dg.entries(NETWORK_HINT):
-                            if gpu_name(dg) != gpu_name(sg):
-                                continue  # a copy of another entry, not a measurement (see above)
                             for dn, entry in by_dn.entries(NETWORK_HINT):
-                                key = (sz, gpu_name(sg), int_key(sn, by_n.source, by_n.path, 1, 1 << 16), dz,
-                                       gpu_name(dg), int_key(dn, by_dn.source, by_dn.path, 1, 1 << 16))
-                                fits.inter[key] = _sailor_entry(entry)
+                                fit = _sailor_entry(entry)  # every entry is checked, also those not read
+                                if gpu_name(dg) == gpu_name(sg):  # else a copy of another entry (see above)
+                                    key = (sz, gpu_name(sg), n_src, dz, gpu_name(dg),
+                                           int_key(dn, by_dn.source, by_dn.path, 1, 1 << 16))
+                                    fits.inter[key] = fit
         fits.sources.append(str(inter_file))
     intra_file = providers / "intra_node_bandwidths.json"
     if intra_file.exists():

@@ -69,23 +69,24 @@ def load_sailor_dir(root: Path, model: ModelSpec | str | None = None) -> tuple[d
     def wanted(name: str) -> bool:
         return is_preset(name) and (model is None or ("architecture", get_model(name).architecture()) in keys)
 
-    raw: dict[tuple[str, str], Doc] = {}
+    raw: dict[tuple[str, str], dict] = {}  # every file is checked, also one the merged file overrides
     for f in sorted((root / "profiles").glob("*/*/profile.json")):
         if wanted(f.parent.parent.name):
-            raw[(f.parent.parent.name, f.parent.name)] = _read(f, "Sailor profile")
+            raw[(f.parent.parent.name, f.parent.name)] = _points(_read(f, "Sailor profile"),
+                                                                 get_model(f.parent.parent.name).num_layers)
     merged = root / "profiles" / "profiles_tmp.json"
     if merged.exists():
         for name, by_gpu in _read(merged, "Sailor profiles").entries(SAILOR_HINT):
             if wanted(name):
                 for gpu, data in by_gpu.entries(SAILOR_HINT):
-                    raw[(name, gpu)] = data  # the merged file wins
+                    raw[(name, gpu)] = _points(data, get_model(name).num_layers)  # the merged file wins
     profiles = {}
-    for (model_name, gpu_name), data in raw.items():
+    for (model_name, gpu_name), points in raw.items():
         if model_name not in info:
             continue
         spec = get_model(model_name)  # a preset (wanted)
         memory = memory_facts(info[model_name], spec.num_layers)
-        profile = _profile(spec, _gpu_name(gpu_name), data, memory)
+        profile = _profile(spec, _gpu_name(gpu_name), points, memory)
         if profile is not None:
             profiles[(profile.model, profile.gpu)] = profile
     network = load_sailor_network(root / "providers", _gpu_name) if (root / "providers").is_dir() else NetworkFits()
@@ -137,32 +138,40 @@ def _replicated_plus_sharded(points: list[tuple[int, float]], tp: int) -> float:
     return max(mx - b * mu + b / tp, 0.0)
 
 
-def _profile(model, gpu: str, data: Doc, memory: dict[int, LayerMemory]) -> Profile | None:
-    n = model.num_layers
-    times, per_param = {}, []
+def _points(data: Doc, n: int) -> dict[tuple[int, int], list[tuple[float, ...]]]:
+    """{(mbs, tp): [(fwd, bwd, update) per layer]} of one profile, every value checked; points with
+    another layer count are left out (the GPT-Neo/GH-96 copy of OPT-350's file, partial runs)."""
+    out = {}
     for mbs, by_tp in data.entries(SAILOR_HINT):
         mbs = int_key(mbs, data.source, data.path or "the top level", 1, MAX_BATCH)
         for tp, layers in by_tp.entries(SAILOR_HINT):
             tp = tp_key(tp, by_tp.source, by_tp.path)
             entries = dict(layers.entries(SAILOR_HINT))
+            rows = [entry.numbers(3, 0.0, MAX_SECONDS, "write [forward s, backward s, update s]")
+                    for entry in entries.values()]
             if len(entries) != n or any(str(i) not in entries for i in range(n)):
-                continue  # a profile of another model (the GPT-Neo/GH-96 copy) or a partial run
-            rows = [entries[str(i)].numbers(3, 0.0, MAX_SECONDS, "write [forward s, backward s, update s]")
-                    for i in range(n)]
+                continue
             if sum(r[0] + r[1] for r in rows) <= 0:
                 layers.fail("the times of at least one layer, not all zero", SAILOR_HINT)
-            times[(mbs, tp)] = LayerTimes(tuple(r[0] for r in rows), tuple(r[1] for r in rows))
-            update = rows[1][2]
-            mem = memory.get(tp)
-            if update > 0 and mem is not None:
-                profiled = mem.params[0] + 2 * mem.params[1] + mem.params[-1]  # embedding, 2 blocks, head
-                if profiled > 0:
-                    per_param.append(update / profiled)
+            out[(mbs, tp)] = [entries[str(i)].numbers(3) for i in range(n)]
+    return out
+
+
+def _profile(model, gpu: str, points: dict, memory: dict[int, LayerMemory]) -> Profile | None:
+    times, per_param = {}, []
+    for (mbs, tp), rows in points.items():
+        times[(mbs, tp)] = LayerTimes(tuple(r[0] for r in rows), tuple(r[1] for r in rows))
+        update = rows[1][2]
+        mem = memory.get(tp)
+        if update > 0 and mem is not None:
+            profiled = mem.params[0] + 2 * mem.params[1] + mem.params[-1]  # embedding, 2 blocks, head
+            if profiled > 0:
+                per_param.append(update / profiled)
     if not times:
         return None
     return Profile(
-        model=canonical_name(model.name), gpu=gpu, num_layers=n, precision="fp32", source=MEASURED, times=times,
-        optimizer_s_per_param=statistics.median(per_param) if per_param else 0.0,
+        model=canonical_name(model.name), gpu=gpu, num_layers=model.num_layers, precision="fp32", source=MEASURED,
+        times=times, optimizer_s_per_param=statistics.median(per_param) if per_param else 0.0,
         memory=memory, meta={"origin": "sailor-data"}, model_spec=model,
     )
 

@@ -97,7 +97,9 @@ def load_profiles(dirs: list[str] | None = None, gpus: dict[str, GPUSpec] | None
         for f in files:
             doc = read_profile_file(f)
             name = doc.get("model")
-            if model is not None and isinstance(name, str) and model_key(name, profile_spec(doc, str(f))) not in keys:
+            # a profile of another model is not read beyond its description (a malformed one is read, and refused)
+            if model is not None and isinstance(name, str) and name.strip() and \
+                    model_key(name, profile_spec(doc, str(f))) not in keys:
                 continue
             p = profile_from_dict(doc, str(f))
             measured[(canonical_name(p.model), p.gpu)] = p

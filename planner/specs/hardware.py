@@ -257,6 +257,7 @@ def load_cluster(path: str | None = None, base: Cluster | None = None) -> Cluste
         return cluster
     top = read_document(path, "cluster file").fields(
         optional=("gpus", "zones", "available", "quotas", "prices", "egress_usd_per_gb"), hint=CLUSTER_HINT)
+    top = {k: v for k, v in top.items() if v.value is not None}  # an empty YAML section is null: nothing in it
     gpus = dict(cluster.gpus)
     for name, over in top["gpus"].entries(CLUSTER_HINT) if "gpus" in top else ():
         key = canonical_gpu(_name(over, name, "GPU type"), gpus)

@@ -392,6 +392,9 @@ def get_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
     config.json min(2048, its context length).
     """
     check_seq_length(seq_len)
+    if not name_or_path.strip():
+        raise SailorError("the model name is empty: give a preset (`sailor list models`), a config.json or a model "
+                          "directory")
     key = canonical_name(name_or_path)
     if key in _PRESETS:
         model = _PRESETS[key]
