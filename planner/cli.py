@@ -113,17 +113,22 @@ def cmd_simulate(args) -> int:
         from planner.plots import plot_plan
 
         _save_plot(plot_plan, args.plot, inputs, plan, est, sim, title=f"{model.name}: {Path(args.plan).name}")
+    from planner.provenance import provenance
+
+    estimated = provenance(sim, plan, args.model or plan.model)
     if args.json:
         out = est.to_dict()
         out["plan"] = args.plan
         out["model"] = model.name
         out.update(seq)
         out["runtime"] = args.runtime or plan.runtime
+        out["estimated"] = estimated.to_dict()
         print(json.dumps(out, indent=1))
         return 0
     from planner.report import print_estimate
 
-    print_estimate(est, title=f"{model.name}: {Path(args.plan).name} on {plan.runtime if not args.runtime else args.runtime}")
+    print_estimate(est, title=f"{model.name}: {Path(args.plan).name} on {plan.runtime if not args.runtime else args.runtime}",
+                   provenance=estimated)
     _print_seq_length(seq)
     return 0
 
@@ -168,11 +173,17 @@ def cmd_plan(args) -> int:
         _save_plot(plot_pareto, args.plot, inputs, result.pareto,
                    title=f"{model.name}: throughput vs cost of the best plans")
     write_output(args.output, text, inputs, "plan file (-o)")
+    from planner.provenance import provenance
+
+    def summary(plan, est) -> dict:
+        return {**_summary(plan, est), "estimated": provenance(sim, plan, args.model).to_dict()}
+
     seq = _seq_length(model, args)
     if args.json:
         out = {
             "plan": plan_to_dict(best_plan),
             **seq,
+            "estimated": provenance(sim, best_plan, args.model).to_dict(),
             "iteration_time_s": best.iteration_time_s,
             "throughput_iters_per_s": best.throughput_iters_per_s,
             "cost_per_iteration_usd": best.cost_per_iteration_usd,
@@ -181,16 +192,18 @@ def cmd_plan(args) -> int:
             "peak_memory_bytes": best.peak_memory_bytes,
             "search_time_s": result.search_time_s,
             "plans_evaluated": result.evaluated,
-            "top": [_summary(p, e) for p, e in plans],
+            "top": [summary(p, e) for p, e in plans],
         }
         if args.pareto:
-            out["pareto"] = [_summary(p, e) for p, e in result.pareto]
+            out["pareto"] = [summary(p, e) for p, e in result.pareto]
         print(json.dumps(out, indent=1))
         return 0
     from planner.report import print_plans
 
-    print_plans(result.pareto if args.pareto else plans, title=f"{model.name}, global batch "
-                f"{args.global_batch}, objective {args.objective}" + (" (Pareto front)" if args.pareto else ""))
+    shown = result.pareto if args.pareto else plans
+    print_plans(shown, title=f"{model.name}, global batch "
+                f"{args.global_batch}, objective {args.objective}" + (" (Pareto front)" if args.pareto else ""),
+                provenances=[provenance(sim, p, args.model) for p, _ in shown])
     _print_seq_length(seq)
     print(f"search: {result.search_time_s:.2f} s CPU, {result.evaluated} candidate plans evaluated; best plan written "
           f"to {args.output}" + (f", plot to {args.plot}" if args.plot and result.pareto else ""))

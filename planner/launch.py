@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from planner import flags
 from planner.errors import SailorError
-from planner.outputs import write_output
+from planner.outputs import check_output, write_output
 from planner.simulator.placement import place
 from planner.specs.hardware import Cluster, load_cluster
 from planner.specs.model import ModelSpec
@@ -180,12 +180,14 @@ TARGETS = ("torchrun", "slurm", "skypilot", "k8s", "megatron-lm")
 
 def _launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="torchrun", choices=TARGETS,
-                   help="what to print: torchrun command lines (default), a Slurm batch script, SkyPilot task "
-                        "YAML, a Kubernetes manifest (PyTorchJob), or stock Megatron-LM arguments")
+                   help="what to write: torchrun command lines (default), a Slurm batch script, SkyPilot task "
+                        "YAML (one file per node group), a Kubernetes manifest (ConfigMap + PyTorchJobs), or a "
+                        "stock Megatron-LM pretrain_gpt.py script (docs/deploy.md)")
     p.add_argument("-o", "--output", help="write it to this file instead of printing")
-    p.add_argument("--cluster", help="cluster file (GPUs per node of custom GPU types)")
+    p.add_argument("--cluster", help="cluster file (GPUs per node of custom GPU types); every rank gets it too")
     p.add_argument("--master-addr", default="$MASTER_ADDR", help="host of node 0 (default: $MASTER_ADDR)")
-    p.add_argument("--master-port", type=flags.port, default=29500, help="port of node 0's rendezvous (default 29500)")
+    p.add_argument("--master-port", type=flags.port, default=29500,
+                   help="port of node 0's rendezvous (default 29500)")
     p.add_argument("--local", action="store_true", help="run every rank on this machine now")
 
 
@@ -222,41 +224,73 @@ def _split_rest(args) -> list[str]:
 
 
 def run(args) -> int:
-    train_args = _split_rest(args)  # issue 18: options after the plan (--cluster, -o) apply before it is read
+    train_args = _split_rest(args)  # first: options after the plan (--cluster among them) count too
+    if args.output:  # issue 18: never over the plan or cluster file it is made from
+        check_output(args.output, (args.plan, args.cluster), "launch file (-o)")
     plan = load_plan(args.plan)
     cluster = load_cluster(args.cluster)
     model = plan_model(plan)
     check_plan_for(plan, model, cluster, f"plan file {args.plan}")  # issue 18: zones, GPU types, TP (validation)
     check_runnable(plan, model, cluster)
     layout = rank_layout(plan, cluster)
+    if "--cluster" in train_args or "--plan" in train_args:
+        raise SailorError("sailor launch: give the plan and the cluster file to sailor launch (--cluster FILE "
+                          "before '--'); it passes them on to every rank")
+    if args.local or args.target == "torchrun":
+        # every rank computes the layout itself: from the same plan and cluster file
+        rank_args = [*(["--cluster", args.cluster] if args.cluster else []), *train_args]
     if args.local:
         env = dict(os.environ)
         if plan.stages[0].replicas[0].gpu == "CPU":
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // layout.world_size)))
-        cmd = local_command(layout, args.plan, train_args, args.master_port)
+        cmd = local_command(layout, args.plan, rank_args, args.master_port)
         print(" ".join(shlex.quote(c) for c in cmd), flush=True)
         return run_trainer(cmd, env)  # issue 18: the trainer's one-line error last, not torchrun's report
     if args.target == "torchrun":
         lines = []
-        for node, cmd in zip(layout.nodes, node_commands(layout, args.plan, train_args, args.master_addr,
+        for node, cmd in zip(layout.nodes, node_commands(layout, args.plan, rank_args, args.master_addr,
                                                          args.master_port)):
             lines.append(f"# node {node.index}: {node.nproc} x {node.gpu} in {node.zone}, "
                          f"ranks {node.first_rank}..{node.first_rank + node.nproc - 1}")
             lines.append(" ".join(c if c.startswith("--master-addr=$") else shlex.quote(c) for c in cmd))
-        text = "\n".join(lines) + "\n"
-    else:
-        from planner import targets
+        return _write(args.output, "\n".join(lines) + "\n")
+    from planner.targets import Inputs
 
-        if args.target == "slurm":
-            text = targets.slurm(layout, args.plan, train_args, args.master_port)
-        elif args.target == "skypilot":
-            text = targets.skypilot(layout, args.plan, train_args, args.master_port)
-        elif args.target == "k8s":
-            text = targets.kubernetes(layout, args.plan, train_args, args.master_port)
-        else:
-            text = targets.megatron_lm(plan, model, args.master_port)
-    if args.output:  # issue 18: atomic, and never over the plan or cluster file it was made from
-        write_output(args.output, text, (args.plan, args.cluster), "launch file (-o)")
+    inputs = Inputs(args.plan, args.cluster)
+    if args.target == "slurm":
+        from planner.targets.slurm import slurm
+
+        return _write(args.output, slurm(layout, inputs, train_args, args.master_port))
+    if args.target == "k8s":
+        from planner.targets.kubernetes import kubernetes
+
+        return _write(args.output, kubernetes(layout, inputs, train_args, args.master_port))
+    if args.target == "megatron-lm":
+        from planner.targets.megatron_lm import megatron_lm
+
+        return _write(args.output, megatron_lm(plan, model, layout, train_args, args.master_port))
+    from planner.targets.skypilot import launch_commands, skypilot
+
+    tasks = skypilot(layout, inputs, train_args, args.master_port)
+    if len(tasks) == 1:
+        return _write(args.output, tasks[0])
+    if not args.output:
+        raise SailorError(f"this plan runs on {len(tasks)} node groups (GPU types or zones), one SkyPilot cluster "
+                          "each: give -o FILE.yaml, and sailor writes FILE-0.yaml, FILE-1.yaml, ...")
+    stem, dot, ext = args.output.rpartition(".")
+    stem, ext = (stem, "." + ext) if dot and "/" not in ext else (args.output, ".yaml")
+    files = [f"{stem}-{i}{ext}" for i in range(len(tasks))]
+    for f, text in zip(files, tasks):
+        _write(f, text)
+    print(f"# {len(tasks)} SkyPilot tasks, one cluster per node group; launch group 0 first, then the others "
+          "pointed at its head node:")
+    print("\n".join(launch_commands(files)))
+    return 0
+
+
+def _write(path: str | None, text: str) -> int:
+    if path:
+        write_output(path, text, what="launch file (-o)")  # issue 18: atomic
     else:
         sys.stdout.write(text)
     return 0

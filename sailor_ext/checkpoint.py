@@ -8,9 +8,11 @@ Layout of SAVE/:
     iter_0000010/rank00003.pt pieces this rank is the designated owner of
 
 A piece is a slice [start, stop) along one dimension (or the whole) of one
-logical tensor, with its optimizer state (AdamW moments). Each unique chunk is
-written once, by its designated owner (sharding.py), so no rank gathers whole
-tensors. Loading under any other plan (stages, TP degrees, replica counts,
+logical tensor, with its optimizer state (AdamW moments). Parameters are the
+fp32 main (master) weights whatever the run's precision (precision.py), so a
+bf16 run resumes exactly and a checkpoint resumes under any precision. Each
+unique chunk is written once, by its designated owner (sharding.py), so no
+rank gathers whole tensors. Loading under any other plan (stages, TP degrees, replica counts,
 microbatch sizes, GPU types) reassembles each local slice from the pieces
 that overlap it (files are memory-mapped, only the needed bytes are read).
 
@@ -45,6 +47,7 @@ from pathlib import Path
 import torch
 
 from planner.errors import SailorError
+from sailor_ext import devices
 from sailor_ext.sharding import ParamShard
 
 FORMAT = "sailor-checkpoint"
@@ -61,7 +64,8 @@ class Piece:
     tensors: dict[str, torch.Tensor]  # "param" and the optimizer's state (exp_avg, ...), on CPU
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "dim": self.dim, "start": self.start, "stop": self.stop, **self.tensors}
+        return {"name": self.name, "dim": self.dim, "start": self.start, "stop": self.stop,
+                **{k: devices.plain(v) for k, v in self.tensors.items()}}
 
 
 @dataclass(frozen=True)
@@ -288,6 +292,7 @@ def open_directory(directory: Path) -> Checkpoint:
     pieces: dict[str, list[dict]] = {}
     for rank_file in sorted(directory.glob("rank*.pt")):
         for piece in torch.load(rank_file, mmap=True, weights_only=True):
+            piece = {k: devices.as_host(v) if isinstance(v, torch.Tensor) else v for k, v in piece.items()}
             pieces.setdefault(piece["name"], []).append(piece)
     return Checkpoint(directory, meta, pieces)
 
@@ -298,8 +303,8 @@ def open_checkpoint(load_dir: str | Path) -> Checkpoint:
 
 
 @torch.no_grad()
-def load_into(ckpt: Checkpoint, model, optimizer, shards: dict[str, ParamShard]) -> dict:
-    """Fill this rank's parameters and optimizer state; returns the checkpoint's meta.
+def load_into(ckpt: Checkpoint, params: dict[str, torch.Tensor], optimizer, shards: dict[str, ParamShard]) -> dict:
+    """Fill this rank's (fp32 main) parameters and optimizer state; returns the checkpoint's meta.
 
     The optimizer state is restored when the checkpoint holds the same kind
     (AdamW moments, SGD momentum); switching optimizers keeps only weights.
@@ -307,7 +312,7 @@ def load_into(ckpt: Checkpoint, model, optimizer, shards: dict[str, ParamShard])
     saved_state = tuple(ckpt.meta.get("optimizer_state", ()))
     restore_state = saved_state == optimizer.state_keys
     optimizer.step_count = ckpt.meta["optimizer_steps"]
-    for pname, param in model.named_parameters():
+    for pname, param in params.items():
         shard = shards[pname]
         where = (shard.dim, *shard.local_range(), shard.local_shape)
         shard.view(param).copy_(ckpt.assemble(shard.name, "param", *where))

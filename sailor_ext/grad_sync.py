@@ -10,6 +10,11 @@ gradient on each of its replica's tp ranks, so each copy is scaled by 1/tp
 before the all-reduce over the whole stage: every replica contributes once
 (tp is a power of two, so the scaling is exact).
 
+The gradients are those of the fp32 main parameters (precision.py): the
+model's own parameters in fp32 runs; with bf16/fp16 the fp32 main gradients
+that every microbatch's low-precision gradient is added into, so the
+all-reduce sums fp32 values whatever the compute dtype.
+
 Chunks that share an owner set are flattened into buckets of at most
 `bucket_numel` elements, one all-reduce per bucket. Ranks run their buckets in
 one global order (by owner set), so no two ranks wait on each other in
@@ -21,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from sailor_ext.sharding import Chunk, ParamShard, chunks_of
 from sailor_ext.topology import RankSet, Topology
@@ -41,13 +45,12 @@ class Bucket:
 
 
 class GradSync:
-    """Owns the gradients of one rank's parameters and sums them over replicas."""
+    """Owns the gradients of one rank's (main) parameters and sums them over replicas."""
 
-    def __init__(self, model: nn.Module, shards: dict[str, ParamShard], topology: Topology,
+    def __init__(self, params: dict[str, torch.Tensor], shards: dict[str, ParamShard], topology: Topology,
                  bucket_numel: int = DEFAULT_BUCKET_NUMEL):
         self.topology = topology
-        self.params = list(model.parameters())
-        params = dict(model.named_parameters())
+        self.params = list(params.values())
         by_owners: dict[RankSet, list[tuple[torch.Tensor, Chunk, float]]] = {}
         for chunk in chunks_of(shards, topology):
             if len(chunk.owners) == 1:

@@ -8,9 +8,9 @@ tensor by tensor, which Hugging Face tensors make a logical tensor and how
 
   * `HFWeights(dir)` reads `model.safetensors` or a sharded checkpoint
     (`model.safetensors.index.json`), lazily, tensor by tensor;
-  * `load_stage(stage, dir)` gives every parameter of a stage its slice of the
-    converted tensor, reading only that slice from disk (`--load-hf`: any
-    plan, any TP degree);
+  * `load_stage(stage, dir)` gives every parameter of a stage (its fp32 main
+    parameter in bf16/fp16 runs) its slice of the converted tensor, reading
+    only that slice from disk (`--load-hf`: any plan, any TP degree);
   * `export(logical, model, out_dir)` writes safetensors + config.json that
     `transformers.AutoModelForCausalLM.from_pretrained` loads.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -197,7 +198,7 @@ class HFWeights:
 def check_config(model: ModelSpec, directory: str | Path) -> None:
     """Refuse weights whose config.json describes another architecture."""
     theirs = from_hf_config(directory, seq_len=model.seq_len)
-    if theirs.architecture() != model.architecture():
+    if replace(theirs, name="", hf_model_type="") != replace(model, name="", hf_model_type=""):
         ours, other = model.to_dict(), theirs.to_dict()
         diff = next(k for k in ours if ours[k] != other[k] and k not in ("name", "hf_model_type"))
         raise SailorError(f"the Hugging Face model in {directory} has {diff} {other[diff]!r} but the plan's model "
@@ -205,14 +206,17 @@ def check_config(model: ModelSpec, directory: str | Path) -> None:
 
 
 @torch.no_grad()
-def load_stage(stage, directory: str | Path) -> None:
-    """Give every parameter of `stage` (a StageModel) its slice of the Hugging Face weights."""
+def load_stage(stage, directory: str | Path, params: dict[str, torch.Tensor] | None = None) -> None:
+    """Give every parameter of `stage` (a StageModel) its slice of the Hugging Face weights.
+
+    params: where to write them by parameter name (the fp32 main parameters of a
+    bf16/fp16 run, precision.py); default: the stage's own parameters."""
     model = stage.spec.model
     if (Path(directory) / "config.json").exists():
         check_config(model, directory)
     weights = HFWeights(directory)
     try:
-        for name, param in stage.named_parameters():
+        for name, param in (params or dict(stage.named_parameters())).items():
             shard = stage.shards[name]
             rule, block = rule_for(model, shard.name)
             shard.view(param).copy_(local_slice(weights, model, rule, hf_names(rule, block), shard))

@@ -85,7 +85,7 @@ class StageSpec:
 
 
 def transformer_config(model: ModelSpec, tp: int) -> TransformerConfig:
-    """megatron's config for one stage: fp32 params (autocast does bf16), no
+    """megatron's config for one stage: fp32 params (precision.py casts them for bf16), no
     dropout, no fusions that need CUDA extensions, our own initialisation."""
     return TransformerConfig(
         num_layers=model.num_blocks,

@@ -1,8 +1,9 @@
-"""AdamW (or SGD) on fp32 master weights, clipped by the global gradient norm.
+"""AdamW (or SGD) on fp32 main (master) weights, clipped by the global gradient norm.
 
-Parameters are kept in fp32 and are the master weights; on CUDA the forward
-and backward passes run in bf16 under autocast (schedule.py), on CPU in fp32.
-Gradients therefore arrive in fp32 and the update is exact fp32 AdamW.
+The optimizer steps the fp32 main parameters of precision.MainParams (the
+model's own parameters in fp32 runs, fp32 copies of the bf16/fp16 ones
+otherwise) with their fp32 gradients; its state is fp32 too. The caller
+rounds the result into a low-precision model (MainParams.copy_to_model).
 
 The global gradient norm covers all shards of all stages and counts each
 unique element once: every chunk (sharding.py) has one designated owner,
@@ -16,7 +17,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from sailor_ext.sharding import ParamShard, chunks_of
 from sailor_ext.topology import Topology
@@ -52,9 +52,11 @@ class OptimizerConfig:
 
 
 class Optimizer:
-    def __init__(self, model: nn.Module, shards: dict[str, ParamShard], topology: Topology, config: OptimizerConfig):
+    def __init__(self, params: dict[str, torch.Tensor], shards: dict[str, ParamShard], topology: Topology,
+                 config: OptimizerConfig):
+        """params: the fp32 main parameters by the model's parameter names."""
         self.config, self.shards = config, shards
-        named = dict(model.named_parameters())
+        named = dict(params)
         self.params = named
         decay = [p for p in named.values() if p.dim() > 1]
         no_decay = [p for p in named.values() if p.dim() <= 1]
@@ -81,6 +83,16 @@ class Optimizer:
             return torch.zeros((), dtype=torch.float64, device=device)
         norms = torch.stack(torch._foreach_norm(grads)).double()
         return norms.pow(2).sum()
+
+    @torch.no_grad()
+    def unscale(self, scale: float) -> None:
+        """Divide every gradient by the fp16 loss scale (a power of two: exact)."""
+        torch._foreach_mul_([p.grad for p in self.params.values() if p.grad is not None], 1.0 / scale)
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next step."""
+        return self.config.lr_at(self.step_count)
 
     @torch.no_grad()
     def step(self, grad_norm: float) -> float:

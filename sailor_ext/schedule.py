@@ -11,12 +11,15 @@ flight: at most S - s microbatches.
 Each microbatch's loss is the sum of its token losses divided by the number
 of tokens in the *global* batch, so the gradients summed over all
 microbatches of all pipelines are exactly the gradient of the global batch's
-mean token loss.
+mean token loss. With fp16 the loss is multiplied by `loss_scale` before its
+backward pass (precision.LossScaler); the loss returned is unscaled.
+
+The model computes in its parameters' dtype (precision.py casts the whole
+stage), so activations and their gradients arrive and leave in that dtype.
 """
 from __future__ import annotations
 
 from collections import deque
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -43,15 +46,9 @@ class PipelineShape:
 
 
 class OneFOneB:
-    def __init__(self, model: StageModel, links: StageLinks, topology: Topology, shape: PipelineShape,
-                 compute_dtype: torch.dtype = torch.float32):
+    def __init__(self, model: StageModel, links: StageLinks, topology: Topology, shape: PipelineShape):
         self.model, self.links, self.topology, self.shape = model, links, topology, shape
-        self.compute_dtype = compute_dtype
-
-    def _autocast(self):
-        if self.compute_dtype == torch.float32:
-            return nullcontext()
-        return torch.autocast(self.topology.device.type, dtype=self.compute_dtype)
+        self.loss_scale = 1.0  # fp16: set by the trainer before each step
 
     def _forward(self, x: torch.Tensor | None, tokens: torch.Tensor | None):
         """Returns (stage input to keep, stage output, loss sum or None)."""
@@ -61,15 +58,14 @@ class OneFOneB:
         else:
             x.requires_grad_()
             inputs = x
-        with self._autocast():
-            out = self.model(inputs)
+        out = self.model(inputs)
         if not last:
             return x, out, None
         labels = tokens[:, 1:].t()  # [s, b], matching the logits' [s, b, V/tp]
         token_loss = vocab_parallel_cross_entropy(out, labels, self.model.vocab_start, self.model.tp_group,
                                                   self.model.spec.model.vocab)
         loss = token_loss.sum() / self.shape.global_tokens
-        return x, loss, loss.detach()
+        return x, (loss * self.loss_scale if self.loss_scale != 1.0 else loss), loss.detach()
 
     def _backward(self, x: torch.Tensor | None, out: torch.Tensor, grad: torch.Tensor | None):
         if grad is None:

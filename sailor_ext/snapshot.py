@@ -2,9 +2,11 @@
 
 Taking a checkpoint has two parts:
 
-  1. snapshot (blocks the step, briefly): copy every local parameter and its
-     optimizer state into host buffers that are reused from one snapshot to
-     the next, with the step, consumed samples and optimizer step count;
+  1. snapshot (blocks the step, briefly): copy every local fp32 main
+     parameter (precision.py: the masters, not a bf16 model's rounded
+     weights) and its optimizer state into host buffers that are reused from
+     one snapshot to the next, with the step, consumed samples, optimizer
+     step count and the fp16 loss scaler's state;
   2. persist (a background thread, while training goes on): cut the snapshot
      into the chunks this rank is the designated owner of, write them
      (checkpoint.write_pieces: checksummed, fsynced, renamed), and report the
@@ -34,7 +36,7 @@ from typing import Callable
 
 import torch
 
-from sailor_ext import checkpoint
+from sailor_ext import checkpoint, devices
 from sailor_ext.checkpoint import FileRecord, Piece
 from sailor_ext.sharding import ParamShard
 
@@ -52,6 +54,7 @@ class Snapshot:
     shards: dict[str, ParamShard]  # local parameter name -> its logical tensor and slice
     tensors: dict[str, dict[str, torch.Tensor]]  # local name -> {"param", *state_keys}, host memory
     designated: tuple[tuple[str, int], ...]  # (local name, chunk) this rank writes to disk
+    loss_scaler: dict | None = None  # fp16: precision.LossScaler.state_dict()
     persisted: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self):
@@ -89,8 +92,9 @@ class SnapshotRing:
         self.slots = []
 
     @torch.no_grad()
-    def take(self, model, optimizer, shards: dict[str, ParamShard], designated, step: int,
-             consumed: int) -> Snapshot:
+    def take(self, params: dict[str, torch.Tensor], optimizer, shards: dict[str, ParamShard], designated, step: int,
+             consumed: int, loss_scaler: dict | None = None) -> Snapshot:
+        """params: the fp32 main parameters by local name (precision.MainParams.params)."""
         reuse = None
         if len(self.slots) >= self.size:
             reuse = self.slots.pop(0)
@@ -98,7 +102,7 @@ class SnapshotRing:
             if reuse.shards != shards:
                 reuse = None
         tensors: dict[str, dict[str, torch.Tensor]] = {}  # in the logical layout (ParamShard.view)
-        for name, param in model.named_parameters():
+        for name, param in params.items():
             live = {k: shards[name].view(v) for k, v in {"param": param, **optimizer.state_of(name)}.items()}
             if reuse is not None:
                 held = reuse.tensors[name]
@@ -106,9 +110,9 @@ class SnapshotRing:
                     held[k].copy_(v)
                 tensors[name] = held
             else:
-                tensors[name] = {k: v.detach().to("cpu", copy=True) for k, v in live.items()}
+                tensors[name] = {k: devices.to_host(v) for k, v in live.items()}
         snap = Snapshot(step, consumed, optimizer.step_count, tuple(optimizer.state_keys), dict(shards), tensors,
-                        tuple(designated))
+                        tuple(designated), loss_scaler)
         self.slots.append(snap)
         return snap
 
@@ -212,6 +216,7 @@ class Persister:
                          f"{t.timeout_s:g} s")
             return
         meta = {"consumed_samples": snap.consumed, "optimizer_steps": snap.optimizer_steps,
-                "optimizer_state": list(snap.state_keys), "world_size": t.world, **self.meta}
+                "optimizer_state": list(snap.state_keys), "world_size": t.world, **self.meta,
+                **({"loss_scaler": snap.loss_scaler} if snap.loss_scaler is not None else {})}
         checkpoint.commit(Path(t.save_dir), snap.step, t.epoch, files, meta, t.keep)
         self.committed.append(snap.step)

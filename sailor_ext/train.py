@@ -6,8 +6,11 @@ one Megatron's own arguments describe (--tensor-model-parallel-size,
 the torchrun world). With --plan, the plan fixes the batch sizes and the
 batch-size arguments, if given, must agree with it.
 
-User mistakes (plan vs world size, layer ranges, bad files) print one line,
-`sailor: error: ...`, and exit 2 before any process group forms. A peer that
+User mistakes (plan vs world size, layer ranges, bad files, a rank on the
+wrong node) print one line, `sailor: error: ...`, from the rank that found
+them (a mistake every rank of a node shares: from its local rank 0), and end
+every rank at once with exit 2 before any process group forms
+(sailor_ext/startup.py). A peer that
 dies or hangs makes the collectives fail after --dist-timeout seconds with
 one line naming the rank, and exit 3; the last complete checkpoint stays
 intact.
@@ -25,6 +28,7 @@ from planner.specs.hardware import load_cluster
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, load_plan, plan_model
 from sailor_ext.data import DEFAULT_SPLIT, EVAL_ITERS, DataSources, open_training_data
+from sailor_ext.precision import precision_config
 
 PEER_FAILURE_EXIT = 3
 
@@ -59,8 +63,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--adam-beta2", type=float, default=0.95)
     g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--clip-grad", type=float, default=1.0, help="global gradient-norm clip (0: off)")
+    g = p.add_argument_group("precision (sailor_ext/precision.py)")
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                   help="bf16 compute (default: on with CUDA, off on CPU)")
+                   help="bf16 parameters and activations, fp32 main gradients and master weights (default: on with "
+                   "CUDA, off on CPU)")
+    g.add_argument("--fp16", action="store_true", help="fp16 parameters and activations with loss scaling, fp32 "
+                   "main gradients and master weights")
+    g.add_argument("--loss-scale", type=float, help="fp16: a constant loss scale (default: dynamic scaling)")
+    g.add_argument("--initial-loss-scale", type=float, help="fp16: the first dynamic scale (default 2^32)")
+    g.add_argument("--min-loss-scale", type=float, help="fp16: the dynamic scale never goes below this (default 1)")
+    g.add_argument("--loss-scale-window", type=int,
+                   help="fp16: clean steps in a row before the scale doubles (default 1000)")
+    g.add_argument("--hysteresis", type=int, help="fp16: overflowing steps (without a clean window between) before "
+                   "the scale halves (default 2); every overflowing step is skipped")
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", metavar="PREFIX",
                    help="megatron indexed dataset (PREFIX.bin + PREFIX.idx, e.g. from `sailor data prepare`), or "
@@ -87,6 +102,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--log-interval", type=int, default=1)
     g.add_argument("--dist-timeout", type=float, default=300.0,
                    help="seconds a collective may wait for a peer before the run fails")
+    g.add_argument("--distributed-backend", choices=("nccl", "gloo"),
+                   help="default: nccl with CUDA, gloo on CPU; gloo on CUDA lets ranks share a GPU (plans without "
+                   "pipeline stages only: gloo cannot send CUDA tensors)")
     g.add_argument("--grad-bucket-numel", type=int, default=2**25)
     return p.parse_args(argv)
 
@@ -139,18 +157,72 @@ def check_placement(layout: Layout, rank: int) -> None:
 
 
 def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, local_rank: int,
-          data: DataSources | None = None) -> int:
+          data: DataSources | None = None, store=None) -> int:
     """Join the process group and run the steps (imports torch and megatron)."""
     import torch.distributed as dist
 
     from sailor_ext.trainer import Trainer, init_distributed
 
-    device = init_distributed(layout, rank, local_rank, args.dist_timeout)
+    device = init_distributed(layout, rank, local_rank, args.dist_timeout, store, args.distributed_backend)
     trainer = Trainer(args, plan, model_spec, layout, rank, device, data=data)
     trainer.run()
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def start(args, rank: int, world_size: int, local_rank: int):
+    """This rank's checks, agreed with every other rank: (plan, model, layout, data, store), or an exit code.
+
+    A failing rank says why in one line at once: a placement error is its own; an error in the plan or the
+    data files is the same on every rank of a node, so local rank 0 says it. Every rank then learns from the
+    store whether all passed (sailor_ext/startup.py) and stops at once if not.
+    """
+    error, own = None, False
+    try:
+        plan, model, layout = resolve_plan(args, world_size)
+        own = True
+        check_placement(layout, rank)
+        own = False
+        precision_config(args, cuda=False)  # flag mistakes now; the default (bf16 on CUDA) is decided per device
+        if args.distributed_backend == "nccl":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise SailorError("--distributed-backend nccl needs CUDA GPUs, and none is visible; use gloo on CPU")
+        data = open_training_data(args, model)
+    except SailorError as e:
+        error = e
+        if own or local_rank == 0:
+            print(f"sailor: error: {e}", file=sys.stderr, flush=True)
+    if world_size == 1:
+        return error.exit_code if error else (plan, model, layout, data, None)
+    from sailor_ext import startup
+
+    if error is not None:  # tell the others, but never wait long for a store: this rank has said why
+        try:
+            store = startup.connect(rank, world_size, min(args.dist_timeout, startup.REPORT_TIMEOUT_S))
+            startup.report(store, rank, str(error))
+            if startup.hosts_store(rank):
+                startup.linger(store, world_size, args.dist_timeout)
+        except (RuntimeError, TimeoutError):
+            pass
+        return error.exit_code
+    try:
+        store = startup.connect(rank, world_size, args.dist_timeout)
+        startup.report(store, rank, None)
+        startup.wait_for_all(store, world_size, args.dist_timeout)
+    except startup.PeerFailedAtStartup:
+        if startup.hosts_store(rank):  # the others read the outcome from this rank's store
+            startup.linger(store, world_size, args.dist_timeout)
+        return SailorError.exit_code  # that rank said why
+    except (RuntimeError, TimeoutError) as e:  # the store's host is gone: its node failed
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        print(f"sailor: error: rank {rank}: stopped at startup: the rendezvous store at {where} is gone or silent "
+              f"({first}); another node failed, see its log", file=sys.stderr, flush=True)
+        return SailorError.exit_code
+    return plan, model, layout, data, store
 
 
 def _is_peer_failure(error: BaseException) -> bool:
@@ -165,16 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    started = start(args, rank, world_size, local_rank)
+    if isinstance(started, int):
+        return started
+    plan, model, layout, data, store = started
     try:
-        plan, model, layout = resolve_plan(args, world_size)
-        check_placement(layout, rank)
-        data = open_training_data(args, model)
-    except SailorError as e:
-        if rank == 0:
-            print(f"sailor: error: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
-    try:
-        return train(args, plan, model, layout, rank, local_rank, data)
+        return train(args, plan, model, layout, rank, local_rank, data, store)
     except SailorError as e:
         if rank == 0 or not getattr(e, "agreed", False):  # an agreed error names its rank; rank 0 says it
             print(f"sailor: error: {e}" if getattr(e, "agreed", False) else f"sailor: error: rank {rank}: {e}",

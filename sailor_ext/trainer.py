@@ -3,11 +3,16 @@
 `Trainer` wires the runtime's pieces together for one rank of a plan. It is
 separate from the command line (train.py) so that benchmarks and tests can
 drive single steps.
+
+Test hook: SAILOR_TEST_GRAD_OVERFLOW=STEP[:RANK] puts an inf into one
+gradient of rank RANK (default 0) at step STEP (1-based), as an fp16
+overflow would (tests/runtime/test_precision.py).
 """
 from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import sys
 import time
@@ -22,12 +27,13 @@ from planner.errors import SailorError
 from planner.launch import Layout
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
-from sailor_ext import checkpoint, compat
+from sailor_ext import checkpoint, compat, devices
 from sailor_ext.data import BatchSlicer, DataSources, Source, evaluation, microbatches, open_training_data
 from sailor_ext.grad_sync import GradSync
 from sailor_ext.model import StageModel, StageSpec, init_from_seed
 from sailor_ext.optimizer import Optimizer, OptimizerConfig
 from sailor_ext.p2p import StageLinks
+from sailor_ext.precision import LossScaler, MainParams, precision_config
 from sailor_ext.schedule import OneFOneB, PipelineShape
 from sailor_ext.sharding import chunks_of
 from sailor_ext.snapshot import Persister, PersistTarget, SnapshotRing, StoreBoard
@@ -38,11 +44,17 @@ from sailor_ext.topology import Topology
 RNG_RULE = "derived from (seed, step, tp rank) at every step"
 
 
-def init_distributed(layout: Layout, rank: int, local_rank: int, timeout_s: float) -> torch.device:
-    """Join the world: NCCL on CUDA, gloo on CPU; every collective times out."""
+def init_distributed(layout: Layout, rank: int, local_rank: int, timeout_s: float,
+                     store: dist.Store | None = None, backend: str | None = None) -> torch.device:
+    """Join the world: NCCL on CUDA, gloo on CPU (devices.backend_for); every collective times out.
+    store: the rendezvous store startup used (default: MASTER_ADDR/MASTER_PORT)."""
     device = compat.pick_device(local_rank)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=layout.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    backend = devices.backend_for(device, backend)
+    devices.configure(device)
+    dist.init_process_group(backend, rank=rank, world_size=layout.world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=device if backend == "nccl" else None,
+                            **({"store": dist.PrefixStore("pg", store)} if store is not None else {}))
     return device
 
 
@@ -75,10 +87,27 @@ def agreed(action, rank: int, group) -> None:
 class StepResult:
     step: int
     loss: float
-    grad_norm: float
+    grad_norm: float | None  # None when the step was skipped (fp16 overflow)
     lr: float
     seconds: float
     stop: bool = False  # some rank asked to stop after this step (every rank sees the same)
+    skipped: bool = False  # fp16: a gradient overflowed; the weights and the optimizer did not move
+    loss_scale: float | None = None  # fp16: the scale this step's loss was multiplied by
+
+    def record(self) -> dict:
+        """The step's fields of a metrics line."""
+        out = {"step": self.step, "loss": self.loss, "step_time_s": self.seconds, "grad_norm": self.grad_norm,
+               "lr": self.lr}
+        if self.loss_scale is not None:
+            out.update(loss_scale=self.loss_scale, skipped=self.skipped)
+        return out
+
+    def line(self) -> str:
+        """What rank 0 prints."""
+        if self.skipped:
+            return f"loss {self.loss:.6f} | skipped: a gradient overflowed at loss scale {self.loss_scale:g}"
+        scale = f" | loss scale {self.loss_scale:g}" if self.loss_scale is not None else ""
+        return f"loss {self.loss:.6f} | grad norm {self.grad_norm:.4f} | lr {self.lr:.3g}{scale}"
 
 
 class MetricsWriter:
@@ -126,14 +155,17 @@ class Trainer:
         self.model = StageModel(self.spec, topology.tp_group, device)
         init_from_seed(self.model, args.seed)
 
-        self.bf16 = args.bf16 if args.bf16 is not None else device.type == "cuda"
-        compute_dtype = torch.bfloat16 if self.bf16 else torch.float32
+        # bf16/fp16: the model is cast, fp32 main parameters and gradients stay (precision.py)
+        self.precision = precision_config(args, device.type == "cuda")
+        self.main = MainParams(self.model, self.precision.dtype)
+        self.params = self.main.params
+        self.scaler = LossScaler(self.precision) if self.precision.scaled else None
         self.pipeline = plan.pipelines[topology.replica]
         shape = PipelineShape(self.pipeline.microbatch_size, self.pipeline.num_microbatches, model_spec.seq_len,
                               model_spec.hidden, plan.global_batch_size * model_spec.seq_len)
-        self.schedule = OneFOneB(self.model, StageLinks(topology, compute_dtype), topology, shape, compute_dtype)
-        self.grad_sync = GradSync(self.model, self.model.shards, topology, bucket_numel=args.grad_bucket_numel)
-        self.optimizer = Optimizer(self.model, self.model.shards, topology, OptimizerConfig(
+        self.schedule = OneFOneB(self.model, StageLinks(topology, self.precision.dtype), topology, shape)
+        self.grad_sync = GradSync(self.params, self.model.shards, topology, bucket_numel=args.grad_bucket_numel)
+        self.optimizer = Optimizer(self.params, self.model.shards, topology, OptimizerConfig(
             kind=args.optimizer, sgd_momentum=args.sgd_momentum, lr=args.lr, min_lr=args.min_lr,
             weight_decay=args.weight_decay, beta1=args.adam_beta1, beta2=args.adam_beta2, eps=args.adam_eps,
             clip_grad=args.clip_grad, warmup_iters=args.lr_warmup_iters, decay_iters=args.lr_decay_iters,
@@ -159,6 +191,7 @@ class Trainer:
         elif load_hf:
             agreed(lambda: self.load_hf(load_hf), rank, topology.world_group)
         self.metrics = MetricsWriter(args.metrics_file, rank == 0)
+        self._overflow_at = _overflow_hook(rank)
 
     @property
     def device(self) -> torch.device:
@@ -186,19 +219,41 @@ class Trainer:
         start = time.perf_counter()
         topo = self.topology
         self.seed_step()
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        self.schedule.loss_scale = scale
         loss_sum = self.schedule.run(self.microbatches())
+        if self._overflow_at == self.step + 1:
+            self._inject_overflow()
         self.grad_sync.sync()
+        if scale != 1.0:
+            self.optimizer.unscale(scale)
         counts_loss = topo.is_last_stage and topo.tp_rank == 0  # one copy of each pipeline's loss
         stats = torch.stack([self.optimizer.local_grad_sumsq(),
                              (loss_sum if counts_loss else torch.zeros_like(loss_sum)).double(),
                              torch.tensor(float(stop), dtype=torch.float64, device=loss_sum.device)])
         dist.all_reduce(stats, group=topo.world_group)  # grad norm, loss and stop requests in one collective
-        grad_norm, loss = float(stats[0].sqrt()), float(stats[1])
-        lr = self.optimizer.step(grad_norm)
+        sumsq, loss = float(stats[0]), float(stats[1])
+        # Every gradient element is counted by one rank, so the world's sum of squares is finite
+        # exactly when no gradient overflowed anywhere: every rank takes the same decision.
+        skipped = self.scaler is not None and not math.isfinite(sumsq)
+        if self.scaler is not None:
+            self.scaler.update(skipped)
+        if skipped:  # as Megatron: the iteration counts, the optimizer (and its LR schedule) does not move
+            grad_norm, lr = None, self.optimizer.lr
+        else:
+            grad_norm = math.sqrt(sumsq)
+            lr = self.optimizer.step(grad_norm)
+            self.main.copy_to_model()
         self.grad_sync.zero_grad()
         self.step += 1
         self.consumed += self.plan.global_batch_size
-        return StepResult(self.step, loss, grad_norm, lr, time.perf_counter() - start, bool(stats[2] > 0))
+        return StepResult(self.step, loss, grad_norm, lr, time.perf_counter() - start, bool(stats[2] > 0), skipped,
+                          scale if self.scaler is not None else None)
+
+    def _inject_overflow(self) -> None:
+        """The test hook: an inf in this rank's first gradient, as an fp16 overflow leaves it."""
+        grad = next(p.grad for p in self.params.values() if p.grad is not None)
+        grad.view(-1)[0] = float("inf")
 
     def evaluate(self) -> float:
         """Mean loss of the first --eval-iters global batches of the validation data, forward only."""
@@ -226,20 +281,22 @@ class Trainer:
         return {"model": self.model_spec.name, "seq_len": self.model_spec.seq_len,
                 "model_config": self.model_spec.to_dict(), "hf_source": getattr(self.args, "load_hf", None),
                 "padded_vocab": self.spec.padded_vocab, "seed": self.args.seed, "rng": RNG_RULE,
-                "plan_global_batch_size": self.plan.global_batch_size}
+                "plan_global_batch_size": self.plan.global_batch_size, "precision": self.precision.name,
+                "weights": "fp32 main parameters"}
 
     def load_hf(self, directory: str) -> None:
         """Start from a Hugging Face checkpoint: this rank's slices of its weights, a fresh optimizer."""
         from sailor_ext import hf
 
-        hf.load_stage(self.model, directory)
+        hf.load_stage(self.model, directory, self.params)
+        self.main.copy_to_model()
         if self.rank == 0:
             log(f"loaded Hugging Face weights from {directory}")
 
     def snapshot(self):
         """Copy this rank's state into host memory (the blocking part of a checkpoint)."""
-        return self.snapshots.take(self.model, self.optimizer, self.model.shards, self.designated, self.step,
-                                   self.consumed)
+        return self.snapshots.take(self.params, self.optimizer, self.model.shards, self.designated, self.step,
+                                   self.consumed, self.scaler.state_dict() if self.scaler is not None else None)
 
     def save(self) -> float:
         """Checkpoint: snapshot now, write to disk in the background. Returns the
@@ -270,25 +327,31 @@ class Trainer:
     def load(self, load_dir: str, choice: checkpoint.Choice | None = None) -> None:
         """Resume from a checkpoint (default: the newest in `load_dir` that verifies)."""
         choice = choice or self.choose_checkpoint(load_dir)
-        meta = checkpoint.load_into(checkpoint.open_directory(choice.directory), self.model, self.optimizer,
+        meta = checkpoint.load_into(checkpoint.open_directory(choice.directory), self.params, self.optimizer,
                                     self.model.shards)
-        self.step, self.consumed = meta["step"], meta["consumed_samples"]
+        self.resume_at(meta["step"], meta["consumed_samples"], meta.get("loss_scaler"))
+
+    def resume_at(self, step: int, consumed: int, loss_scaler: dict | None = None) -> None:
+        """After the main parameters were restored (disk or memory): the model, the position, the scale."""
+        self.main.copy_to_model()
+        self.step, self.consumed = step, consumed
+        if self.scaler is not None:
+            self.scaler.load_state_dict(loss_scaler)
 
     def run(self) -> None:
         args, plan, layout = self.args, self.plan, self.topology.layout
         if self.rank == 0:
             print(f"sailor: training {self.model_spec.name} on {layout.world_size} ranks ({plan.pp} stages x "
-                  f"{plan.dp} replicas), global batch {plan.global_batch_size}, {'bf16' if self.bf16 else 'fp32'} "
-                  f"on {self.device.type}, {self.grad_sync.num_collectives} gradient buckets on rank 0", flush=True)
+                  f"{plan.dp} replicas), global batch {plan.global_batch_size}, {self.precision.name} "
+                  f"on {self.device.type} ({dist.get_backend()}), {self.grad_sync.num_collectives} gradient buckets "
+                  "on rank 0", flush=True)
         samples = [p.samples for p in plan.pipelines]
         tokens = plan.global_batch_size * self.model_spec.seq_len
         while self.step < args.train_iters:
             r = self.train_step()
-            record = {"step": r.step, "loss": r.loss, "tokens": tokens, "step_time_s": r.seconds,
-                      "samples_per_replica": samples, "grad_norm": r.grad_norm, "lr": r.lr}
+            record = {**r.record(), "tokens": tokens, "samples_per_replica": samples}
             if self.rank == 0 and args.log_interval and r.step % args.log_interval == 0:
-                print(f"step {r.step}/{args.train_iters} | loss {r.loss:.6f} | grad norm {r.grad_norm:.4f} | "
-                      f"lr {r.lr:.3g} | {r.seconds:.3f} s", flush=True)
+                print(f"step {r.step}/{args.train_iters} | {r.line()} | {r.seconds:.3f} s", flush=True)
             at_interval = args.save_interval and r.step % args.save_interval == 0
             if args.save and (at_interval or r.step == args.train_iters):
                 record["save_blocked_s"] = self.save()
@@ -298,3 +361,12 @@ class Trainer:
         if self.persister is not None:
             self.persister.flush()
             self.persister.close()
+
+
+def _overflow_hook(rank: int) -> int | None:
+    """The step at which SAILOR_TEST_GRAD_OVERFLOW=STEP[:RANK] makes this rank's gradient overflow."""
+    spec = os.environ.get("SAILOR_TEST_GRAD_OVERFLOW")
+    if not spec:
+        return None
+    step, _, where = spec.partition(":")
+    return int(step) if int(where or 0) == rank else None

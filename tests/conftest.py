@@ -20,3 +20,16 @@ def sailor_store(sailor_data):
     from planner.profiles.store import load_profiles
 
     return load_profiles([str(sailor_data)])
+
+
+# -- the GPU suite (tests/gpu): `pytest -m cuda`, or tools/gpu_check.sh ---------------------------------
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU; runs only when selected with -m cuda "
+                                       "(tools/gpu_check.sh), never in CI")
+
+
+def pytest_collection_modifyitems(config, items):
+    selected = "cuda" in (config.getoption("-m") or "")
+    for item in items:
+        if "cuda" in item.keywords and not selected:
+            item.add_marker(pytest.mark.skip(reason="GPU suite: run it with `pytest -m cuda` (tools/gpu_check.sh)"))

@@ -12,6 +12,12 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # torch (or a package that pulls a newer one) downloads a multi-GB CUDA build.
 "${pip[@]}" torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 "${pip[@]}" -e ".[runtime,test,plot]"
+# SkyPilot, the real client the launch tests check its task files with, in a venv of its own: its click
+# pin conflicts with transformers' huggingface-hub. SKIP_SKYPILOT=1 leaves it out (the tests then skip).
+if [ -z "${SKIP_SKYPILOT:-}" ] && [ ! -x .venv-skypilot/bin/sky ]; then
+    "$PYTHON" -m venv .venv-skypilot
+    .venv-skypilot/bin/python -m pip install -q --disable-pip-version-check skypilot==0.14.1
+fi
 # An editable install leaves our modules uncompiled; compile them once, so that every `sailor`
 # process starts from bytecode even where PYTHONDONTWRITEBYTECODE keeps Python from caching it
 # (about 35 ms of each `sailor plan`). Python recompiles in memory any file edited since.

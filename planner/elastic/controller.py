@@ -517,6 +517,7 @@ def _train_args(args, model) -> tuple[list[str], int, int]:
     if not any(a == "--train-iters" or a.startswith("--train-iters=") for a in rest):
         raise SailorError("sailor run needs the number of training steps: add -- --train-iters N at the end (training "
                           "arguments go after '--')")
+    from sailor_ext.precision import precision_config
     from sailor_ext.train import parse_args  # torch-free: argument parsing only
 
     said = io.StringIO()
@@ -528,6 +529,7 @@ def _train_args(args, model) -> tuple[list[str], int, int]:
         raise SailorError(f"bad training arguments after '--': {why[0].split('error: ', 1)[-1]}") from None
     if parsed.train_iters < 1:
         raise SailorError(f"--train-iters {parsed.train_iters} after '--' must be a positive number of steps")
+    precision_config(parsed, cuda=False)  # --fp16 with --bf16 and the like: before any node starts
     if parsed.model is not None and parsed.model != args.model:
         raise SailorError(f"training argument --model {parsed.model} contradicts sailor run --model {args.model}")
     if parsed.seq_length is not None and parsed.seq_length != model.seq_len:

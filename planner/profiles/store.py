@@ -8,9 +8,9 @@ profile if there is one, else an analytical estimate whose efficiency is
 calibrated on the measured profiles at hand; the profile's `source` says which.
 
 A measured profile applies to every model with the same architecture
-(ModelSpec.architecture(): every field but the name, the sequence length
-included), whatever each is called: a config.json describing LLaMA-3-8 at
-8192 tokens uses Sailor's LLAMA-3-8 profiles; another sequence length, or
+(ModelSpec.architecture(): every field that changes a layer's time or
+memory, the sequence length included), whatever each is called: a config.json describing Sailor's
+LLAMA-3-8 at 8192 tokens uses its profiles; another sequence length, or
 another width anywhere, gets an estimate.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from planner.errors import SailorError
-from planner.profiles.estimate import calibrate_efficiency, estimate_profile, optimizer_s_per_param
+from planner.profiles.estimate import Efficiency, calibrate_efficiency, estimate_profile, optimizer_s_per_param
 from planner.profiles.network_fits import NetworkFits, load_network_file
 from planner.profiles.profile import (Profile, measured_model, model_key, model_keys, profile_from_dict,
                                       profile_spec, read_profile_file, smooth_over_microbatches)
@@ -38,11 +38,11 @@ class ProfileStore:
             self._by_model.setdefault((model_key(p.model, p.model_spec), p.gpu), p)
         self.network = network or NetworkFits()
         self._estimated: dict[tuple[ModelSpec, str, str], Profile] = {}
-        self._efficiency: float | None = None
+        self._efficiency: Efficiency | None = None
         self._gpus = gpus or CATALOG
 
-    def efficiency(self) -> float:
-        """Median measured model-FLOPs utilisation, used for estimates."""
+    def efficiency(self) -> Efficiency:
+        """The estimator's efficiencies, fitted to the measured profiles at hand."""
         if self._efficiency is None:
             models = {p.model: m for p in self.measured.values()
                       if (m := measured_model(p.model, p.model_spec)) is not None}
@@ -59,6 +59,7 @@ class ProfileStore:
                                   f"{model.name} has {model.num_layers}; re-profile the model")
             if found.optimizer_s_per_param <= 0:  # not measured (Sailor's A100-80 files)
                 found.optimizer_s_per_param = optimizer_s_per_param(gpu, self.efficiency())
+                found.meta["optimizer"] = "estimated"
             return found
         key = (model, gpu.name, precision)
         if key not in self._estimated:  # memory facts do not depend on the GPU: any measured ones apply

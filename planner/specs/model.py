@@ -278,9 +278,10 @@ class ModelSpec:
         return d
 
     def architecture(self) -> "ModelSpec":
-        """The same model without its name: two specs with equal architecture()
-        have the same layers, so measured profiles of one apply to the other."""
-        return replace(self, name="", hf_model_type="")
+        """The same model without what does not change a layer's time or memory (its name,
+        norm epsilon, rotary base and scaling, padding token): two specs with equal
+        architecture() have the same layers, so measured profiles of one apply to the other."""
+        return replace(self, name="", hf_model_type="", norm_eps=0.0, rope_theta=0.0, rope_scaling=(), pad_token=-1)
 
 
 _SCALARS = {"int": int, "bool": bool, "float": (int, float), "str": str}  # field annotation -> JSON types it takes
@@ -347,10 +348,12 @@ _PRESETS = {
     "opt-30b": _megatron("opt-30b", "opt", 7168, 48, 56, 28672, 50272, 2048),
     "gpt2": _megatron("gpt2", "gpt2", 768, 12, 12, 3072, 50257, 1024, tied_embeddings=True),
     "gpt-neo-2.7b": _megatron("gpt-neo-2.7b", "gpt-neo", 2560, 32, 20, 10240, 50257, 2048, tied_embeddings=True),
+    # Sailor's LLAMA-3-8 run is LLaMA-3-8B's depth and width on a GPT-style Megatron build: full
+    # multi-head attention, a SwiGLU of 16384 with biases, GPT-2's 50257-token vocabulary with a
+    # tied head (llm_info.json's counts say so). Meta's Llama-3-8B is its config.json.
     "llama-3-8b": _megatron(
-        "llama-3-8b", "llama", 4096, 32, 32, 14336, 128256, 8192, kv_heads=8, gated_mlp=True,
-        rms_norm=True, learned_positions=False, qkv_bias=False, out_bias=False, mlp_bias=False,
-        separate_final_norm=True, activation="silu", rope_theta=500000.0,
+        "llama-3-8b", "llama", 4096, 32, 32, 16384, 50257, 8192, tied_embeddings=True, gated_mlp=True,
+        rms_norm=True, learned_positions=False, separate_final_norm=True, activation="silu",
     ),
 }
 # Sailor's names for the same models (its profiles and plans use these).
@@ -404,8 +407,9 @@ def get_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
 
         return from_hf_config(name_or_path, seq_len)
     raise SailorError(
-        f"unknown model {name_or_path!r}: use one of {', '.join(preset_names())} "
-        "(or Sailor's OPT-350, GPT-Neo-2.7, LLAMA-3-8, OPT-30), or a path to a config.json or model directory"
+        f"unknown model {name_or_path!r}: use a Hugging Face config.json or model directory, or one of the "
+        f"Megatron-style presets of Sailor's runs: {', '.join(preset_names())} (Sailor's names OPT-350, "
+        "GPT-Neo-2.7, LLAMA-3-8, OPT-30 work too)"
     )
 
 

@@ -31,7 +31,9 @@ File format (JSON); `count` repeats an entry:
      "model_config": {...}}     # ModelSpec.to_dict(), only for models that are not presets
 
 Sailor's plan_config format (pipeline_list / layers_per_stage / tmp_per_stage /
-dp / mbs / gbs) is read and written too.
+dp / mbs / gbs) is read and written too; written, it also carries the model,
+runtime and sequence length (fields Sailor ignores), so it re-reads as the
+same plan.
 """
 from __future__ import annotations
 
@@ -330,7 +332,14 @@ def _sailor_plan(top: dict, gbs_doc, source: str, model: str | None, hint: str) 
     pipelines = tuple(Pipeline(mbs, n + (k < extra)) for k in range(D))
     measured = {k: top[k].value for k in SAILOR_MEASURED if k in top}
     name = canonical_name(model or (top["model"].str() if "model" in top else "opt-350m"))
-    return Plan(name, gbs, tuple(stages), pipelines, "megatron-deepspeed", measured)
+    # Sailor's own files ran on Megatron-DeepSpeed; ours say which runtime and model they were made for
+    runtime = top["runtime"].str(RUNTIMES) if "runtime" in top else "megatron-deepspeed"
+    seq_length = top["seq_length"].int(1, 1 << 24) if "seq_length" in top else None
+    plan = Plan(name, gbs, tuple(stages), pipelines, runtime, measured, seq_length)
+    if "model_config" in top:
+        spec = model_from_dict(top["model_config"].value, f"{source}: model_config")
+        plan = replace(plan, model=spec.name, seq_length=spec.seq_len, model_spec=spec)
+    return plan
 
 
 def plan_to_sailor(plan: Plan) -> dict:
@@ -345,7 +354,11 @@ def plan_to_sailor(plan: Plan) -> dict:
     from planner.specs.hardware import SAILOR_GPU_NAMES
 
     mbs = plan.pipelines[0].microbatch_size
+    # Sailor reads only its own fields; the others make `sailor simulate` of this file see the same plan
     return {
+        "model": plan.model, "runtime": plan.runtime,
+        **({"seq_length": plan.seq_length} if plan.seq_length is not None else {}),
+        **({"model_config": plan.model_spec.to_dict()} if plan.model_spec is not None else {}),
         "pipeline_list": [{
             "num_stages": plan.pp,
             "layers_per_stage": [list(s.layers) for s in plan.stages],

@@ -14,7 +14,18 @@ all_reduce, so for gloo we do two things:
     died wait out the whole 30 s timeout without it).
 
 The training loop regains control, and the process group is destroyed and
-formed anew under the next epoch. NCCL has a working abort, used as is.
+formed anew under the next epoch.
+
+NCCL (not exercised here: no GPU) has a working abort. torch's
+`_abort_process_group()` calls ncclCommAbort on every communicator of the
+process (inside one NCCL group call, so that aborts cannot wait on each
+other): kernels waiting for the dead peer return, the training thread's next
+collective or synchronisation raises, and the worker goes on to the next
+epoch within seconds of the controller's word instead of --dist-timeout.
+Without that word (train.py, no controller) NCCL's watchdog ends a
+collective after --dist-timeout; devices.backend_for sets
+TORCH_NCCL_ASYNC_ERROR_HANDLING=2 so that the watchdog aborts the
+communicators and the operation raises, instead of killing the process.
 """
 from __future__ import annotations
 
@@ -33,7 +44,10 @@ def abort_collectives(keep_fds: set[int]) -> int:
     """Make every pending collective of this process fail now; returns the
     number of connections shut down (gloo) or -1 (NCCL abort)."""
     if dist.is_initialized() and dist.get_backend() == "nccl":
-        dist.distributed_c10d._abort_process_group()
+        try:
+            dist.distributed_c10d._abort_process_group()  # every group; clears torch's registry of them
+        except (RuntimeError, ValueError):  # the training thread destroyed them meanwhile
+            pass
         return -1
     short = datetime.timedelta(seconds=ABORT_TIMEOUT_S)
     for group in list(dist.distributed_c10d._world.pg_map):

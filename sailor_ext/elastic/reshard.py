@@ -8,7 +8,9 @@ hold and what they need (small tuples, one all_gather_object), pick the
 newest step whose held slices cover every need, and compute the same
 transfer schedule everywhere; then every pair of ranks exchanges one flat
 buffer (one batch_isend_irecv) and each rank copies the slices into its
-parameters and optimizer state. Nothing touches the disk. When the survivors
+parameters and optimizer state. Nothing touches the disk. Snapshots are host
+memory; the buffers that travel are copied to the rank's device first and
+received there (NCCL moves CUDA tensors only; devices.py). When the survivors
 do not cover some need (every holder of a stage died), `plan_transfers`
 returns None and the caller falls back to the newest checkpoint on disk.
 
@@ -60,6 +62,7 @@ class StepInfo:
     consumed: int
     optimizer_steps: int
     state_keys: tuple[str, ...]
+    loss_scaler: dict | None = None  # fp16's scaler state (precision.LossScaler)
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ class Transfer:
 def holdings(ring: SnapshotRing) -> tuple[list[Held], list[StepInfo]]:
     held, infos = [], []
     for snap in ring.slots:
-        infos.append(StepInfo(snap.step, snap.consumed, snap.optimizer_steps, snap.state_keys))
+        infos.append(StepInfo(snap.step, snap.consumed, snap.optimizer_steps, snap.state_keys, snap.loss_scaler))
         for local, shard in snap.shards.items():
             start, stop = shard.local_range()
             held.append(Held(snap.step, shard.name, shard.dim, start, stop, local, shard.logical_shape))
@@ -157,12 +160,13 @@ def _slice(t: torch.Tensor, dim: int | None, offset: int, length: int) -> torch.
 
 
 @torch.no_grad()
-def exchange(ring: SnapshotRing, model, optimizer, shards: dict[str, ParamShard] | None, nodes: list[int],
-             min_step: int = -1, group=None) -> StepInfo | None:
-    """Fill this rank's parameters and optimizer state from the ranks' snapshots
+def exchange(ring: SnapshotRing, params: dict[str, torch.Tensor] | None, optimizer,
+             shards: dict[str, ParamShard] | None, nodes: list[int], device: torch.device, min_step: int = -1,
+             group=None) -> StepInfo | None:
+    """Fill this rank's (fp32 main) parameters and optimizer state from the ranks' snapshots
     (collective over `group`). Returns the step restored, or None if the
     snapshots cover no step >= min_step (then nothing was changed). A donor
-    (a rank outside the plan) passes shards=None: it only sends."""
+    (a rank outside the plan) passes params=shards=None: it only sends."""
     me, world = dist.get_rank(group), dist.get_world_size(group)
     mine = holdings(ring)
     my_needs = needs_of(shards) if shards is not None else []
@@ -190,16 +194,16 @@ def exchange(ring: SnapshotRing, model, optimizer, shards: dict[str, ParamShard]
             incoming.setdefault(t.src, []).append(t)
     ops, buffers = [], {}
     for dst, parts in sorted(outgoing.items()):
-        ops.append(dist.P2POp(dist.isend, torch.cat(parts), dst, group))
+        ops.append(dist.P2POp(dist.isend, torch.cat(parts).to(device), dst, group))  # host -> device
     for src, items in sorted(incoming.items()):
         n = sum(t.numel(my_needs[t.need], len(keys)) for t in items)
-        buffers[src] = torch.empty(n, dtype=torch.float32)
+        buffers[src] = torch.empty(n, dtype=torch.float32, device=device)
         ops.append(dist.P2POp(dist.irecv, buffers[src], src, group))
     if ops:
         for request in dist.batch_isend_irecv(ops):
             request.wait()
 
-    filled = {i: {k: torch.empty(n.shape) for k in keys} for i, n in enumerate(my_needs)}
+    filled = {i: {k: torch.empty(n.shape, device=device) for k in keys} for i, n in enumerate(my_needs)}
     offsets = dict.fromkeys(buffers, 0)
     for t in transfers:
         if t.dst != me:
@@ -215,7 +219,6 @@ def exchange(ring: SnapshotRing, model, optimizer, shards: dict[str, ParamShard]
                 offsets[t.src] += n
     if shards is None:
         return info
-    params = dict(model.named_parameters())
     optimizer.step_count = info.optimizer_steps
     restore_state = tuple(info.state_keys) == tuple(optimizer.state_keys)
     for i, need in enumerate(my_needs):

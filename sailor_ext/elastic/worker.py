@@ -210,7 +210,7 @@ class Worker:
         from planner.launch import rank_layout
         from planner.specs.hardware import load_cluster
         from planner.specs.plan import plan_from_dict, plan_model
-        from sailor_ext import compat
+        from sailor_ext import compat, devices
         from sailor_ext.snapshot import Persister, PersistTarget, StoreBoard
         from sailor_ext.data import open_training_data
         from sailor_ext.trainer import Trainer
@@ -231,14 +231,16 @@ class Worker:
                 g: replace(cluster.gpu(g), gpus_per_node=n) for g, n in a.gpus_per_node.items()}})
             layout = rank_layout(plan, cluster)
             device = compat.pick_device(self.index)
+            backend = devices.backend_for(device, args.distributed_backend)
+            devices.configure(device)
             if not dist.is_initialized():
                 # Groups are named by torch's global counter, which destroy_process_group() resets; an
                 # epoch abandoned inside init_process_group advanced it without a destroy, and this rank
                 # would then name its groups unlike its peers and wait for keys no one writes.
                 dist.distributed_c10d._world.group_count = 0
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                    store=dist.PrefixStore(f"pg/{e}/", self.store), rank=rank,
-                                    world_size=a.world_size, timeout=datetime.timedelta(seconds=args.dist_timeout))
+            dist.init_process_group(backend, store=dist.PrefixStore(f"pg/{e}/", self.store), rank=rank,
+                                    world_size=a.world_size, timeout=datetime.timedelta(seconds=args.dist_timeout),
+                                    device_id=device if backend == "nccl" else None)
             t_pg = time.time()
             if rank >= a.plan_world:
                 result = self.donate(a, layout, rank, device, model.tied_embeddings)
@@ -254,13 +256,15 @@ class Worker:
             if persister is not None:
                 persister.meta = {**trainer.checkpoint_meta(), "hf_source": getattr(args, "load_hf", None)}
             t_built = time.time()
-            source = self.restore(trainer, a, rank)
+            source = self.restore(trainer, a, rank, device)
             t_loaded = time.time()
             result = self.train(trainer, a, rank, {"epoch": e, "rank": rank, "world": a.world_size,
                                                    "source": source, "step": trainer.step, "t_start": t0,
                                                    "pg_s": t_pg - t0, "build_s": t_built - t_pg,
                                                    "load_s": t_loaded - t_built, **previous})
-        except SailorError as err:  # a user mistake (e.g. a checkpoint of another model): retrying cannot help
+        except (SailorError, devices.StrictDeviceError) as err:
+            # a user mistake (e.g. a checkpoint of another model), or in strict mode a tensor NCCL would
+            # refuse (a bug): retrying cannot help
             result = EpochResult("failed", f"{P.FATAL}{err}")
         except Exception as err:  # a peer died, hung or the epoch was superseded
             self.ended_at = time.time()
@@ -289,7 +293,7 @@ class Worker:
             self.left_at = time.time()
         return result
 
-    def restore(self, trainer, a: P.Assignment, rank: int) -> str:
+    def restore(self, trainer, a: P.Assignment, rank: int, device) -> str:
         """Fill the trainer from memory or disk (collective over every rank,
         donors too; trainer is None on a donor); returns where the state came from."""
         import torch.distributed as dist
@@ -307,8 +311,8 @@ class Worker:
                     break
         dist.broadcast_object_list(disk, src=0)
         nodes = [a.node_index(r) for r in range(a.world_size)]
-        target = (trainer.model, trainer.optimizer, trainer.model.shards) if trainer else (None, None, None)
-        info = reshard.exchange(self.ring, *target, nodes, min_step=disk[1])
+        target = (trainer.params, trainer.optimizer, trainer.model.shards) if trainer else (None, None, None)
+        info = reshard.exchange(self.ring, *target, nodes, device, min_step=disk[1])
         source = "memory"
         if info is None and disk[0] is not None:
             choice = [None]  # the newest checkpoint that verifies: maybe older than `latest` claims
@@ -324,14 +328,14 @@ class Worker:
                 for note in choice[0].notes():
                     say(note)
             if choice[0].step < disk[1]:
-                info = reshard.exchange(self.ring, *target, nodes, min_step=choice[0].step)
+                info = reshard.exchange(self.ring, *target, nodes, device, min_step=choice[0].step)
             if info is None and trainer is not None:
                 trainer.load(disk[0], choice[0])
             source = "disk" if info is None else source
         if trainer is None:
             return source
         if info is not None:
-            trainer.step, trainer.consumed = info.step, info.consumed
+            trainer.resume_at(info.step, info.consumed, info.loss_scaler)
         elif disk[0] is None:
             source = "init"
             if getattr(self.args, "load_hf", None):
@@ -348,7 +352,7 @@ class Worker:
         from sailor_ext.topology import Topology
 
         Topology(layout, rank, device, tied, datetime.timedelta(seconds=self.args.dist_timeout))
-        self.restore(None, a, rank)
+        self.restore(None, a, rank, device)
         while not self.watcher.stop.wait(0.05):
             if self.client.check([P.JOB_DONE]) or self.client.check([P.finished_key(a.epoch)]):
                 return EpochResult("finished")
@@ -363,8 +367,7 @@ class Worker:
         while trainer.step < args.train_iters:
             r = trainer.train_step(stop=watcher.stop.is_set())
             watcher.grace = max(watcher.grace, 2 * r.seconds)
-            record = {"step": r.step, "loss": r.loss, "tokens": tokens, "step_time_s": r.seconds,
-                      "samples_per_replica": samples, "grad_norm": r.grad_norm, "lr": r.lr, "epoch": a.epoch,
+            record = {**r.record(), "tokens": tokens, "samples_per_replica": samples, "epoch": a.epoch,
                       "time": time.time()}
             last = r.step == args.train_iters
             if (args.save_interval and r.step % args.save_interval == 0) or (last and args.save):
@@ -375,8 +378,8 @@ class Worker:
                 record["val_loss"] = val_loss
             trainer.metrics.write(record)
             if rank == 0 and args.log_interval and r.step % args.log_interval == 0:
-                print(f"step {r.step}/{args.train_iters} | loss {r.loss:.6f} | grad norm {r.grad_norm:.4f} | "
-                      f"{r.seconds:.3f} s | epoch {a.epoch}", flush=True)
+                print(f"step {r.step}/{args.train_iters} | {r.line()} | {r.seconds:.3f} s | epoch {a.epoch}",
+                      flush=True)
             if rank == 0:
                 if first:
                     self.client.set(P.report_key(a.epoch), json.dumps(

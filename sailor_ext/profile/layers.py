@@ -21,11 +21,13 @@ degree, and measures for one microbatch size:
 Only `blocks` transformer blocks are built: blocks have identical shapes, so
 every block of the model gets the median of the measured blocks (Sailor
 profiles two). The optimizer step is the runtime's `Optimizer` (AdamW, global
-norm, clipping) over the built layers, reported per parameter.
+norm, clipping) over the built layers, reported per parameter. With bf16 the
+stage is cast as the runtime casts it (precision.MainParams: bf16 weights and
+activations, fp32 main gradients filled by hooks, fp32 masters stepped and
+copied back), so the times include what mixed precision costs.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -36,6 +38,7 @@ from sailor_ext import compat
 from sailor_ext.loss import vocab_parallel_cross_entropy
 from sailor_ext.model import StageModel, StageSpec, init_from_seed
 from sailor_ext.optimizer import Optimizer, OptimizerConfig
+from sailor_ext.precision import MainParams
 from sailor_ext.profile.timing import STATISTICS, Clock, median
 
 
@@ -88,15 +91,14 @@ class LayerBench:
         self.kinds = [reduced.kind(i) for i in range(reduced.num_layers)]
         self.clock = Clock(device)
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        self.main = MainParams(self.stage, self.dtype)
+        if self.main.low_precision:  # the runtime's fp32 main gradients are persistent buffers
+            for p in self.main.params.values():
+                p.grad = torch.zeros_like(p)
         self._excluded = {t.untyped_storage().data_ptr() for t in (*self.stage.parameters(), *self.stage.buffers())}
         self._generator = torch.Generator().manual_seed(seed + tp_rank)
 
     # -- one layer's forward, as the runtime runs it ---------------------------------
-    def _autocast(self):
-        if self.dtype == torch.float32:
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
-
     def _inputs(self, mbs: int) -> dict:
         m, s = self.model, self.model.seq_len
         tokens = torch.randint(0, m.vocab, (mbs, s), generator=self._generator).to(self.device)
@@ -108,15 +110,14 @@ class LayerBench:
     def _forward(self, index: int, inputs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(tensor to call backward on, its gradient or None for a scalar loss)."""
         kind = self.kinds[index]
-        with self._autocast():
-            if kind == EMBEDDING:
-                return self.stage.run_layer(index, inputs["tokens"]), inputs["grad"]
-            if kind == HEAD:
-                logits = self.stage.run_layer(index, inputs["hidden"])
-                token_loss = vocab_parallel_cross_entropy(logits, inputs["labels"], self.stage.vocab_start,
-                                                          self.tp_group, self.model.vocab)
-                return token_loss.sum() / token_loss.numel(), None
-            return self.stage.run_layer(index, inputs["hidden"]), inputs["grad"]
+        if kind == EMBEDDING:
+            return self.stage.run_layer(index, inputs["tokens"]), inputs["grad"]
+        if kind == HEAD:
+            logits = self.stage.run_layer(index, inputs["hidden"])
+            token_loss = vocab_parallel_cross_entropy(logits, inputs["labels"], self.stage.vocab_start,
+                                                      self.tp_group, self.model.vocab)
+            return token_loss.sum() / token_loss.numel(), None
+        return self.stage.run_layer(index, inputs["hidden"]), inputs["grad"]
 
     @staticmethod
     def _backward(out: torch.Tensor, grad: torch.Tensor | None) -> None:
@@ -194,12 +195,13 @@ class LayerBench:
 
     def optimizer_seconds(self, warmup: int, repeats: int, statistic: str = "median") -> tuple[float, int]:
         """Seconds (median or mean) of the runtime's optimizer step over the built layers, and their parameters."""
-        for p in self.stage.parameters():
+        for p in self.main.params.values():
             p.grad = torch.randn(p.shape, generator=self._generator).to(p.device, p.dtype) * 1e-3
-        opt = Optimizer(self.stage, self.stage.shards, _SoloTopology(0), OptimizerConfig())
+        opt = Optimizer(self.main.params, self.stage.shards, _SoloTopology(0), OptimizerConfig())
 
         def step():
             opt.step(float(opt.local_grad_sumsq().sqrt()))
+            self.main.copy_to_model()
 
         times = []
         for rep in range(warmup + repeats):

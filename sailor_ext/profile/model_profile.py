@@ -43,7 +43,7 @@ class ModelProfileRequest:
     blocks: int = 2  # transformer blocks built and timed; the rest repeat their median
     threads: int = 1  # CPU threads per process
     concurrency: int = 1  # CPU: processes busy at once while measuring
-    precision: str | None = None  # default: bf16 on CUDA (the runtime's autocast), fp32 on CPU
+    precision: str | None = None  # default: bf16 on CUDA (as the runtime), fp32 on CPU
     seed: int = 1234
     resume: bool = False
     timeout_s: float = 600.0

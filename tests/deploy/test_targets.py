@@ -1,5 +1,6 @@
 """Launch targets and Docker files, checked with the real tools' parsers where they install from PyPI."""
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -29,56 +30,198 @@ def launch(tmp_path, plan, *args):
     return out.stdout
 
 
+GEO = {**HOMO, "stages": [HOMO["stages"][0], {**HOMO["stages"][1], "replicas": [
+    {"gpu": "A100-40", "tp": 2, "zone": "us-west1-b", "count": 4}]}]}
+SINGLE = {"model": "opt-125m", "global_batch_size": 8,
+          "stages": [{"layers": [0, 13], "replicas": [{"gpu": "A100-40", "tp": 2, "zone": "us-central1-a"}]}],
+          "pipelines": [{"microbatch_size": 2, "num_microbatches": 4}]}
+PARTIAL = {**SINGLE, "global_batch_size": 24,  # 6 ranks on 4-GPU nodes: a node of 4 and a node of 2
+           "stages": [{"layers": [0, 13], "replicas": [{"gpu": "V100-16", "tp": 2, "zone": "us-central1-a",
+                                                        "count": 3}]}],
+           "pipelines": [{"microbatch_size": 2, "num_microbatches": 4, "count": 3}]}
+SHAPES = {"single node": SINGLE, "one group": HOMO, "partial last node": PARTIAL, "heterogeneous": HETERO,
+          "geo": GEO}
+
+
 def test_slurm_script_parses(tmp_path):
     script = launch(tmp_path, HETERO, "--target", "slurm")
     f = tmp_path / "job.sbatch"
     f.write_text(script)
     assert subprocess.run(["bash", "-n", str(f)]).returncode == 0
     assert script.count("#SBATCH hetjob") == 1  # V100 nodes and A100 nodes: two components
-    assert "--node-rank=$(( 4 + SLURM_NODEID ))" in script  # the A100 nodes come after the 4 V100 nodes
+    assert "#SBATCH --constraint=V100-16&us-central1-a" in script  # GPU type and zone
+    assert script.count("srun") == 1 and "--kill-on-bad-exit=1" in script and "&\n" not in script
+    assert "--node-rank=$SLURM_PROCID" in script
 
 
-SKYPILOT_TASK = {  # the task fields sailor writes, as SkyPilot documents them
-    "type": "object", "required": ["name", "resources", "num_nodes", "run"], "additionalProperties": False,
-    "properties": {
-        "name": {"type": "string", "pattern": "^[a-z0-9-]+$"},
-        "num_nodes": {"type": "integer", "minimum": 1},
-        "run": {"type": "string"}, "setup": {"type": "string"},
-        "envs": {"type": "object", "additionalProperties": {"type": "string"}},
-        "resources": {"type": "object", "additionalProperties": False, "properties": {
-            "cloud": {"type": "string"}, "zone": {"type": "string"}, "region": {"type": "string"},
-            "accelerators": {"type": "string", "pattern": "^[A-Za-z0-9-]+:[0-9]+$"},
-            "use_spot": {"type": "boolean"}, "image_id": {"type": "string"}}},
-    },
-}
+def test_slurm_partial_last_node_starts_its_own_process_count(tmp_path):
+    script = launch(tmp_path, PARTIAL, "--target", "slurm")
+    assert "--nproc-per-node=$(a=(4 2); echo ${a[$SLURM_PROCID]})" in script
+    assert "#SBATCH --gres=gpu:4" in script and "#SBATCH --gres=gpu:2" in script
 
 
-def test_skypilot_tasks_validate(tmp_path):
-    import jsonschema
+# -- SkyPilot: the real client, in its own environment (tools/setup.sh) -----------------------------
+SKY_PYTHON = ROOT / ".venv-skypilot" / "bin" / "python"
+SKY_CHECK = """
+import json, sys
+import sky
+from sky.utils import common_utils, dag_utils, schemas, yaml_utils
+out = []
+for path in sys.argv[1:]:
+    assert not dag_utils.is_job_group_yaml(path)
+    config = yaml_utils.read_yaml_all(path)
+    assert len(config) == 1, "one document: sky launch takes a single task"
+    common_utils.validate_schema(config[0], schemas.get_task_schema(), "Invalid task YAML: ")
+    env = [("MASTER_ADDR", "10.0.0.2")] if (config[0].get("envs") or {}).get("MASTER_ADDR", "x") is None else None
+    dag = dag_utils.load_chain_dag_from_yaml(path, env_overrides=env)  # what sky launch does
+    assert len(dag.tasks) == 1, "YAML specifies a DAG which is only supported by sky jobs launch"
+    try:
+        task = sky.Task.from_yaml(path)
+        needs = None
+    except ValueError as e:
+        needs = str(e)
+        task = dag.tasks[0]
+    out.append({"name": task.name, "num_nodes": task.num_nodes, "envs": dict(task.envs), "needs": needs,
+                "mounts": dict(task.file_mounts or {}), "run": task.run,
+                "accelerators": [dict(r.accelerators) for r in task.resources],
+                "zones": [r.zone for r in task.resources]})
+print(json.dumps(out))
+"""
 
-    docs = list(yaml.safe_load_all(launch(tmp_path, HETERO, "--target", "skypilot")))
-    assert [d["resources"]["accelerators"] for d in docs] == ["V100:4", "A100:4"]
-    assert [d["num_nodes"] for d in docs] == [4, 2]  # 4 V100 nodes; 4 TP-2 replicas on 4-GPU A100 nodes
-    for d in docs:
-        jsonschema.validate(d, SKYPILOT_TASK)
+
+@pytest.mark.skipif(not SKY_PYTHON.exists(), reason="SkyPilot is installed by tools/setup.sh in .venv-skypilot "
+                    "(its click pin conflicts with transformers' huggingface-hub)")
+@pytest.mark.parametrize("shape", SHAPES)
+def test_skypilot_tasks_load_in_skypilot(tmp_path, shape):
+    plan = SHAPES[shape]
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(plan))
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(f), "--target", "skypilot",
+                          "-o", str(tmp_path / "sky.yaml"), "--", "--train-iters", "5"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    files = sorted(tmp_path.glob("sky*.yaml"))
+    checked = subprocess.run([str(SKY_PYTHON), "-c", SKY_CHECK, *map(str, files)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    tasks = json.loads(checked.stdout)
+    nodes = {"single node": [1], "one group": [4], "partial last node": [1, 1], "heterogeneous": [4, 2],
+             "geo": [2, 2]}[shape]
+    assert [t["num_nodes"] for t in tasks] == nodes
+    for i, t in enumerate(tasks):
+        assert t["mounts"] == {"/tmp/sailor/plan.json": str(f)}
+        assert "--plan /tmp/sailor/plan.json" in t["run"]
+        if i:  # the other groups need group 0's head: sky launch refuses them without --env MASTER_ADDR
+            assert "MASTER_ADDR" in t["needs"] and "--env" in t["needs"]
+        else:
+            assert t["needs"] is None and "SKYPILOT_NODE_IPS" in t["run"]
+    if shape == "geo":
+        assert [t["zones"] for t in tasks] == [["us-central1-a"], ["us-west1-b"]]
+    if shape == "partial last node":
+        assert [t["accelerators"] for t in tasks] == [[{"V100": 4}], [{"V100": 2}]]
+    if len(tasks) > 1:
+        assert "sky launch -c sailor-1" in out.stdout and "--env MASTER_ADDR=" in out.stdout
 
 
-@pytest.mark.parametrize("plan, elastic", [(HOMO, True), (HETERO, False)])
-def test_kubernetes_pytorchjobs_validate(tmp_path, plan, elastic):
-    from kubernetes import client
+def test_skypilot_needs_an_output_file_for_several_groups(tmp_path):
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(HETERO))
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(f), "--target", "skypilot"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "give -o FILE.yaml" in out.stderr
 
-    api = client.ApiClient()
-    jobs = list(yaml.safe_load_all(launch(tmp_path, plan, "--target", "k8s")))
-    assert all(j["apiVersion"] == "kubeflow.org/v1" and j["kind"] == "PyTorchJob" for j in jobs)
-    assert ("elasticPolicy" in jobs[0]["spec"]) == elastic
-    replicas = 0
-    for j in jobs:
-        for role, spec in j["spec"]["pytorchReplicaSpecs"].items():
-            assert role in ("Master", "Worker")
-            pod = api._ApiClient__deserialize(spec["template"], "V1PodTemplateSpec")  # the client's own model
-            assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] in ("2", "4")
-            replicas += spec["replicas"]
-    assert replicas == (4 if elastic else 6)  # nodes: 4 A100 (one pipeline each) | 4 V100 + 2 A100
+
+# -- Kubernetes: kubeflow-training's models, kubernetes-validate, the operator's webhook rules --------
+def strict(value, model: str, path: str = "$"):
+    """Walk `value` (a manifest dict) through kubeflow-training's OpenAPI models; unknown fields fail."""
+    import kubeflow.training.models as models
+
+    if model.startswith("list["):
+        assert isinstance(value, list), path
+        for i, v in enumerate(value):
+            strict(v, model[5:-1], f"{path}[{i}]")
+        return
+    if model.startswith("dict("):
+        assert isinstance(value, dict), path
+        inner = model[model.index(",") + 1:-1].strip()
+        for k, v in value.items():
+            strict(v, inner, f"{path}.{k}")
+        return
+    if model in ("str", "int", "bool", "float", "object"):
+        types = {"str": str, "int": int, "bool": bool, "float": (int, float), "object": object}[model]
+        assert isinstance(value, types) and not (model == "int" and isinstance(value, bool)), (path, value, model)
+        return
+    cls = getattr(models, model, None)
+    if cls is None:  # a Kubernetes core type: checked by kubernetes-validate on the pod template
+        import kubernetes.client.models as core
+
+        cls = getattr(core, model)
+    by_json = {v: k for k, v in cls.attribute_map.items()}
+    assert isinstance(value, dict), path
+    for key, v in value.items():
+        assert key in by_json, f"{path}.{key}: not a field of {model}"
+        strict(v, cls.openapi_types[by_json[key]], f"{path}.{key}")
+
+
+def webhook(job: dict) -> list[str]:
+    """The training operator's admission rules for a PyTorchJob (pkg/webhooks/pytorch in kubeflow/training-operator)."""
+    errors = []
+    name = job["metadata"]["name"]
+    if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
+        errors.append("metadata.name: not a DNS-1035 label")
+    spec = job["spec"]
+    specs = spec.get("pytorchReplicaSpecs") or {}
+    if not specs:
+        errors.append("pytorchReplicaSpecs: must be required")
+    if "elasticPolicy" in spec:
+        if "Worker" not in specs:
+            errors.append("Worker: must be configured if elastic policy is used")
+        if "nProcPerNode" in spec["elasticPolicy"]:
+            errors.append("elasticPolicy.nProcPerNode is deprecated, use nprocPerNode")
+    for role, r in specs.items():
+        if role not in ("Master", "Worker"):
+            errors.append(f"{role}: not a PyTorchJob replica type")
+        containers = r["template"]["spec"].get("containers") or []
+        if not any(c.get("name") == "pytorch" for c in containers) or any(not c.get("image") for c in containers):
+            errors.append(f"{role}: needs a container named pytorch with an image")
+        if role == "Master" and r.get("replicas") != 1:
+            errors.append("Master.replicas: must be 1")
+        if role == "Worker" and r.get("replicas", 1) < 1:
+            errors.append("Worker.replicas: must be at least 1")
+    return errors
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kubernetes_manifests_validate(tmp_path, shape):
+    import kubernetes_validate
+
+    plan = SHAPES[shape]
+    docs = list(yaml.safe_load_all(launch(tmp_path, plan, "--target", "k8s")))
+    files, jobs = docs[0], docs[1:]
+    kubernetes_validate.validate(files, "1.33", strict=True)
+    assert files["kind"] == "ConfigMap" and json.loads(files["data"]["plan.json"]) == plan
+    nodes = []
+    for job in jobs:
+        assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
+        strict(job, "KubeflowOrgV1PyTorchJob")
+        assert webhook(job) == [], webhook(job)
+        for role, spec in job["spec"]["pytorchReplicaSpecs"].items():
+            template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                        "template": spec["template"]}
+            kubernetes_validate.validate(template, "1.33", strict=True)
+            pod = spec["template"]["spec"]
+            assert pod["volumes"][0]["configMap"]["name"] == files["metadata"]["name"]
+            run = pod["containers"][0]["command"][2]
+            assert "--plan /etc/sailor/plan.json" in run
+            nproc = int(re.search(r"--nproc-per-node=(\d+)", run).group(1))
+            assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == str(nproc)
+            assert job["spec"]["nprocPerNode"] == str(nproc)
+            nodes += [nproc] * spec["replicas"]
+    expect = {"single node": [2], "one group": [4] * 4, "partial last node": [4, 2], "heterogeneous": [4] * 6,
+              "geo": [4] * 4}[shape]
+    assert sorted(nodes) == sorted(expect)  # every node starts its own rank count: 6 ranks start 6
+    assert ("elasticPolicy" in jobs[0]["spec"]) == (len(jobs) == 1)
+    masters = sum("Master" in j["spec"]["pytorchReplicaSpecs"] for j in jobs)
+    assert masters == (0 if len(jobs) == 1 else 1)
 
 
 def test_megatron_lm_args_for_homogeneous_plans_only(tmp_path):

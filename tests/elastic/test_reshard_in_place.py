@@ -8,7 +8,9 @@ its TP-4 slice, as a donor, then idles). The first two
 changes drain (every rank stops after the same step; the state moves between
 the workers' memories, nothing is lost), the last aborts mid-step (the ranks
 go back to their last snapshot and replay). Every step's loss and the final
-weights must match a single process that trained the same batches.
+weights must match a single process that trained the same batches. The
+LLaMA-shaped model also runs the whole sequence in bf16: what moves between
+the workers' memories is the fp32 masters and AdamW moments.
 """
 from __future__ import annotations
 
@@ -115,18 +117,20 @@ class ScriptedController:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("family", ["opt", "llama"])
+@pytest.mark.parametrize("family", ["opt", "llama", "llama-bf16"])
 def test_workers_reshard_in_memory_across_plans(tmp_path, family):
     model, last = "tiny", 5
-    if family == "llama":
+    if family.startswith("llama"):
         model, last = str(tmp_path / "config.json"), 6
         (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    bf16 = family.endswith("bf16")
+    args = ARGS + ["--bf16"] * bf16
     epochs = plans(model, last)
-    reference = run_plan(tmp_path / "reference", plan_dict([((0, last), [1])], [(12, 1)], model=model), 1, ARGS)
+    reference = run_plan(tmp_path / "reference", plan_dict([((0, last), [1])], [(12, 1)], model=model), 1, args)
     assert_ok(reference)
     expected = {m["step"]: m["loss"] for m in reference.metrics}
 
-    job = ScriptedController(tmp_path / "job", ARGS, model)
+    job = ScriptedController(tmp_path / "job", args, model)
     try:
         job.publish(1, *epochs[0])
         job.at_step(1, 2)
@@ -163,8 +167,10 @@ def test_workers_reshard_in_memory_across_plans(tmp_path, family):
     # the abort replays from the last snapshot: a multiple of 3 or where epoch 3 began
     assert reports[4]["step"] % 3 == 0 or reports[4]["step"] == reports[3]["step"]
     assert max(s for _, s in steps) == ITERS
+    # bf16 (against the bf16 single process): other plans round other sums in bf16; over these 12 AdamW
+    # steps the losses moved apart by up to 2.9e-4 (relative; bf16 and fp32 single processes: 3.7e-4)
     for r in records:  # every loss, replayed or not, is the single process's
-        assert r["loss"] == pytest.approx(expected[r["step"]], rel=1e-5), (r, expected[r["step"]])
+        assert r["loss"] == pytest.approx(expected[r["step"]], rel=1e-3 if bf16 else 1e-5), (r, expected[r["step"]])
     from sailor_ext.checkpoint import read_logical
 
     import torch
@@ -172,6 +178,17 @@ def test_workers_reshard_in_memory_across_plans(tmp_path, family):
     meta, mine = read_logical(tmp_path / "job" / "ckpt")
     _, theirs = read_logical(reference.workdir / "ckpt")
     assert meta["step"] == ITERS and meta["consumed_samples"] == ITERS * 12
+    if bf16:
+        # the difference over the single process's update from the initial weights (seed 5): measured 1.9e-2
+        # for all tensors together, 3.8e-2 for the worst one (bf16 and fp32 single processes: 1.6e-2, 2.9e-2)
+        from sailor_ext.model import init_tensor
+
+        updates = {n: t - init_tensor(n, tuple(t.shape), 5, 4) for n, t in theirs.items()}
+        for name in theirs:
+            assert (mine[name] - theirs[name]).norm() <= 0.1 * updates[name].norm(), name
+        error = torch.cat([(mine[n] - theirs[n]).flatten() for n in theirs]).norm()
+        assert error <= 5e-2 * torch.cat([u.flatten() for u in updates.values()]).norm()
+        return
     # near-zero elements: fp32 rounding of sums taken in other orders, over 12 AdamW steps (measured: the
     # LLaMA run's word embedding, 4 of 32768 elements, 2e-7 apart; the OPT run's within 1e-7)
     atol = 1e-7 if family == "opt" else 5e-7

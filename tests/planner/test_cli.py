@@ -177,3 +177,23 @@ def test_the_plan_table_leaves_out_dominated_plans(tmp_path):
         for q in top[:i]:
             assert p["iteration_time_s"] < q["iteration_time_s"] * 0.995 or \
                 p["cost_per_iteration_usd"] < q["cost_per_iteration_usd"] * 0.995
+
+
+@pytest.mark.parametrize("model, gpus", [("opt-30b", "A100-80@us-central1-a=64"),
+                                         ("opt-125m", "A100-40@us-central1-a=16")])
+def test_sailor_format_round_trip_simulates_the_same(tmp_path, model, gpus):
+    """A plan written with --format sailor re-reads as the same plan: same model, runtime, time and memory."""
+    ours, theirs = tmp_path / "plan.json", tmp_path / "sailor.json"
+    for path, fmt in ((ours, "sailor-plan"), (theirs, "sailor")):
+        out = sailor("plan", "--model", model, "--gpus", gpus, "--global-batch", "256", "--recompute", "never",
+                     "--format", fmt, "-o", str(path))
+        assert out.returncode == 0, out.stderr
+    assert "pipeline_list" in json.loads(theirs.read_text())
+    sims = []
+    for path in (ours, theirs):
+        out = sailor("simulate", str(path), "--json")
+        assert out.returncode == 0, out.stderr
+        sims.append({k: v for k, v in json.loads(out.stdout).items() if v != str(path)})  # all but the file name
+    assert sims[0]["iteration_time_s"] == sims[1]["iteration_time_s"]
+    assert sims[0]["fits_in_memory"] and sims[1]["fits_in_memory"]
+    assert json.dumps(sims[0], sort_keys=True) == json.dumps(sims[1], sort_keys=True)

@@ -19,12 +19,16 @@ from planner.specs.plan import Pipeline, Plan, Replica, Stage, plan_from_dict, p
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Hugging Face's config of Meta-Llama-3-8B: the architecture of the llama-3-8b preset (Sailor's LLAMA-3-8)
+# Hugging Face's config of Meta-Llama-3-8B
 LLAMA_3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
               "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
               "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
               "rope_theta": 500000.0, "rms_norm_eps": 1e-05, "hidden_act": "silu", "tie_word_embeddings": False,
               "attention_bias": False, "mlp_bias": False, "_name_or_path": "meta-llama/Meta-Llama-3-8B"}
+# Sailor's LLAMA-3-8 run written as a Hugging Face config: the architecture of the llama-3-8b preset (full
+# multi-head attention, a SwiGLU of 16384 with biases, GPT-2's vocabulary, tied head)
+SAILOR_LLAMA = {**LLAMA_3_8B, "intermediate_size": 16384, "num_key_value_heads": 32, "vocab_size": 50257,
+                "tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True, "_name_or_path": "sailor-llama"}
 # facebook/opt-350m: post-LN, ReLU, a 512-wide word embedding projected to 1024 (not the opt-350m preset)
 OPT_350M = {"model_type": "opt", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
             "ffn_dim": 4096, "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 512,
@@ -233,14 +237,17 @@ def _planned_sources(tmp_path, cfg, sailor_data, *flags):
 
 
 def test_a_config_with_a_presets_architecture_gets_its_measured_profile(tmp_path, sailor_data):
-    cfg = write_config(tmp_path, LLAMA_3_8B)
+    cfg = write_config(tmp_path, SAILOR_LLAMA)
     assert get_model(str(cfg), 8192).architecture() == get_model("llama-3-8b").architecture()
     assert _planned_sources(tmp_path, cfg, sailor_data, "--seq-length", "8192") == \
         "measured (llama-3-8b's: the same architecture)"
     # the same layers at another sequence length, or with a longer context, are another architecture
     assert _planned_sources(tmp_path, cfg, sailor_data) == "estimated"  # the default, 2048 tokens
-    longer = write_config(tmp_path, {**LLAMA_3_8B, "max_position_embeddings": 131072}, "long.json")
+    longer = write_config(tmp_path, {**SAILOR_LLAMA, "max_position_embeddings": 131072}, "long.json")
     assert _planned_sources(tmp_path, longer, sailor_data, "--seq-length", "8192") == "estimated"
+    # Meta's Llama-3-8B (grouped-query attention, 128k vocabulary) is not the model Sailor measured
+    meta = write_config(tmp_path, LLAMA_3_8B, "meta.json")
+    assert _planned_sources(tmp_path, meta, sailor_data, "--seq-length", "8192") == "estimated"
     # facebook/opt-350m is not the OPT-350 Sailor measured (post-LN, ReLU, a 512-wide projection)
     assert _planned_sources(tmp_path, write_config(tmp_path, OPT_350M, "opt.json"), sailor_data) == "estimated"
 

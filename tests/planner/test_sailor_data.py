@@ -22,6 +22,21 @@ def test_every_published_profile_loads(sailor_store):
         assert list(mem.params) == [m.params(i, tp) for i in range(26)]
 
 
+def test_presets_have_llm_infos_parameter_counts(sailor_data):
+    """Every layer of every Sailor model at every TP degree; Sailor's LLaMA head also counts a
+    4096-wide norm that the tied head of our description does not hold (the final norm is layer 33)."""
+    info = json.loads((sailor_data / "llm_info.json").read_text())
+    assert set(info) == {"OPT-350", "OPT-30", "GPT-Neo-2.7", "LLAMA-3-8"}
+    for name, by_tp in info.items():
+        model = get_model(name)
+        for tp, layers in by_tp.items():
+            assert len(layers) == model.num_layers
+            ours = {i: model.params(int(i), int(tp)) for i in layers}
+            if name == "LLAMA-3-8":
+                ours[str(model.num_layers - 1)] += 4096
+            assert ours == {i: layer["params_floats"] for i, layer in layers.items()}, (name, tp)
+
+
 def test_network_fit_is_clamped_to_its_measured_range():
     fit = BandwidthFit(-0.1, 1.0, 1.0, 5e9)  # a parabola that turns negative for large messages
     assert fit.bytes_per_s(1e15) == fit.bytes_per_s(1024e6)  # beyond 1 GB: the 1 GB value

@@ -1,9 +1,15 @@
 """Fixtures of the runtime tests; helpers live in _runtime_helpers.py."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Strict device mode for every training process these tests start (they inherit the environment):
+# process groups are treated as NCCL-typed, so a host tensor handed to a collective fails here as it
+# would on GPUs (sailor_ext/devices.py).
+os.environ.setdefault("SAILOR_STRICT_DEVICE", "1")
 
 
 def pytest_configure(config):

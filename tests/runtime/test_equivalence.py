@@ -12,6 +12,10 @@ The runs use plain SGD with a large learning rate and an active gradient
 clip, so every gradient element, its scale and the global norm show up in
 the parameters (Adam would normalise a wrongly scaled gradient away); one
 plan also runs AdamW (see ADAM for its epsilon).
+
+The same plans also train in bf16 (bf16 weights and activations, fp32 main
+gradients and master weights: sailor_ext/precision.py) and must stay within
+bf16's error of the fp32 single process (BF16_* below, measured).
 """
 from __future__ import annotations
 
@@ -140,13 +144,89 @@ def llama_config(tmp_path_factory):
     return config
 
 
+def llama_plan(name: str, config) -> dict:
+    stages, pipelines, recompute = LLAMA_PLANS[name]
+    return plan_dict(stages, pipelines, model=str(config), recompute=recompute)
+
+
 @pytest.mark.parametrize("name", sorted(LLAMA_PLANS))
 def test_llama_shaped_plan_matches_single_process(name, runs_dir, reference, llama_config):
     config = llama_config
-    stages, pipelines, recompute = LLAMA_PLANS[name]
-    plan = plan_dict(stages, pipelines, model=str(config), recompute=recompute)
+    plan = llama_plan(name, config)
     world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
     run = run_plan(runs_dir / f"llama-{name}", plan, world, common_args(SGD))
     assert_ok(run)
     ref = plan_dict([((0, 6), [1])], [(12, 1)], model=str(config))
     assert_same_training(run, reference("llama-sgd", ref, 1, SGD))
+
+
+# bf16 against the fp32 single process. bf16 keeps 8 significant bits: each rounding is off by up to
+# 2^-9 (relative), a product of a few roundings by ~2^-8 = 3.9e-3. Measured over every plan below and
+# the bf16 single process (3 SGD steps; 2026-11-24, this 2-core VM):
+#   loss: at most 1.7e-5 relative. The loss is a mean over 1536 tokens whose rounding errors are
+#     independent, and near ln(V) it barely depends on any one logit; 1e-4 still sees a gradient
+#     that is 10 % off (its update moves the next loss by ~5e-4).
+#   grad norm: at most 2.9e-3 relative (~0.75 x 2^-8: each gradient element carries a few bf16
+#     roundings of the matmuls it comes from; the norm averages them). Tolerance 1e-2.
+#   parameters (fp32 masters) after 3 steps: the difference from the fp32 run over the size of
+#     the fp32 run's total update (all tensors together) at most 8.0e-3 (~2^-7); tolerance 2e-2.
+#     Per tensor at most 0.11, for the tiny model's LayerNorm biases: their gradient sums token
+#     terms that largely cancel, so its relative rounding error is large (the bf16 single process
+#     has it too). Tolerance 0.25 per tensor: a tensor whose gradient is missing or scaled wrongly
+#     (by 1/tp, by 2) is off by 0.5 or more.
+BF16_LOSS, BF16_GRAD_NORM, BF16_UPDATE, BF16_UPDATE_PER_TENSOR = 1e-4, 1e-2, 2e-2, 0.25
+
+
+def assert_within_bf16(run, ref, num_blocks: int = 4) -> None:
+    from sailor_ext.model import init_tensor
+
+    for mine, theirs in zip(run.metrics, ref.metrics, strict=True):
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=BF16_LOSS), (mine, theirs)
+        assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=BF16_GRAD_NORM), (mine, theirs)
+    mine, theirs = logical_params(run), logical_params(ref)
+    assert sorted(mine) == sorted(theirs)
+    assert all(t.dtype == torch.float32 for t in mine.values()), "checkpoints hold the fp32 masters"
+    errors, updates = [], []
+    for name, ref_param in theirs.items():
+        update = ref_param - init_tensor(name, tuple(ref_param.shape), 7, num_blocks)  # --seed 7
+        error = mine[name] - ref_param
+        assert error.norm() <= BF16_UPDATE_PER_TENSOR * update.norm(), (name, (error.norm() / update.norm()).item())
+        errors.append(error.flatten())
+        updates.append(update.flatten())
+    total = torch.cat(errors).norm() / torch.cat(updates).norm()
+    assert total <= BF16_UPDATE, total.item()
+
+
+BF16 = ["--bf16"]
+
+
+@pytest.mark.parametrize("name", sorted(PLANS) + [f"llama-{n}" for n in sorted(LLAMA_PLANS)])
+def test_plan_in_bf16_matches_fp32_single_process(name, runs_dir, reference, llama_config):
+    if name.startswith("llama-"):
+        plan, ref = llama_plan(name[6:], llama_config), reference(
+            "llama-sgd", plan_dict([((0, 6), [1])], [(12, 1)], model=str(llama_config)), 1, SGD)
+    else:
+        plan, ref = PLANS[name], reference("sgd", REFERENCE, 1, SGD)
+    world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
+    run = run_plan(runs_dir / f"bf16-{name}", plan, world, common_args(SGD) + BF16)
+    assert_ok(run)
+    assert "bf16 on cpu" in run.log(0)
+    assert_within_bf16(run, ref)
+
+
+def test_bf16_losses_do_not_depend_on_where_the_stages_are_cut(runs_dir, llama_config):
+    """Every stage keeps its residual stream in bf16 and hands bf16 on, so moving a block from one
+    stage to the other changes no rounding: the losses and the weights are bitwise equal. (TP 1 and
+    2 replicas, so every all-reduce sums two values, which is exact in any order; only the global
+    gradient norm, a float64 sum of per-rank partial sums, may differ in its last bits.)"""
+    runs = []
+    for cut in (2, 3):
+        plan = plan_dict([((0, cut), [1, 1]), ((cut + 1, 6), [1, 1])], [(2, 4), (1, 4)], model=str(llama_config))
+        run = run_plan(runs_dir / f"bf16-cut-{cut}", plan, 4, common_args(ADAM) + BF16)
+        assert_ok(run)
+        runs.append(run)
+    a, b = runs
+    assert [m["loss"] for m in a.metrics] == [m["loss"] for m in b.metrics]
+    assert [m["grad_norm"] for m in a.metrics] == pytest.approx([m["grad_norm"] for m in b.metrics], rel=1e-12)
+    mine, theirs = logical_params(a), logical_params(b)
+    assert all(torch.equal(mine[n], theirs[n]) for n in theirs)

@@ -66,6 +66,7 @@ def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
 
 def from_hf(cfg, model_type: str) -> dict:
     hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
+    kv_heads = cfg.int("num_key_value_heads", heads)
     blocks = cfg.int("num_hidden_layers")
     head_dim = cfg.int("head_dim", hidden // heads if heads else 1)
     attention_bias = cfg.bool("attention_bias", False)
@@ -73,7 +74,7 @@ def from_hf(cfg, model_type: str) -> dict:
     return dict(
         hidden=hidden, num_blocks=blocks, heads=heads, ffn_hidden=cfg.int("intermediate_size"),
         vocab=cfg.int("vocab_size"), max_positions=cfg.int("max_position_embeddings"),
-        kv_heads=cfg.int("num_key_value_heads", heads), tied_embeddings=cfg.bool("tie_word_embeddings", False),
+        kv_heads=0 if kv_heads == heads else kv_heads, tied_embeddings=cfg.bool("tie_word_embeddings", False),
         gated_mlp=True, rms_norm=True, learned_positions=False,
         qkv_bias=True if model_type == "qwen2" else attention_bias,
         out_bias=attention_bias, mlp_bias=cfg.bool("mlp_bias", False), separate_final_norm=True,

@@ -1,0 +1,122 @@
+"""What one layer asks of a GPU: FLOPs, bytes moved, kernel launches, TP all-reduces.
+
+The estimator (estimate.py) turns this work into seconds with a GPU's spec
+sheet and a few efficiencies; this module is only the model's side, counted
+op by op the way Megatron(-DeepSpeed) runs a decoder layer in eager PyTorch,
+for one microbatch of b samples of s tokens on one GPU of a TP group of t.
+Dropout is 0 (our runtime's setting; Sailor's llm_info keeps no dropout
+masks, and PyTorch's dropout at p = 0 returns its input untouched).
+
+Per token, with h the hidden size, q = heads*head_dim, kv the K (and V)
+width, f the FFN width, f_in = f (2f for SwiGLU), S = heads*s the attention
+scores of one token (all s keys: Megatron computes the whole s x s matrix
+and masks it, with or without a sliding window):
+
+  GEMM FLOPs, forward     2(h(q+2kv) + qh + h f_in + f h)/t + 4 s q/t     [FLOP/token]
+                          (the four linear layers; QK^T and AV)
+  GEMM FLOPs, backward    2x forward (input and weight gradients)
+  head                    2 h V/t (+ 2 e h with a projection) forward, 2x backward
+
+Memory traffic in values per token (x dtype bytes), reads + writes, of the
+memory-bound kernels: elementwise ops, reductions, copies, the batched
+attention GEMMs (head_dim deep: they stream the s x s scores), and the
+operands of the linear layers:
+
+  block fwd  norms 2 x 2h, bias + residual adds 2 x 3h, linear I/O 4h + (q+2kv + q + f_in + f)/t,
+             scores: QK^T writes S, softmax 2S, AV reads S -> 4 S/t with Megatron's fused
+             scale-mask-softmax (16-bit inputs only), + masked_fill 2S -> 7 S/t in fp32,
+             GELU 2f/t (SwiGLU 3f/t), context transpose copy 2q/t, rotary 6(q+kv)/t
+  block bwd  norms 2 x 3h, residual gradient adds 2 x 3h, linear I/O 2x forward,
+             scores: AV writes dP and reads P 2S, softmax 3S, QK^T reads dS twice 2S
+             -> 7 S/t fused, + masked_fill 2S -> 9 S/t in fp32,
+             GELU 3f/t (SwiGLU 5f/t), transpose 2q/t, rotary 6(q+kv)/t
+  head fwd   norm 2h, logits written V/t and copied to [b, s, V] 2V/t, vocab-parallel
+             cross entropy (max, subtract, exp, sum, divide) 8 V/t in 4-byte floats
+  head bwd   cross-entropy gradient 2 V/t (4-byte), copy back 2V/t, logit-gradient GEMM I/O
+             2 V/t + 2h, norm 3h
+  embedding  fwd: word gather 2h, position gather 2h + add 3h, [b,s,h] -> [s,b,h] copy 2h
+             (+ 2h zeroing other ranks' tokens at TP > 1); bwd: scatter-adds 4h (+ 2h positions)
+  RMSNorm    unfused in Megatron-DeepSpeed (pow, mean, rsqrt, two multiplies): 7h fwd, 14h bwd
+
+plus, once per microbatch, every weight read (fwd), and read with its
+gradient accumulated (bwd): params/t x dtype bytes [B] (x2 backward).
+
+Kernels per pass are counted the same way (block: 14 forward, 30 backward;
++1/+3 unfused softmax, +6/+12 rotary, +2/+4 SwiGLU, +5/+10 per RMSNorm).
+TP all-reduces (b*s*h values each): a block's two row-parallel outputs forward
+and two column-parallel input gradients backward; the embedding's output
+forward (vocab-parallel); the head's input gradient backward, plus three
+b*s-value reductions (max, sum, target logit) forward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.specs.model import BLOCK, EMBEDDING, FINAL_NORM, HEAD, ModelSpec
+
+CE_BYTES = 4  # Megatron's cross entropy upcasts the logits to fp32
+
+
+@dataclass(frozen=True)
+class Work:
+    """One pass (forward or backward) of one layer for one microbatch on one GPU."""
+
+    gemm_flops: float = 0.0  # [FLOP] matmuls that can run at the GEMM peak
+    bytes: float = 0.0  # [B] memory traffic of the memory-bound kernels
+    block_bwd_bytes: float = 0.0  # [B] the same in a block's backward (its own efficiency: estimate.py)
+    kernels: float = 0.0  # kernel launches
+    allreduce_bytes: float = 0.0  # [B] payload of the TP all-reduces, summed over them
+    allreduces: float = 0.0  # TP all-reduces (each costs a latency)
+    backward: bool = False
+
+
+def _norm(model: ModelSpec) -> tuple[float, float, int, int]:
+    """One norm: (fwd, bwd) values moved per token and hidden unit, (fwd, bwd) kernels."""
+    return (7.0, 14.0, 6, 12) if model.rms_norm else (2.0, 3.0, 1, 2)
+
+
+def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int) -> tuple[Work, Work]:
+    """(forward, backward) work of `layer` for a microbatch of `mbs` samples at TP `tp`."""
+    kind = model.kind(layer)
+    n, d, h, t = mbs * model.seq_len, dtype_bytes, model.hidden, tp  # tokens, B/value, width, TP
+    comm = n * h * d if t > 1 else 0.0  # [B] one activation all-reduce
+    ar = 1.0 if t > 1 else 0.0
+    norm_f, norm_b, norm_kf, norm_kb = _norm(model)
+    if kind == BLOCK:
+        weights = model.params(layer, tp) * d  # [B]
+        q, kv, f, f_in = model.q_dim, model.kv_dim, model.ffn_hidden, model._mlp_in()
+        scores = model.heads * model.seq_len  # S
+        fused = d < 4  # Megatron's fused softmax takes 16-bit inputs only; fp32 runs PyTorch's ops
+        rope = 0.0 if model.learned_positions else 6.0 * (q + kv) / t
+        gated = model.gated_mlp
+        linear_io = 4 * h + (q + 2 * kv + q + f_in + f) / t
+        fwd = (2 * norm_f * h + 2 * 3 * h + linear_io + (4 if fused else 7) * scores / t
+               + (3 if gated else 2) * f / t + 2 * q / t + rope)
+        bwd = (2 * (norm_b + 3) * h + 2 * linear_io + (7 if fused else 9) * scores / t
+               + (5 if gated else 3) * f / t + 2 * q / t + rope)
+        k_f = 14 + (0 if fused else 1) + 2 * (norm_kf - 1) + (0 if model.learned_positions else 6) + 2 * gated
+        k_b = 30 + (0 if fused else 3) + 2 * (norm_kb - 2) + (0 if model.learned_positions else 12) + 4 * gated
+        flops = n * model.forward_flops(layer) / t
+        return (Work(flops, n * fwd * d + weights, 0.0, k_f + 2 * ar, 2 * comm, 2 * ar),
+                Work(2 * flops, 0.0, n * bwd * d + 2 * weights, k_b + 2 * ar, 2 * comm, 2 * ar, True))
+    if kind == HEAD:
+        vocab = model.padded_vocab(t) / t
+        own_norm = model.final_norm and not model.separate_final_norm
+        nf, nb, kf, kb = (norm_f, norm_b, norm_kf, norm_kb) if own_norm else (0.0, 0.0, 0, 0)
+        weights = model.padded_vocab(t) // t * model.word_dim * d  # [B] the logit GEMM's, tied or not
+        flops = n * model.forward_flops(layer) / t
+        fwd = n * ((nf * h + 3 * vocab) * d + 8 * vocab * CE_BYTES) + weights
+        bwd = n * ((nb * h + 2 * h + 4 * vocab) * d + 2 * vocab * CE_BYTES) + 2 * weights
+        return (Work(flops, fwd, 0.0, 12 + kf, 3 * n * CE_BYTES if t > 1 else 0.0, 3 * ar),
+                Work(2 * flops, bwd, 0.0, 8 + kb, comm, ar, True))
+    if kind == FINAL_NORM:
+        weights = model.params(layer, tp) * d
+        return (Work(0.0, n * norm_f * h * d + weights, kernels=norm_kf),
+                Work(0.0, n * norm_b * h * d + 2 * weights, kernels=norm_kb, backward=True))
+    assert kind == EMBEDDING
+    projection = 2.0 * n * model.word_dim * h if model.projected else 0.0
+    positions = model.learned_positions
+    fwd = (2 + 5 * positions + 2 + (2 if t > 1 else 0)) * h
+    bwd = (4 + 2 * positions) * h
+    return (Work(projection, n * fwd * d, 0.0, 2 + 2 * positions + (4 if t > 1 else 0), comm, ar),
+            Work(2 * projection, n * bwd * d, 0.0, 2 + 2 * positions, backward=True))

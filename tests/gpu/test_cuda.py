@@ -1,0 +1,82 @@
+"""The runtime on a CUDA GPU: NCCL, bf16, fp16, ranks sharing the GPU through gloo.
+
+NOT RUN YET: this suite was written on a machine without a GPU. It runs only
+when selected (`pytest -m cuda tests/gpu`, or tools/gpu_check.sh, which also
+runs bench/gpu_step.py) and skips without CUDA; CI never runs it. One GPU is
+enough. Every training process runs in strict device mode (conftest.py),
+which on CUDA checks that each communicated tensor is a CUDA tensor.
+
+The references are fp32 runs on the CPU (CUDA_VISIBLE_DEVICES hidden), and
+the tolerances those of the CPU's bf16 tests (tests/runtime/test_equivalence.py:
+bf16 rounding, measured there).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from _runtime_helpers import assert_ok, run_plan
+
+import test_equivalence as eq
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
+ARGS = eq.common_args(eq.SGD)
+
+
+@pytest.fixture(scope="module")
+def cpu_reference(tmp_path_factory):
+    run = run_plan(tmp_path_factory.mktemp("cpu-fp32"), eq.REFERENCE, 1, ARGS, env=CPU_ONLY)
+    assert_ok(run)
+    assert "fp32 on cpu" in run.log(0)
+    return run
+
+
+def test_one_rank_nccl_bf16_matches_the_cpu_fp32_run(tmp_path, cpu_reference):
+    """bf16 is the default on CUDA; the world of one is an NCCL group."""
+    run = run_plan(tmp_path, eq.REFERENCE, 1, ARGS)
+    assert_ok(run)
+    assert "bf16 on cuda (nccl)" in run.log(0), run.log(0)[-2000:]
+    eq.assert_within_bf16(run, cpu_reference)
+
+
+def test_fp32_on_cuda_matches_the_cpu(tmp_path, cpu_reference):
+    """The same fp32 training on another device: only the order of sums differs (TF32 stays off)."""
+    run = run_plan(tmp_path, eq.REFERENCE, 1, [*ARGS, "--no-bf16"])
+    assert_ok(run)
+    assert "fp32 on cuda (nccl)" in run.log(0)
+    for mine, theirs in zip(run.metrics, cpu_reference.metrics, strict=True):
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-4)
+        assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-3)
+
+
+def test_ranks_sharing_the_gpu_through_gloo(tmp_path, cpu_reference):
+    """Three ranks on one GPU (NCCL refuses two ranks per GPU, gloo all-reduces CUDA tensors): one stage,
+    replicas with TP 2 and TP 1, bf16, within bf16's error of the CPU's fp32 single process."""
+    run = run_plan(tmp_path, eq.PLANS["tp_per_replica"], 3, [*ARGS, "--distributed-backend", "gloo"])
+    assert_ok(run)
+    assert "bf16 on cuda (gloo)" in run.log(0)
+    eq.assert_within_bf16(run, cpu_reference)
+
+
+def test_bf16_checkpoint_resumes_on_cuda(tmp_path):
+    """The snapshot's host copy of the fp32 masters goes to disk and back to the GPU: 2 + 2 steps give the
+    4 straight steps' losses (CUDA kernels such as attention's backward may sum in any order: rel 1e-4)."""
+    args = ["--seed", "5", "--optimizer", "adam", "--lr", "0.01", "--dist-timeout", "60"]
+    straight = run_plan(tmp_path / "straight", eq.REFERENCE, 1, ["--train-iters", "4", *args])
+    first = run_plan(tmp_path / "first", eq.REFERENCE, 1, ["--train-iters", "2", "--save", "ckpt", *args])
+    assert_ok(straight)
+    assert_ok(first)
+    resumed = run_plan(tmp_path / "resumed", eq.REFERENCE, 1,
+                       ["--train-iters", "4", "--load", str(tmp_path / "first" / "ckpt"), *args])
+    assert_ok(resumed)
+    assert first.losses + resumed.losses == pytest.approx(straight.losses, rel=1e-4)
+
+
+def test_fp16_overflow_on_cuda_skips_the_step(tmp_path):
+    run = run_plan(tmp_path, eq.REFERENCE, 1, ["--train-iters", "4", "--fp16", "--initial-loss-scale", "1024",
+                                               "--hysteresis", "1", "--dist-timeout", "60"],
+                   env={"SAILOR_TEST_GRAD_OVERFLOW": "2:0"})
+    assert_ok(run)
+    assert [m["skipped"] for m in run.metrics] == [False, True, False, False]
+    assert [m["loss_scale"] for m in run.metrics] == [1024.0, 1024.0, 512.0, 512.0]
