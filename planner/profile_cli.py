@@ -52,7 +52,8 @@ def cmd_model(args) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     req = ModelProfileRequest(
         model=args.model, out_dir=args.output, device=device, gpu=args.gpu,
-        microbatch_sizes=args.micro_batch_sizes, tp_degrees=args.tp, warmup=args.warmup, repeats=args.repeats, blocks=args.blocks,
+        microbatch_sizes=args.micro_batch_sizes, tp_degrees=args.tp, warmup=args.warmup, repeats=args.repeats,
+        blocks=args.blocks,
         threads=args.threads, concurrency=args.concurrency, precision=args.precision, seed=args.seed,
         resume=args.resume, timeout_s=args.timeout)
     if args.quiet:

@@ -321,7 +321,8 @@ def test_plan_file_in_launch(case, name, path, value):
 # -- plan files: Sailor's format ------------------------------------------------------------
 P0 = ("pipeline_list", 0)
 SAILOR_PLAN_FIELDS = [
-    (("mbs",), "int", True, 1, 1 << 24), (("gbs",), "int", True, 1, 1 << 24), (("pipeline_list",), "list", True, None, None),
+    (("mbs",), "int", True, 1, 1 << 24), (("gbs",), "int", True, 1, 1 << 24),
+    (("pipeline_list",), "list", True, None, None),
     (P0 + ("layers_per_stage",), "list", True, None, None), (P0 + ("layers_per_stage", 0), "list", True, None, None),
     (P0 + ("layers_per_stage", 0, 0), "int", True, 0, 8192), (P0 + ("tmp_per_stage",), "list", True, None, None),
     (P0 + ("tmp_per_stage", 0, 0, 0, 0, 0), "str", True, None, None),
@@ -401,7 +402,8 @@ PROFILE_FIELDS = [
     (("times",), "object", True, None, None), (("times", "1"), "object", False, None, None),
     (T, "object", False, None, None), (T + ("fwd",), "list", True, None, None),
     (T + ("fwd", 0), "number", True, 0, 1e6), (T + ("bwd",), "list", True, None, None),
-    (T + ("bwd", 3), "number", True, 0, 1e6), (("memory",), "object", True, None, None), (M, "object", True, None, None),
+    (T + ("bwd", 3), "number", True, 0, 1e6), (("memory",), "object", True, None, None),
+    (M, "object", True, None, None),
     (M + ("params",), "list", True, None, None), (M + ("params", 1), "int", True, 0, 10 ** 15),
     (M + ("activation_bytes", 2), "number", True, 0, 1e18), (M + ("output_bytes", 0), "number", True, 0, 1e18),
     (("model_config", "hidden"), "int", True, 1, 1 << 20),
@@ -546,7 +548,8 @@ def test_trace_json(case, name, path, value):
 
 
 CSV_CASES = {
-    "header-only": ",Timestamp,CPU_local\n", "no-columns": ",Timestamp\n0,1\n", "short-row": ",Timestamp,CPU_local\n0,1\n",
+    "header-only": ",Timestamp,CPU_local\n", "no-columns": ",Timestamp\n0,1\n",
+    "short-row": ",Timestamp,CPU_local\n0,1\n",
     "long-row": ",Timestamp,CPU_local\n0,1,2,3\n", "time-text": ",Timestamp,CPU_local\n0,noon,2\n",
     "time-nan": ",Timestamp,CPU_local\n0,nan,2\n", "time-inf": ",Timestamp,CPU_local\n0,inf,2\n",
     "count-negative": ",Timestamp,CPU_local\n0,1,-2\n", "count-fraction": ",Timestamp,CPU_local\n0,1,2.5\n",
@@ -573,7 +576,8 @@ FILE_KINDS = {  # file, command that reads it
     "cluster-yaml": ("cluster.yaml", CLUSTER_CMD + ["cluster.yaml"]),
     "profile": ("profiles/tiny/CPU/profile.json", SIMULATE), "network": ("profiles/network.json", SIMULATE),
     "llm-info": ("sailor-profiles/llm_info.json", SIMULATE[:2] + ["--profiles", "sailor-profiles"]),
-    "sailor-profile": ("sailor-profiles/profiles/tiny/CPU/profile.json", SIMULATE[:2] + ["--profiles", "sailor-profiles"]),
+    "sailor-profile": ("sailor-profiles/profiles/tiny/CPU/profile.json",
+                       SIMULATE[:2] + ["--profiles", "sailor-profiles"]),
     "sailor-network": ("sailor-profiles/providers/intra_node_bandwidths.json",
                        SIMULATE[:2] + ["--profiles", "sailor-profiles"]),
     "hf-config": ("config.json", ["plan", "--model", "config.json", "--gpus", "CPU@local=2", "--global-batch", "8",
@@ -583,7 +587,8 @@ FILE_KINDS = {  # file, command that reads it
     "profile-show": ("profiles/tiny/CPU/profile.json", ["profile", "show", "profiles"]),
 }
 WHOLE_FILE_CASES = [(kind, how) for kind in FILE_KINDS for how in CORRUPT
-                    if not (kind == "trace-csv" and how in ("top-list", "top-number", "nan-literal", "deep", "top-string"))
+                    if not (kind == "trace-csv" and how in ("top-list", "top-number", "nan-literal", "deep",
+                                                            "top-string"))
                     and not (kind == "cluster-yaml" and how == "truncated")]  # half a YAML file may be a valid one
 
 
@@ -665,7 +670,8 @@ FLAG_CASES = [
         ("target", ["launch", "plan.json", "--target", "mpi"]), ("unknown-option", ["launch", "plan.json", "--bogus"]),
         ("late-bad-port", ["launch", "plan.json", "--master-port", "1", "--", "--train-iters", "1"][:4] +
          ["--target", "slurm", "--master-port", "99999"]),
-        ("missing-plan", ["launch", "missing.json"]), ("cluster-missing", ["launch", "plan.json", "--cluster", "x.yaml"]))],
+        ("missing-plan", ["launch", "missing.json"]),
+        ("cluster-missing", ["launch", "plan.json", "--cluster", "x.yaml"]))],
 ]
 RUN_CASES = [
     *[c for f in ("--global-batch", "--gpus-per-node", "--heartbeat-misses", "--max-tp", "--seq-length")
@@ -679,13 +685,16 @@ RUN_CASES = [
         ("local-without-gpus", RUN[:5] + RUN[7:]), ("gpus-per-node-without-local", RUN[:-1]),
         ("load-missing", RUN + ["--load", "nowhere"]), ("no-plan-fits", ["run", "--model", "llama-3-8b",
                                                                          *RUN[3:]]),
-        ("model-unknown", ["run", "--model", "gpt-9", *RUN[3:]]), ("events-file-dir", RUN + ["--events-file", "profiles"]),
+        ("model-unknown", ["run", "--model", "gpt-9", *RUN[3:]]),
+        ("events-file-dir", RUN + ["--events-file", "profiles"]),
         ("address-file-missing-dir", RUN + ["--address-file", "a/b"]), ("objective", RUN + ["--objective", "x"]),
         ("cluster-missing", RUN + ["--cluster", "x.yaml"]), ("profiles-missing", RUN + ["--profiles", "nowhere"]))],
     ("run no-train-args", RUN), ("run no-train-iters", RUN + ["--", "--lr", "0.1"]),
-    ("run train-iters-text", RUN + ["--", "--train-iters", "x"]), ("run train-iters-zero", RUN + ["--", "--train-iters", "0"]),
+    ("run train-iters-text", RUN + ["--", "--train-iters", "x"]),
+    ("run train-iters-zero", RUN + ["--", "--train-iters", "0"]),
     ("run train-plan", RUN + TRAIN + ["--plan", "p.json"]), ("run train-unknown", RUN + TRAIN + ["--bogus"]),
-    ("run train-model", RUN + TRAIN + ["--model", "opt-125m"]), ("run stray-arg", RUN + ["stray", "--", "--train-iters", "1"]),
+    ("run train-model", RUN + TRAIN + ["--model", "opt-125m"]),
+    ("run stray-arg", RUN + ["stray", "--", "--train-iters", "1"]),
     ("run missing-batch", ["run", "--model", "tiny", "--local", *TRAIN]),
 ]
 RUN_CASES = [(n, a if "--" in a or "no-train" in n else a + TRAIN) for n, a in RUN_CASES]

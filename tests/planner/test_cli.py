@@ -41,7 +41,8 @@ def test_simulate_own_plan_without_profiles(tmp_path):
                  {"layers": [3, 5], "replicas": [{"gpu": "V100-16", "tp": 1, "zone": "us-central1-a"}]}]}, "a gap"),
     ({"stages": [{"layers": [0, 5], "replicas": [{"gpu": "V100-16", "tp": 8, "zone": "us-central1-a"}]}]},
      "keep TP inside a node"),
-    ({"stages": [{"layers": [0, 5], "replicas": [{"gpu": "V100-16", "tp": 1}]}]}, "missing field 'stages[0].replicas[0].zone'"),
+    ({"stages": [{"layers": [0, 5], "replicas": [{"gpu": "V100-16", "tp": 1}]}]},
+     "missing field 'stages[0].replicas[0].zone'"),
     ({"model": "gpt-9"}, "unknown model 'gpt-9'"),
     ({"pipelines": [{"microbatch_size": 2}]}, "missing field 'pipelines[0].num_microbatches'"),
 ])
