@@ -99,10 +99,21 @@ class Doc:
     `source` is the file ("plan file p.json"), `path` the field ("stages[0].replicas[1].tp").
     """
 
-    __slots__ = ("value", "source", "path")
+    __slots__ = ("value", "source", "_path", "_parent", "_key")
 
-    def __init__(self, value: Any, source: str, path: str = ""):
-        self.value, self.source, self.path = value, source, path
+    def __init__(self, value: Any, source: str, path: str = "", parent: "Doc | None" = None,
+                 key: str | int | None = None):
+        self.value, self.source, self._path, self._parent, self._key = value, source, path, parent, key
+
+    @property
+    def path(self) -> str:
+        """Where the value is, e.g. stages[0].replicas[1].tp (worked out only for a message)."""
+        if self._parent is None:
+            return self._path
+        return self._parent._sub(self._key)
+
+    def _child(self, value: Any, key: str | int) -> "Doc":
+        return Doc(value, self.source, parent=self, key=key)
 
     def fail(self, expected: str, hint: str = "") -> NoReturn:
         field = f"{self.path} " if self.path else "its top level "
@@ -130,13 +141,13 @@ class Doc:
                 if key not in known:
                     raise SailorError(f"{self.source}: unknown field {self._sub(key)!r}{suggest(key, known)}; "
                                       f"known fields here: {', '.join(known)}")
-        return {str(k): Doc(v, self.source, self._sub(str(k))) for k, v in self.value.items()}
+        return {str(k): self._child(v, str(k)) for k, v in self.value.items()}
 
     def entries(self, hint: str = "") -> list[tuple[str, "Doc"]]:
         """An object with any keys: (key, value) pairs."""
         if not isinstance(self.value, dict):
             self.fail("an object {...}", hint)
-        return [(str(k), Doc(v, self.source, self._sub(str(k)))) for k, v in self.value.items()]
+        return [(str(k), self._child(v, str(k))) for k, v in self.value.items()]
 
     def items(self, min_len: int = 0, max_len: int | None = None, hint: str = "") -> list["Doc"]:
         if not isinstance(self.value, list):
@@ -146,7 +157,7 @@ class Doc:
         if max_len is not None and len(self.value) > max_len:
             raise SailorError(f"{self.source}: {self.path} has {len(self.value)} entries, more than the {max_len} "
                               "allowed" + (f"; {hint}" if hint else ""))
-        return [Doc(v, self.source, self._sub(i)) for i, v in enumerate(self.value)]
+        return [self._child(v, i) for i, v in enumerate(self.value)]
 
     # -- scalars ---------------------------------------------------------------------------
     def int(self, lo: int | None = None, hi: int | None = None, hint: str = "") -> int:
@@ -186,10 +197,15 @@ class Doc:
         v = self.value
         if not isinstance(v, list) or (length is not None and len(v) != length):
             self.fail(f"a list of {length} numbers" if length is not None else "a list of numbers", hint)
+        if {type(x) for x in v} <= {int, float}:  # the common case, checked in bulk (bool is neither)
+            out = tuple(map(float, v))
+            if all(map(math.isfinite, out)) and (not out or ((lo is None or min(out) >= lo) and
+                                                             (hi is None or max(out) <= hi))):
+                return out
         for i, x in enumerate(v):
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or \
                     (lo is not None and x < lo) or (hi is not None and x > hi):
-                Doc(x, self.source, self._sub(i)).fail(number_range(lo, hi, None), hint)
+                self._child(x, i).fail(number_range(lo, hi, None), hint)
         return tuple(float(x) for x in v)
 
     def ints(self, length: int | None = None, lo: int = 0, hi: int | None = None, hint: str = "") -> tuple[int, ...]:
@@ -198,14 +214,16 @@ class Doc:
             self.fail(f"a list of {length} integers" if length is not None else "a list of integers", hint)
         for i, x in enumerate(v):
             if isinstance(x, bool) or not isinstance(x, int) or x < lo or (hi is not None and x > hi):
-                Doc(x, self.source, self._sub(i)).fail(int_range(lo, hi), hint)
+                self._child(x, i).fail(int_range(lo, hi), hint)
         return tuple(v)
 
 
-def int_key(key: str, source: str, where: str, lo: int = 1, hi: int = MAX_BATCH) -> int:
-    """An object key that stands for a number (a microbatch size, a TP degree, a layer index)."""
+def int_key(key: str, source: str, where: "str | Doc", lo: int = 1, hi: int = MAX_BATCH) -> int:
+    """An object key that stands for a number (a microbatch size, a TP degree, a layer index);
+    `where` is the object (a Doc, whose path is worked out only for a message) or its name."""
     if not (isinstance(key, str) and key.isdigit() and lo <= int(key) <= hi):
-        raise SailorError(f"{source}: {where} key {short(key)} must be {int_range(lo, hi)}")
+        name = (where.path or "the top level") if isinstance(where, Doc) else where
+        raise SailorError(f"{source}: {name} key {short(key)} must be {int_range(lo, hi)}")
     return int(key)
 
 

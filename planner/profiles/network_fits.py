@@ -121,6 +121,11 @@ def _fit(coeffs: Doc, cap: Doc, extra: dict[str, Doc] | None = None) -> Bandwidt
 
 
 def _sailor_entry(doc: Doc) -> BandwidthFit:
+    v = doc.value  # Sailor's file holds thousands: the well-formed ones take the short way
+    if isinstance(v, list) and len(v) == 2 and isinstance(v[0], list) and len(v[0]) == 3 and \
+            {type(x) for x in (*v[0], v[1])} <= {int, float} and all(math.isfinite(x) for x in (*v[0], v[1])) and \
+            all(abs(x) <= MAX_COEFF for x in v[0]) and 0 < v[1] <= MAX_RATE:
+        return BandwidthFit(float(v[0][0]), float(v[0][1]), float(v[0][2]), float(v[1]))
     coeffs, cap = doc.items(2, 2, "Sailor's fits are [[c0, c1, c2], max bytes/s]")
     return _fit(coeffs, cap)
 
@@ -138,21 +143,21 @@ def load_sailor_network(providers: Path, gpu_name) -> NetworkFits:
         for sz, by_gpu in _read(inter_file, "Sailor network fits").entries(NETWORK_HINT):
             for sg, by_n in by_gpu.entries(NETWORK_HINT):
                 for sn, by_dz in by_n.entries(NETWORK_HINT):
-                    n_src = int_key(sn, by_n.source, by_n.path, 1, 1 << 16)
+                    n_src = int_key(sn, by_n.source, by_n, 1, 1 << 16)
                     for dz, by_dg in by_dz.entries(NETWORK_HINT):
                         for dg, by_dn in by_dg.entries(NETWORK_HINT):
                             for dn, entry in by_dn.entries(NETWORK_HINT):
                                 fit = _sailor_entry(entry)  # every entry is checked, also those not read
                                 if gpu_name(dg) == gpu_name(sg):  # else a copy of another entry (see above)
                                     key = (sz, gpu_name(sg), n_src, dz, gpu_name(dg),
-                                           int_key(dn, by_dn.source, by_dn.path, 1, 1 << 16))
+                                           int_key(dn, by_dn.source, by_dn, 1, 1 << 16))
                                     fits.inter[key] = fit
         fits.sources.append(str(inter_file))
     intra_file = providers / "intra_node_bandwidths.json"
     if intra_file.exists():
         for g, by_n in _read(intra_file, "Sailor network fits").entries(NETWORK_HINT):
             for n, entry in by_n.entries(NETWORK_HINT):
-                fits.intra[(gpu_name(g), int_key(n, by_n.source, by_n.path, 1, 1 << 16))] = _sailor_entry(entry)
+                fits.intra[(gpu_name(g), int_key(n, by_n.source, by_n, 1, 1 << 16))] = _sailor_entry(entry)
         fits.sources.append(str(intra_file))
     return fits
 

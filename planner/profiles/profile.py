@@ -196,7 +196,7 @@ def profile_spec(d: dict, source_name: str) -> ModelSpec | None:
     return model_from_dict(d["model_config"], f"profile {source_name}: model_config")
 
 
-def tp_key(key: str, source: str, where: str) -> int:
+def tp_key(key: str, source: str, where) -> int:
     """A TP degree as a key of a profile. Sailor's data also measured TP 7 (OPT-30 on V100-16): such
     points are read, and the planner uses only powers of two."""
     return int_key(key, source, where, 1, 64)

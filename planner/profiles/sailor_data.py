@@ -101,7 +101,7 @@ def memory_facts(by_tp: Doc, num_layers: int) -> dict[int, LayerMemory]:
     """llm_info for one model -> per-TP LayerMemory, filling TP 8 if missing."""
     out: dict[int, LayerMemory] = {}
     for tp, layers in by_tp.entries(SAILOR_HINT):
-        tp = tp_key(tp, by_tp.source, by_tp.path)
+        tp = tp_key(tp, by_tp.source, by_tp)
         rows = dict(layers.entries(SAILOR_HINT))
         if len(rows) != num_layers:
             continue
@@ -109,6 +109,12 @@ def memory_facts(by_tp: Doc, num_layers: int) -> dict[int, LayerMemory]:
         for i in range(num_layers):
             if str(i) not in rows:
                 raise SailorError(f"{layers.source}: {layers.path} has no layer {i} of {num_layers}; {SAILOR_HINT}")
+            row = rows[str(i)].value
+            p, a, o = (row.get(k) for k in FLOAT_FIELDS) if isinstance(row, dict) else (None, None, None)
+            if type(p) is int and type(a) in NUMBER and type(o) in NUMBER and 0 <= p <= MAX_PARAMS and \
+                    0 <= a <= MAX_BYTES and 0 <= o <= MAX_BYTES:
+                facts.append((p, float(a), float(o)))  # the common case; else the slow way names the mistake
+                continue
             f = rows[str(i)].fields(FLOAT_FIELDS, open_ended=True, hint=SAILOR_HINT)
             facts.append((f["params_floats"].int(0, int(MAX_PARAMS)), f["act_mem_floats"].number(0, MAX_BYTES),
                           f["act_output_floats"].number(0, MAX_BYTES)))
@@ -143,17 +149,36 @@ def _points(data: Doc, n: int) -> dict[tuple[int, int], list[tuple[float, ...]]]
     another layer count are left out (the GPT-Neo/GH-96 copy of OPT-350's file, partial runs)."""
     out = {}
     for mbs, by_tp in data.entries(SAILOR_HINT):
-        mbs = int_key(mbs, data.source, data.path or "the top level", 1, MAX_BATCH)
+        mbs = int_key(mbs, data.source, data, 1, MAX_BATCH)
         for tp, layers in by_tp.entries(SAILOR_HINT):
-            tp = tp_key(tp, by_tp.source, by_tp.path)
-            entries = dict(layers.entries(SAILOR_HINT))
-            rows = [entry.numbers(3, 0.0, MAX_SECONDS, "write [forward s, backward s, update s]")
-                    for entry in entries.values()]
-            if len(entries) != n or any(str(i) not in entries for i in range(n)):
+            tp = tp_key(tp, by_tp.source, by_tp)
+            rows = _fast_rows(layers.value)
+            if rows is None:  # something is off: the slow way finds and names it
+                rows = {key: entry.numbers(3, 0.0, MAX_SECONDS, "write [forward s, backward s, update s]")
+                        for key, entry in layers.entries(SAILOR_HINT)}
+            if len(rows) != n or any(str(i) not in rows for i in range(n)):
                 continue
-            if sum(r[0] + r[1] for r in rows) <= 0:
+            if sum(r[0] + r[1] for r in rows.values()) <= 0:
                 layers.fail("the times of at least one layer, not all zero", SAILOR_HINT)
-            out[(mbs, tp)] = [entries[str(i)].numbers(3) for i in range(n)]
+            out[(mbs, tp)] = [rows[str(i)] for i in range(n)]
+    return out
+
+
+NUMBER = (int, float)
+
+
+def _fast_rows(value) -> dict | None:
+    """{layer: (fwd, bwd, update)} when every row is three numbers in range (NaN fails the comparisons);
+    None otherwise. Sailor's files hold thousands of rows: this is the check they take."""
+    if not isinstance(value, dict):
+        return None
+    out = {}
+    for key, row in value.items():
+        if type(row) is not list or len(row) != 3 or type(row[0]) not in NUMBER or type(row[1]) not in NUMBER or \
+                type(row[2]) not in NUMBER or not (0 <= row[0] <= MAX_SECONDS and 0 <= row[1] <= MAX_SECONDS and
+                                                   0 <= row[2] <= MAX_SECONDS):
+            return None
+        out[key] = (float(row[0]), float(row[1]), float(row[2]))
     return out
 
 
