@@ -9,7 +9,6 @@ inside works on typed values and never needs a try/except of its own.
 """
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from pathlib import Path
@@ -31,6 +30,8 @@ def short(value: Any, width: int = 40) -> str:
 
 def suggest(name: str, known: Iterable[str]) -> str:
     """' (did you mean X?)' for a near miss, else ''."""
+    import difflib  # only for a message
+
     close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.75)
     return f" (did you mean {close[0]}?)" if close else ""
 
