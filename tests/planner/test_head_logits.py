@@ -16,7 +16,8 @@ L = NEO.num_layers
 
 def norm_only_profile(block_s=(0.02, 0.04)) -> Profile:
     """A head that kept 2h values per token (its norm), as Sailor's GPT-Neo profiles."""
-    times = {(8, 4): LayerTimes((1e-3,) + (block_s[0],) * (L - 2) + (1e-3,), (0.0,) + (block_s[1],) * (L - 2) + (1e-3,))}
+    fwd, bwd = (1e-3,) + (block_s[0],) * (L - 2) + (1e-3,), (0.0,) + (block_s[1],) * (L - 2) + (1e-3,)
+    times = {(8, 4): LayerTimes(fwd, bwd)}
     acts = (26e6,) + (242e6,) * (L - 2) + (4 * NEO.seq_len * 2 * NEO.hidden,)
     mem = {4: LayerMemory(tuple(NEO.params(i, 4) for i in range(L)), acts, (21e6,) * L)}
     return Profile("gpt-neo-2.7b", "GH200-96", L, "fp32", MEASURED, times, 1e-11, mem)
