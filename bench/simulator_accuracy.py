@@ -6,8 +6,13 @@ error per set (GH200 = clariden/, RTX mix = mit/). Prints JSON.
 
     python bench/simulator_accuracy.py [--data ../shared/sailor-data] [--calibration]
 
---calibration adds, for rows with data parallelism, the modelled gradient
-all-reduce against the measured `red_grads` (the source of AR_EFFICIENCY).
+--calibration adds, for rows with data parallelism, what the measured
+`red_grads` (rank 0's gradient-reduction call, so a rank of stage 0) is made
+of: the modelled ring all-reduce of stage 0, and how long a replica of stage 0
+can wait in it for the slowest pipeline (the spread of the pipelines' times;
+0 when all replicas are alike). A rank measures the ring plus its own wait:
+red_grads lies between the ring and the ring plus that spread if the model is
+right.
 """
 from __future__ import annotations
 
@@ -47,8 +52,15 @@ def rows(data: Path, calibration: bool = False) -> list[dict]:
             "mem_error_pct": round(100 * (est.peak_memory_bytes - mem) / mem, 2),
         }
         if calibration and plan.dp > 1:
-            row["red_grads_s"] = plan.notes.get("red_grads")
-            row["modelled_sync_s"] = round(max(s.sync_s for s in est.stages), 4)
+            t_pp = sim.pipeline_times(plan)
+            ring, wait = est.stages[0].sync_s, max(t_pp) - min(t_pp)
+            red = plan.notes.get("red_grads")
+            row["red_grads_s"] = red
+            row["modelled_allreduce_s"] = round(ring, 4)
+            row["modelled_straggler_wait_s"] = round(wait, 4)
+            if red:
+                row["red_grads_over_allreduce"] = round(red / ring, 2)
+                row["red_grads_over_allreduce_plus_wait"] = round(red / (ring + wait), 2)
         out.append(row)
     return out
 

@@ -3,7 +3,10 @@
     sailor simulate PLAN [--model NAME] [--seq-length N] [--profiles DIR] [--cluster FILE] [--json]
     sailor plan --model NAME [--seq-length N] [--gpus TYPE@ZONE=N,...] [--global-batch N] [--objective ...] ...
 
-Every user mistake ends in one line `sailor: error: ...` and exit code 2.
+Every user mistake ends in one line `sailor: error: ...` and exit code 2: flags
+are typed and range-checked by argparse (planner/flags.py), files field by field
+where they are read (planner/inputs.py). Anything else that goes wrong is a bug
+in sailor: one line saying so, exit code 1 (SAILOR_TRACEBACK=1 shows where).
 """
 from __future__ import annotations
 
@@ -15,13 +18,15 @@ import os
 import sys
 from pathlib import Path
 
+from planner import flags
 from planner.errors import SailorError
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profiles", action="append", metavar="DIR",
+    p.add_argument("--profiles", action="append", metavar="DIR", type=flags.nonempty("a directory"),
                    help="profiles directory (Sailor's data layout or ours); repeatable; default $SAILOR_PROFILES")
-    p.add_argument("--cluster", metavar="FILE", help="cluster file (YAML/JSON): GPU types, zones, prices, availability")
+    p.add_argument("--cluster", metavar="FILE", type=flags.nonempty("a file"),
+                   help="cluster file (YAML/JSON): GPU types, zones, prices, availability")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="training precision the profiles describe (default fp32)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -30,7 +35,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _seq_length_option(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument("--seq-length", type=int, metavar="TOKENS", help=f"training sequence length (default: {default})")
+    p.add_argument("--seq-length", type=flags.seq_length, metavar="TOKENS",
+                   help=f"training sequence length (default: {default})")
 
 
 SEQ_DEFAULT = "a preset's own; a config.json's min(2048, its context length)"
@@ -58,21 +64,55 @@ def _print_seq_length(seq: dict) -> None:
     print(f"sequence length {seq['seq_length']} ({seq['seq_length_source']})")
 
 
+def _model_files(name: str | None) -> list[Path]:
+    """The files a --model names, if it is a config.json or a model directory (inputs never overwritten)."""
+    if not name:
+        return []
+    p = Path(name)
+    return [p, p / "config.json"] if p.is_dir() else [p] if p.exists() else []
+
+
+def _inputs(args, *files) -> list:
+    """Every file and directory the command reads: no output may replace one of them."""
+    return [*files, args.cluster, *(args.profiles or []), *_model_files(getattr(args, "model", None))]
+
+
+def _plot_target(args, inputs: list, *others) -> None:
+    """--plot: matplotlib must be there and the file must be writable, before anything is computed or written."""
+    from planner.outputs import check_output
+
+    if args.plot:
+        flags.require_module("matplotlib", "plot", "--plot")
+        if any(o is not None and Path(o).resolve() == Path(args.plot).resolve() for o in others):
+            raise SailorError(f"--plot {args.plot} is also where the plan goes; give the plot another name")
+        check_output(args.plot, inputs, "--plot")
+
+
+def _save_plot(draw, path: str, inputs: list, *args, **kw) -> None:
+    from planner.outputs import atomic_path
+
+    with atomic_path(path, inputs, "--plot") as tmp:
+        draw(*args, str(tmp), **kw)
+
+
 # -- simulate ----------------------------------------------------------------
 def cmd_simulate(args) -> int:
     from planner.simulator.runtime_model import runtime_model
-    from planner.specs.plan import load_plan, plan_model
+    from planner.specs.plan import check_plan_for, load_plan, plan_model
 
+    inputs = _inputs(args, args.plan)
+    _plot_target(args, inputs)
     plan = load_plan(args.plan)
     model = plan_model(plan, args.model, args.seq_length)
-    _, sim = _context(args, model)
+    cluster, sim = _context(args, model)
+    check_plan_for(plan, model, cluster, f"plan file {args.plan}")
     seq = _seq_length(model, args, plan.seq_length)
     rt = runtime_model(args.runtime) if args.runtime else None
     est = sim.simulate(plan, rt)
     if args.plot:
         from planner.plots import plot_plan
 
-        plot_plan(plan, est, sim, args.plot, title=f"{model.name}: {Path(args.plan).name}")
+        _save_plot(plot_plan, args.plot, inputs, plan, est, sim, title=f"{model.name}: {Path(args.plan).name}")
     from planner.provenance import provenance
 
     estimated = provenance(sim, plan, args.model or plan.model)
@@ -95,36 +135,44 @@ def cmd_simulate(args) -> int:
 
 # -- plan --------------------------------------------------------------------
 EXAMPLE_CLUSTER = "A100-40@us-central1-a=32,V100-16@us-central1-a=32,A100-40@us-west1-b=16"
+SHORTLIST_DEPTH = 3  # the search keeps this many plans per row shown, so dominated ones can be left out
 
 
 def cmd_plan(args) -> int:
-    from planner.search.goal import Goal
+    from planner.outputs import check_output, write_output
+    from planner.search.goal import Goal, shortlist
     from planner.search.planner import Planner
     from planner.specs.hardware import parse_gpus
     from planner.specs.model import get_model
-    from planner.specs.plan import plan_to_dict, save_plan
+    from planner.specs.plan import plan_text, plan_to_dict
 
+    inputs = _inputs(args)
+    check_output(args.output, inputs, "plan file (-o)")
+    _plot_target(args, inputs, args.output)
     model = get_model(args.model, args.seq_length)
     cluster, sim = _context(args, model)
-    if args.gpus or not cluster.available:
-        cluster = cluster.with_available(parse_gpus(args.gpus or EXAMPLE_CLUSTER, cluster))
+    if args.gpus is not None or not cluster.available:
+        cluster = cluster.with_available(parse_gpus(EXAMPLE_CLUSTER if args.gpus is None else args.gpus, cluster,
+                                                    "--gpus"))
         sim.cluster = cluster
     goal = Goal(args.objective, args.max_cost_per_iter, args.max_cost_per_hour, args.min_throughput, args.max_gpus)
     planner = Planner(sim, args.global_batch, goal, args.runtime, args.max_stages,
-                      [int(b) for b in args.microbatch_sizes.split(",")] if args.microbatch_sizes else None,
-                      recompute=args.recompute)
-    result = planner.run(top=args.top, pareto=args.pareto or bool(args.plot))
-    if args.plot and result.pareto:
-        from planner.plots import plot_pareto
-
-        plot_pareto(result.pareto, args.plot, title=f"{model.name}: throughput vs cost of the best plans")
+                      list(args.microbatch_sizes) if args.microbatch_sizes else None, recompute=args.recompute)
+    result = planner.run(top=args.top if args.top == 1 else args.top * SHORTLIST_DEPTH,
+                         pareto=args.pareto or bool(args.plot))
     if not result.plans:
         from planner.search.explain import explain_infeasible
 
         raise SailorError(explain_infeasible(planner, goal))
-    best_plan, best = result.plans[0]
-    if args.output:
-        save_plan(best_plan, args.output, "sailor" if args.format == "sailor" else "sailor-plan")
+    plans = shortlist(result.plans)[:args.top]
+    best_plan, best = plans[0]
+    text = plan_text(best_plan, "sailor" if args.format == "sailor" else "sailor-plan")
+    if args.plot and result.pareto:
+        from planner.plots import plot_pareto
+
+        _save_plot(plot_pareto, args.plot, inputs, result.pareto,
+                   title=f"{model.name}: throughput vs cost of the best plans")
+    write_output(args.output, text, inputs, "plan file (-o)")
     from planner.provenance import provenance
 
     def summary(plan, est) -> dict:
@@ -144,7 +192,7 @@ def cmd_plan(args) -> int:
             "peak_memory_bytes": best.peak_memory_bytes,
             "search_time_s": result.search_time_s,
             "plans_evaluated": result.evaluated,
-            "top": [summary(p, e) for p, e in result.plans],
+            "top": [summary(p, e) for p, e in plans],
         }
         if args.pareto:
             out["pareto"] = [summary(p, e) for p, e in result.pareto]
@@ -152,13 +200,13 @@ def cmd_plan(args) -> int:
         return 0
     from planner.report import print_plans
 
-    shown = result.pareto if args.pareto else result.plans
+    shown = result.pareto if args.pareto else plans
     print_plans(shown, title=f"{model.name}, global batch "
                 f"{args.global_batch}, objective {args.objective}" + (" (Pareto front)" if args.pareto else ""),
                 provenances=[provenance(sim, p, args.model) for p, _ in shown])
     _print_seq_length(seq)
-    print(f"search: {result.search_time_s:.2f} s CPU, {result.evaluated} candidate plans evaluated"
-          + (f"; best plan written to {args.output}" if args.output else ""))
+    print(f"search: {result.search_time_s:.2f} s CPU, {result.evaluated} candidate plans evaluated; best plan written "
+          f"to {args.output}" + (f", plot to {args.plot}" if args.plot and result.pareto else ""))
     return 0
 
 
@@ -178,12 +226,11 @@ def cmd_replay(args) -> int:
     from planner.search.goal import Goal
     from planner.specs.model import get_model
 
+    inputs = _inputs(args, args.trace)
+    _plot_target(args, inputs)
     model = get_model(args.model, args.seq_length)
     cluster, sim = _context(args, model)
-    trace = load_trace(args.trace, args.gpu, args.zone)
-    for snap in trace:
-        for p in snap.pools:
-            cluster.gpu(p.gpu)  # unknown GPU types fail here, with the usual message
+    trace = load_trace(args.trace, args.gpu, args.zone, cluster)
 
     def sim_for(pools):
         from planner.simulator.simulate import Simulator
@@ -191,11 +238,11 @@ def cmd_replay(args) -> int:
         return Simulator(model, cluster.with_available(pools), sim.profiles, args.precision)
 
     plan_for = planner_for(sim_for, args.global_batch, Goal(args.objective), args.runtime)
-    runs = [replay(trace, plan_for, policy, args.restart_s) for policy in args.policies.split(",")]
+    runs = [replay(trace, plan_for, policy, args.restart_s) for policy in args.policies]
     if args.plot:
         from planner.plots import plot_replay
 
-        plot_replay(runs, args.plot, title=f"{model.name} on {Path(args.trace).name}")
+        _save_plot(plot_replay, args.plot, inputs, runs, title=f"{model.name} on {Path(args.trace).name}")
     seq = _seq_length(model, args)
     if args.json:
         print(json.dumps({"trace": args.trace, "model": model.name, **seq, "restart_s": args.restart_s,
@@ -220,65 +267,118 @@ COMMAND_MODULES: dict[str, str] = {
     "agent": "planner.elastic.agent",
     "export": "planner.export_cli",
     "data": "planner.data_cli",
+    "list": "planner.list_cli",
 }
+OBJECTIVES = ("throughput", "cost", "cost-per-token")
+OBJECTIVE_HELP = ("what the best plan maximizes or minimizes: throughput (iterations/s, the default), cost "
+                  "(dollars per iteration) or cost-per-token (ranks as cost: the batch is fixed)")
+RUNTIMES = ("sailor", "megatron-deepspeed")
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("sailor")
+    except PackageNotFoundError:
+        from planner import __version__
+
+        return __version__
+
+
+class _Version(argparse.Action):
+    """--version, looked up only when asked (importlib.metadata costs a `sailor plan` 13 ms)."""
+
+    def __init__(self, option_strings, dest, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"sailor {version()}")
+        parser.exit()
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or (command given) the built-in commands plus that command's module."""
-    ap = argparse.ArgumentParser(prog="sailor", description="Plan, simulate and run transformer training on "
-                                 "heterogeneous, geo-distributed GPUs.")
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap = flags.Parser(prog="sailor", description="Plan, simulate and run transformer training on "
+                      "heterogeneous, geo-distributed GPUs.")
+    ap.add_argument("--version", action=_Version, help="print sailor's version and exit")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
 
     p = sub.add_parser("simulate", help="predict iteration time, memory and cost of a plan")
     p.add_argument("plan", help="plan file: ours, or Sailor's plan_config JSON (detected)")
-    p.add_argument("--model", help="model preset, Sailor name or config.json (default: the plan's)")
+    p.add_argument("--model", type=flags.nonempty("a model"),
+                   help="model preset, Sailor name or config.json (default: the plan's)")
     _seq_length_option(p, "the plan's; for plans that record none, " + SEQ_DEFAULT + "; one that contradicts "
                        "the plan is refused")
-    p.add_argument("--runtime", choices=["sailor", "megatron-deepspeed"],
+    p.add_argument("--runtime", choices=RUNTIMES,
                    help="framework that runs the plan (default: the plan's; Sailor-format plans: megatron-deepspeed)")
-    p.add_argument("--plot", metavar="FILE", help="write the pipeline timeline and memory per stage (PNG/SVG)")
+    p.add_argument("--plot", metavar="FILE", type=flags.plot_file,
+                   help="write the pipeline timeline and memory per stage (.png, .svg or .pdf; needs matplotlib)")
     _common(p)
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("plan", help="find the best GPU allocation and parallelization plan")
-    p.add_argument("--model", required=True, help="model preset, Sailor name or config.json")
+    p.add_argument("--model", required=True, type=flags.nonempty("a model"),
+                   help="model preset, Sailor name or config.json (see `sailor list models`)")
     _seq_length_option(p, SEQ_DEFAULT)
     p.add_argument("--gpus", metavar="TYPE@ZONE=N,...",
-                   help=f"available GPUs (default: the cluster file's, else {EXAMPLE_CLUSTER})")
-    p.add_argument("--global-batch", type=int, default=1024, help="samples per iteration (default 1024)")
-    p.add_argument("--objective", default="throughput", choices=["throughput", "cost", "cost-per-token"])
-    p.add_argument("--max-cost-per-iter", type=float, metavar="USD")
-    p.add_argument("--max-cost-per-hour", type=float, metavar="USD")
-    p.add_argument("--min-throughput", type=float, metavar="ITERS_PER_S")
-    p.add_argument("--max-gpus", type=int)
-    p.add_argument("--top", type=int, default=3, help="how many plans to list (default 3)")
+                   help=f"available GPUs (see `sailor list gpus` and `sailor list zones`; default: the cluster "
+                        f"file's, else {EXAMPLE_CLUSTER})")
+    p.add_argument("--global-batch", type=flags.batch, default=1024, metavar="SAMPLES",
+                   help="samples per iteration (default 1024)")
+    p.add_argument("--objective", default="throughput", choices=OBJECTIVES, help=OBJECTIVE_HELP)
+    p.add_argument("--max-cost-per-iter", type=flags.budget, metavar="USD",
+                   help="only plans that cost at most this many dollars per iteration (GPUs and egress)")
+    p.add_argument("--max-cost-per-hour", type=flags.budget, metavar="USD",
+                   help="only plans that cost at most this many dollars per hour of training")
+    p.add_argument("--min-throughput", type=flags.budget, metavar="ITERS_PER_S",
+                   help="only plans that do at least this many iterations per second")
+    p.add_argument("--max-gpus", type=flags.count, metavar="N", help="only plans that use at most N GPUs")
+    p.add_argument("--top", type=flags.integer(1, 100), default=3, metavar="N",
+                   help="how many plans to list (default 3); plans a better-ranked one beats on both time and cost "
+                        "are left out")
     p.add_argument("--pareto", action="store_true", help="list the throughput-vs-cost frontier instead")
-    p.add_argument("-o", "--output", default="plan.json", help="where to write the best plan (default plan.json)")
+    p.add_argument("-o", "--output", default="plan.json", metavar="FILE", type=flags.nonempty("a file name"),
+                   help="where to write the best plan (default plan.json; written atomically)")
     p.add_argument("--format", default="sailor-plan", choices=["sailor-plan", "sailor"],
                    help="plan file format: ours, or Sailor's plan_config")
-    p.add_argument("--runtime", default="sailor", choices=["sailor", "megatron-deepspeed"],
+    p.add_argument("--runtime", default="sailor", choices=RUNTIMES,
                    help="framework the plan is for (default: sailor's own runtime)")
-    p.add_argument("--max-stages", type=int, help="deepest pipeline to consider (default: one layer per stage)")
-    p.add_argument("--microbatch-sizes", help="only these microbatch sizes, e.g. 1,2,4")
+    p.add_argument("--max-stages", type=flags.integer(1, 1 << 16), metavar="N",
+                   help="deepest pipeline to consider (default: one layer per stage)")
+    p.add_argument("--microbatch-sizes", type=flags.int_list(), metavar="1,2,4",
+                   help="only these microbatch sizes, e.g. 1,2,4")
     p.add_argument("--recompute", choices=("auto", "never", "always"), default="auto",
                    help="activation recomputation: where it makes a better plan possible (auto, the default), "
                         "never, or on every stage")
-    p.add_argument("--plot", metavar="FILE", help="write the throughput-vs-cost Pareto front (PNG/SVG)")
+    p.add_argument("--plot", metavar="FILE", type=flags.plot_file,
+                   help="write the throughput-vs-cost Pareto front (.png, .svg or .pdf; needs matplotlib)")
     _common(p)
     p.set_defaults(func=cmd_plan)
+
+    from planner.replay import POLICIES
+
     p = sub.add_parser("replay", help="replay a GPU-availability trace through planner and simulator")
     p.add_argument("trace", help="Sailor's CSV (,Timestamp,GPU_zone,...) or JSON ([{Time, GPUs}]) trace")
-    p.add_argument("--model", required=True, help="model preset, Sailor name or config.json")
+    p.add_argument("--model", required=True, type=flags.nonempty("a model"),
+                   help="model preset, Sailor name or config.json")
     _seq_length_option(p, SEQ_DEFAULT)
     p.add_argument("--gpu", default="A100-40", help="GPU type of JSON traces (default A100-40)")
     p.add_argument("--zone", default="us-central1-a", help="zone of JSON traces (default us-central1-a)")
-    p.add_argument("--global-batch", type=int, default=1024)
-    p.add_argument("--objective", default="throughput", choices=["throughput", "cost", "cost-per-token"])
-    p.add_argument("--restart-s", type=float, default=30.0,
+    p.add_argument("--global-batch", type=flags.batch, default=1024, metavar="SAMPLES",
+                   help="samples per iteration (default 1024)")
+    p.add_argument("--objective", default="throughput", choices=OBJECTIVES, help=OBJECTIVE_HELP)
+    p.add_argument("--restart-s", type=flags.number(lo=0.0, hi=1e9), default=30.0, metavar="SECONDS",
                    help="seconds without progress per reconfiguration (default 30)")
-    p.add_argument("--policies", default="sailor,homogeneous,static")
-    p.add_argument("--runtime", default="sailor", choices=["sailor", "megatron-deepspeed"])
-    p.add_argument("--plot", metavar="FILE", help="write throughput, iterations and cost over time (PNG/SVG)")
+    p.add_argument("--policies", type=flags.choice_list(POLICIES), default=POLICIES, metavar=",".join(POLICIES),
+                   help=f"which policies to replay, comma-separated (default: all; {POLICIES[0]}: re-plan on every "
+                        f"change; {POLICIES[1]}: only one GPU type in one zone; {POLICIES[2]}: one plan for the "
+                        "GPUs available throughout)")
+    p.add_argument("--runtime", default="sailor", choices=RUNTIMES,
+                   help="framework the plans are for (default: sailor's own runtime)")
+    p.add_argument("--plot", metavar="FILE", type=flags.plot_file,
+                   help="write throughput, iterations and cost over time (.png, .svg or .pdf; needs matplotlib)")
     _common(p)
     p.set_defaults(func=cmd_replay)
 
@@ -288,30 +388,67 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parse with the parts of the parser the command needs; a mistake is parsed again with the
+    whole parser, so its message knows every command."""
     command = next((a for a in argv if not a.startswith("-")), None)
-    ap = build_parser(command if command in BUILTIN_COMMANDS or command in COMMAND_MODULES else None)
-    args = ap.parse_args(argv)
+    known = command in BUILTIN_COMMANDS or command in COMMAND_MODULES
     try:
+        return build_parser(command if known else None).parse_args(argv)
+    except flags.UsageError:
+        if not known:
+            raise
+        return build_parser().parse_args(argv)
+
+
+def _error(message: str) -> None:
+    """One line on stderr, whatever the message holds."""
+    try:
+        print(f"sailor: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):
+        pass
+
+
+def _stdout_gone() -> None:
+    """stdout's reader left (`sailor ... | head`): send the rest nowhere, quietly."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (tests capture it)
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parse(argv)
         if getattr(args, "quiet", False):
             with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
                 return args.func(args)
         return args.func(args)
     except SailorError as e:
-        print(f"sailor: error: {e}", file=sys.stderr)
+        _error(f"error: {e}")
         return e.exit_code
+    except BrokenPipeError:  # before OSError, of which it is one
+        _stdout_gone()
+        return 0
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
     except OSError as e:  # a path the user gave that cannot be read or written
         where = f" {e.filename}" if e.filename else ""
-        print(f"sailor: error: cannot use{where}: {e.strerror or e}; check the path and its permissions",
-              file=sys.stderr)
+        _error(f"error: cannot use{where}: {e.strerror or e}; check the path, its permissions and free space")
         return 2
-    except KeyboardInterrupt:
-        print("sailor: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # output piped into `head` and the like
-        sys.stderr.close()
-        return 0
+    except Exception as e:  # noqa: BLE001 - the one place that turns a bug into one line
+        if os.environ.get("SAILOR_TRACEBACK"):
+            import traceback
+
+            traceback.print_exc()
+        detail = " ".join(str(e).split())
+        _error(f"internal error: {type(e).__name__}: {detail[:300]}{'...' if len(detail) > 300 else ''} -- this is "
+               "a bug in sailor, not a mistake in your input; please report it with the command you ran "
+               "(SAILOR_TRACEBACK=1 shows where it happened)")
+        return 1
 
 
 if __name__ == "__main__":

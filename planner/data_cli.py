@@ -60,7 +60,7 @@ def cmd_prepare(args) -> int:
 
 def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     p = subparsers.add_parser("data", help="prepare training data", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="data_command", required=True)
+    sub = p.add_subparsers(dest="data_command", required=True, metavar="WHAT", help="one of:")
     d = sub.add_parser("prepare", help="tokenize text or JSONL files into a megatron indexed dataset",
                        description="Tokenize text files (one document each) or JSONL files (one document per line) "
                                    "into PREFIX.bin and PREFIX.idx, megatron-core's indexed dataset, each document "

@@ -12,10 +12,11 @@ the command runs.
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
+from planner import flags
 from planner.errors import SailorError
+from planner.outputs import write_output
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "generation_config.json")
@@ -24,38 +25,76 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
 
 
 def cmd_export(args) -> int:
-    import torch
-
     from planner.profile_cli import parse_size
-    from planner.specs.model import get_model, model_from_dict
-    from sailor_ext import checkpoint, hf
 
     source, out = Path(args.checkpoint).resolve(), Path(args.to_hf).resolve()
+    if not source.is_dir():
+        raise SailorError(f"checkpoint {args.checkpoint} is not a directory; give a --save directory or one of its "
+                          "iter_NNNNNNN directories")
     if out == source or source in out.parents or out in source.parents:
         raise SailorError(f"--to-hf {args.to_hf} overlaps the checkpoint {args.checkpoint}; write the export to a "
                           "directory of its own")
+    if out.exists() and not out.is_dir():
+        raise SailorError(f"--to-hf {args.to_hf} is a file; give a directory")
     if out.exists() and any(out.glob("*.safetensors")) and not args.force:
         raise SailorError(f"{args.to_hf} already holds safetensors files; choose an empty directory or add --force")
     shard_bytes = parse_size(args.max_shard_size, "--max-shard-size")
     if shard_bytes <= 0:
         raise SailorError(f"--max-shard-size {args.max_shard_size} must be positive, e.g. 5GB")
-    meta, logical = checkpoint.read_logical(args.checkpoint)
-    if "model_config" in meta:
-        model = model_from_dict(meta["model_config"], f"checkpoint {args.checkpoint}")
-    else:  # written before checkpoints carried the model: a preset by name
-        model = get_model(meta.get("model", ""), seq_len=meta.get("seq_len"))
-    written = hf.export(logical, model, out, getattr(torch, DTYPES[args.dtype]), shard_bytes)
+    if args.tokenizer and not Path(args.tokenizer).is_dir():
+        raise SailorError(f"--tokenizer {args.tokenizer} is not a directory; give the model directory holding the "
+                          "tokenizer files")
+    flags.require_module("torch", "runtime", "sailor export")
+    written, meta, model = _export(args.checkpoint, out, DTYPES[args.dtype], shard_bytes)
     copied = []
     tokenizer = Path(args.tokenizer or meta.get("hf_source") or "")
     if str(tokenizer) and tokenizer.is_dir():
         for name in TOKENIZER_FILES:
             if (tokenizer / name).is_file():
-                shutil.copyfile(tokenizer / name, out / name)
+                write_output(out / name, (tokenizer / name).read_bytes(), what="tokenizer file")
                 copied.append(name)
     print(f"exported {model.name} (step {meta['step']}, {model.total_params(padded=False):,} parameters, "
           f"{DTYPES[args.dtype]}) to {out}: {', '.join(p.name for p in written)}"
           + (f"; copied from {tokenizer}: {', '.join(copied)}" if copied else ""))
     return 0
+
+
+def _export(path: str, out: Path, dtype_name: str, shard_bytes: int):
+    """(files written, meta, model) of exporting a checkpoint, or one line saying why it cannot be exported.
+
+    The checkpoint's own reader checks its layout and checksums; what it cannot know is whether files it
+    never wrote (a foreign or hand-made directory) unpickle into the tensors the model needs. The
+    conversion to Hugging Face tensors runs before anything is written, so a failure there leaves the
+    output as it was."""
+    import pickle
+    import zipfile
+
+    import torch
+
+    from planner.inputs import Doc
+    from planner.specs.model import get_model, model_from_dict
+    from sailor_ext import checkpoint, hf
+
+    unreadable = (pickle.UnpicklingError, EOFError, zipfile.BadZipFile, RuntimeError, KeyError, ValueError,
+                  TypeError, IndexError, AttributeError)
+    try:
+        meta, logical = checkpoint.read_logical(path)
+    except unreadable as e:
+        raise SailorError(f"checkpoint {path} cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:160]}); "
+                          "it is damaged or was not written by sailor") from None
+    where = f"checkpoint {path}: meta.json"
+    top = Doc(meta, where).fields(("step",), open_ended=True)
+    top["step"].int(0)
+    if "model_config" in top:
+        model = model_from_dict(meta["model_config"], where + " model_config")
+    else:  # written before checkpoints carried the model: a preset by name
+        name = top["model"].str() if "model" in top else ""
+        model = get_model(name, seq_len=top["seq_len"].int(1, 1 << 24) if "seq_len" in top else None)
+    try:
+        return hf.export(logical, model, out, getattr(torch, dtype_name), shard_bytes), meta, model
+    except unreadable as e:
+        raise SailorError(f"checkpoint {path} does not hold {model.name}'s tensors ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:160]}); it is damaged or was saved for another model") from None
 
 
 def add_parser(subparsers, add_common=None):

@@ -17,15 +17,17 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass
 
+from planner import flags
 from planner.errors import SailorError
+from planner.outputs import check_output, write_output
 from planner.simulator.placement import place
 from planner.specs.hardware import Cluster, load_cluster
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Pipeline, Plan, Replica, Stage, load_plan, plan_model, with_model
+from planner.specs.plan import Pipeline, Plan, Replica, Stage, check_plan_for, load_plan, plan_model, with_model
+from planner.trainer_output import run_trainer
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,8 @@ def _launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", help="write it to this file instead of printing")
     p.add_argument("--cluster", help="cluster file (GPUs per node of custom GPU types); every rank gets it too")
     p.add_argument("--master-addr", default="$MASTER_ADDR", help="host of node 0 (default: $MASTER_ADDR)")
-    p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--master-port", type=flags.port, default=29500,
+                   help="port of node 0's rendezvous (default 29500)")
     p.add_argument("--local", action="store_true", help="run every rank on this machine now")
 
 
@@ -208,7 +211,7 @@ def _split_rest(args) -> list[str]:
     rest = list(args.rest or [])
     cut = rest.index("--") if "--" in rest else len(rest)
     if cut:
-        options = argparse.ArgumentParser(prog="sailor launch", add_help=False)
+        options = flags.Parser(prog="sailor launch", add_help=False)  # issue 18: one-line usage errors
         _launch_options(options)
         known, unknown = options.parse_known_args(rest[:cut])
         if unknown:
@@ -222,9 +225,12 @@ def _split_rest(args) -> list[str]:
 
 def run(args) -> int:
     train_args = _split_rest(args)  # first: options after the plan (--cluster among them) count too
+    if args.output:  # issue 18: never over the plan or cluster file it is made from
+        check_output(args.output, (args.plan, args.cluster), "launch file (-o)")
     plan = load_plan(args.plan)
     cluster = load_cluster(args.cluster)
     model = plan_model(plan)
+    check_plan_for(plan, model, cluster, f"plan file {args.plan}")  # issue 18: zones, GPU types, TP (validation)
     check_runnable(plan, model, cluster)
     layout = rank_layout(plan, cluster)
     if "--cluster" in train_args or "--plan" in train_args:
@@ -239,7 +245,7 @@ def run(args) -> int:
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // layout.world_size)))
         cmd = local_command(layout, args.plan, rank_args, args.master_port)
         print(" ".join(shlex.quote(c) for c in cmd), flush=True)
-        return subprocess.call(cmd, env=env)
+        return run_trainer(cmd, env)  # issue 18: the trainer's one-line error last, not torchrun's report
     if args.target == "torchrun":
         lines = []
         for node, cmd in zip(layout.nodes, node_commands(layout, args.plan, rank_args, args.master_addr,
@@ -284,8 +290,7 @@ def run(args) -> int:
 
 def _write(path: str | None, text: str) -> int:
     if path:
-        with open(path, "w") as f:
-            f.write(text)
+        write_output(path, text, what="launch file (-o)")  # issue 18: atomic
     else:
         sys.stdout.write(text)
     return 0

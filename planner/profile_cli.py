@@ -18,31 +18,31 @@ import sys
 import tempfile
 from pathlib import Path
 
+from planner import flags
 from planner.errors import SailorError
 
 UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
          "G": 2**30, "GB": 2**30, "GIB": 2**30}
 
 
-def parse_ints(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise SailorError(f"{flag} takes comma-separated integers, e.g. 1,2,4 (got {text!r})") from None
-    if not values or min(values) < 1:
-        raise SailorError(f"{flag} takes positive integers, e.g. 1,2,4 (got {text!r})")
-    return values
-
-
 def parse_size(text: str, flag: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in UNITS:
-        raise SailorError(f"{flag} takes a size like 1KB, 64MB or 1GB (binary units), got {text!r}")
+    m = re.fullmatch(r"\s*(\d{1,12}(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in UNITS or float(m.group(1)) * UNITS[m.group(2).upper()] > 2**50:
+        raise SailorError(f"{flag} takes a size like 1KB, 64MB or 1GB (binary units, up to 1PB), got {text!r}")
     return int(float(m.group(1)) * UNITS[m.group(2).upper()])
+
+
+
 
 
 # -- sailor profile model ------------------------------------------------------------------
 def cmd_model(args) -> int:
+    from planner.specs.model import get_model
+
+    get_model(args.model)  # a mistake in the model is one line before torch is imported
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        raise SailorError(f"-o {args.output} is a file; give the profiles directory to write into")
+    flags.require_module("torch", "runtime", "sailor profile model")
     from sailor_ext.profile.model_profile import ModelProfileRequest, profile_model
 
     device = args.device
@@ -52,8 +52,8 @@ def cmd_model(args) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     req = ModelProfileRequest(
         model=args.model, out_dir=args.output, device=device, gpu=args.gpu,
-        microbatch_sizes=parse_ints(args.micro_batch_sizes, "--micro-batch-sizes"),
-        tp_degrees=parse_ints(args.tp, "--tp"), warmup=args.warmup, repeats=args.repeats, blocks=args.blocks,
+        microbatch_sizes=args.micro_batch_sizes, tp_degrees=args.tp, warmup=args.warmup, repeats=args.repeats,
+        blocks=args.blocks,
         threads=args.threads, concurrency=args.concurrency, precision=args.precision, seed=args.seed,
         resume=args.resume, timeout_s=args.timeout)
     if args.quiet:
@@ -196,7 +196,7 @@ def cmd_show(args) -> int:
 def cmd_merge(args) -> int:
     from planner.profiles.collection import merge_dirs
 
-    result = merge_dirs(args.directories, args.output, args.prefer)
+    result = merge_dirs(args.directories, args.output, args.prefer, args.force)
     out = {"profiles": [str(p) for p in result.profiles], "network": str(result.network) if result.network else None,
            "combined": [f"{m} on {g}" for m, g in result.combined]}
     if args.json:
@@ -213,8 +213,12 @@ def cmd_export(args) -> int:
     from planner.profiles.sailor_data import save_sailor_dir
 
     src = read_dir(args.directory)
-    if Path(args.output).resolve() == src.root.resolve():
-        raise SailorError(f"the output {args.output} is the source; export to a new directory")
+    out, root = Path(args.output).resolve(), src.root.resolve()
+    if out == root or root in out.parents or out in root.parents:
+        raise SailorError(f"the output {args.output} overlaps the source {args.directory}; export to a directory of "
+                          "its own")
+    if out.exists() and not out.is_dir():
+        raise SailorError(f"the output {args.output} is a file; give a directory")
     if not src.profiles:
         raise SailorError(f"{args.directory} holds no model profiles to export (network fits stay in our format)")
     paths = save_sailor_dir([src.profiles[k] for k in sorted(src.profiles)], Path(args.output))
@@ -226,7 +230,7 @@ def cmd_export(args) -> int:
 def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     p = subparsers.add_parser("profile", help="measure a model or the network on this hardware; show, merge or "
                               "export profiles", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="profile_command", required=True)
+    sub = p.add_subparsers(dest="profile_command", required=True, metavar="WHAT", help="one of:")
 
     m = sub.add_parser("model", help="time the runtime's layers per microbatch size and TP degree",
                        description="Measure per-layer forward/backward time, memory and the optimizer step of a "
@@ -236,19 +240,24 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     m.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where to measure (default: cuda if visible, else cpu)")
     m.add_argument("--gpu", help="GPU type the profile is for (default: detected; CPU without CUDA)")
-    m.add_argument("--micro-batch-sizes", default="1,2,4,8", metavar="1,2,4,8")
-    m.add_argument("--tp", default="1", metavar="1,2,4", help="TP degrees (each runs that many processes)")
+    m.add_argument("--micro-batch-sizes", default=(1, 2, 4, 8), type=flags.int_list(1, 1 << 16), metavar="1,2,4,8",
+                   help="microbatch sizes to measure (default 1,2,4,8)")
+    m.add_argument("--tp", default=(1,), type=flags.int_list(1, 64), metavar="1,2,4",
+                   help="TP degrees (each runs that many processes; default 1)")
     m.add_argument("--resume", action="store_true", help="continue an interrupted run in DIR")
-    m.add_argument("--warmup", type=int, default=3, help="untimed repetitions first (default 3)")
-    m.add_argument("--repeats", type=int, default=20, help="timed repetitions; the median is kept (default 20)")
-    m.add_argument("--blocks", type=int, default=2, help="transformer blocks to build and time (default 2)")
-    m.add_argument("--threads", type=int, default=1, help="CPU threads per process, as your training ranks use")
-    m.add_argument("--concurrency", type=int, default=1,
+    m.add_argument("--warmup", type=flags.integer(0, 10**6), default=3, help="untimed repetitions first (default 3)")
+    m.add_argument("--repeats", type=flags.integer(1, 10**6), default=20,
+                   help="timed repetitions; the median is kept (default 20)")
+    m.add_argument("--blocks", type=flags.integer(1, 4096), default=2,
+                   help="transformer blocks to build and time (default 2)")
+    m.add_argument("--threads", type=flags.integer(1, 1024), default=1,
+                   help="CPU threads per process, as your training ranks use")
+    m.add_argument("--concurrency", type=flags.integer(1, 1024), default=1,
                    help="CPU: processes busy at once while measuring, as many as the training ranks that will "
                         "share this machine (default 1)")
     m.add_argument("--precision", choices=["fp32", "bf16"], help="default: bf16 on CUDA, fp32 on CPU (the runtime's)")
-    m.add_argument("--seed", type=int, default=1234)
-    m.add_argument("--timeout", type=float, default=1800, help="seconds a profiling process may take")
+    m.add_argument("--seed", type=flags.integer(0, 2**32 - 1), default=1234, help="random seed of the inputs")
+    m.add_argument("--timeout", type=flags.seconds, default=1800, help="seconds a profiling process may take")
     m.add_argument("-q", "--quiet", action="store_true", help="no progress and no summary; errors only")
     m.set_defaults(func=cmd_model)
 
@@ -258,35 +267,37 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     n.add_argument("-o", "--output", required=True, metavar="FILE", help="network.json to write (put it in a "
                    "profiles directory for --profiles)")
     n.add_argument("--plot", metavar="PNG", help="plot the fits against the measurements")
-    n.add_argument("--local", type=int, metavar="N", help="start N processes on this machine")
+    n.add_argument("--local", type=flags.integer(1, 1024), metavar="N", help="start N processes on this machine")
     n.add_argument("--nodes", metavar="0,0,1,1", help="with --local: the node label of each rank (default all 0)")
     n.add_argument("--zones", metavar="Z,Z,...", help="with --local: the zone of each rank (default --zone)")
     n.add_argument("--zone", default="local", help="this node's zone (under torchrun; default 'local')")
     n.add_argument("--gpu", help="GPU type label (default: detected; CPU without CUDA)")
-    n.add_argument("--min-size", default="1KB")
+    n.add_argument("--min-size", default="1KB", help="smallest message (default 1KB)")
     n.add_argument("--max-size", default="64MB", help="largest message (default 64MB; 1GB on GPUs with memory)")
-    n.add_argument("--compute-between", type=float, metavar="MS",
+    n.add_argument("--compute-between", type=flags.number(0.0, 1e6), metavar="MS",
                    help="milliseconds of matrix multiplications before each timed transfer, as in training "
                         "(default 2 on CPU, 0 on GPUs)")
-    n.add_argument("--timeout", type=float, default=600)
+    n.add_argument("--timeout", type=flags.seconds, default=600, help="seconds the measurement may take "
+                   "(default 600)")
     n.set_defaults(func=cmd_network)
 
     s = sub.add_parser("show", help="summarise a profiles directory")
-    s.add_argument("directory")
+    s.add_argument("directory", help="a profiles directory (ours or Sailor's layout)")
     s.add_argument("--model", help="only this model")
     s.add_argument("--gpu", help="only this GPU type")
     s.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     s.set_defaults(func=cmd_show)
 
     g = sub.add_parser("merge", help="combine profiles directories from several machines into one")
-    g.add_argument("directories", nargs="+", metavar="DIR")
-    g.add_argument("-o", "--output", required=True, metavar="DIR")
+    g.add_argument("directories", nargs="+", metavar="DIR", help="profiles directories to merge (two or more)")
+    g.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write the merge into")
     g.add_argument("--prefer", choices=["first", "last"], help="which source wins where two measured the same point")
-    g.add_argument("--json", action="store_true")
+    g.add_argument("--force", action="store_true", help="replace profiles already in the output directory")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
     g.set_defaults(func=cmd_merge)
 
     x = sub.add_parser("export", help="write a profiles directory in Sailor's layout, for Sailor's own planner")
-    x.add_argument("directory")
+    x.add_argument("directory", help="a profiles directory in our layout")
     x.add_argument("-o", "--output", required=True, metavar="DIR", help="writes DIR/profiles/MODEL/GPU/profile.json "
                    "and DIR/llm_info.json (models already there are kept)")
     x.add_argument("--format", default="sailor", choices=["sailor"], help="target layout (default sailor)")

@@ -19,12 +19,13 @@ Per interval of length dt with a plan of iteration time T:
 from __future__ import annotations
 
 import csv
-import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.errors import SailorError
-from planner.specs.hardware import Pool, canonical_gpu
+from planner.inputs import MAX_COUNT, Doc, parse_json, read_text
+from planner.specs.hardware import Pool
 
 POLICIES = ("sailor", "homogeneous", "static")
 
@@ -39,38 +40,58 @@ class Snapshot:
         return sum(p.count for p in self.pools)
 
 
-def load_trace(path: str, gpu: str = "A100-40", zone: str = "us-central1-a") -> list[Snapshot]:
-    """Sailor's traces: CSV `,Timestamp,<GPU>_<zone>,...` or JSON `[{"Time": s, "GPUs": n}]`."""
-    p, gpu = Path(path), canonical_gpu(gpu) or gpu
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise SailorError(f"trace {path} not found") from None
+MAX_SNAPSHOTS = 100_000
+
+
+def load_trace(path: str, gpu: str = "A100-40", zone: str = "us-central1-a", cluster=None) -> list[Snapshot]:
+    """Sailor's traces: CSV `,Timestamp,<GPU>_<zone>,...` or JSON `[{"Time": s, "GPUs": n}]`, every value checked."""
+    from planner.specs.hardware import Cluster
+
+    cluster = cluster or Cluster()
+    where = f"trace {path}"
+    text = read_text(path, "trace")
     snaps = []
-    try:
-        if p.suffix == ".json":
-            rows = json.loads(text)
-            for r in rows:
-                snaps.append(Snapshot(float(r["Time"]), (Pool(gpu, zone, int(r["GPUs"])),)))
-        else:
-            reader = csv.reader(text.splitlines())
-            header = next(reader)
-            cols = []
-            for name in header[2:]:
-                g, _, z = name.partition("_")
-                cols.append((canonical_gpu(g) or g, z or zone))
-            t0 = None
-            for row in reader:
-                if not row:
-                    continue
-                t = float(row[1])
-                t0 = t if t0 is None else t0
-                snaps.append(Snapshot(t - t0, tuple(Pool(g, z, int(float(n))) for (g, z), n in zip(cols, row[2:]))))
-    except (KeyError, ValueError, IndexError, StopIteration, json.JSONDecodeError) as e:
-        raise SailorError(f"trace {path} is malformed ({e}); expected Sailor's CSV or JSON trace format") from None
-    if not snaps:
-        raise SailorError(f"trace {path} has no snapshots")
+    if Path(path).suffix == ".json":
+        gpu = cluster.gpu(gpu).name
+        zone = cluster.check_zone(zone, "--zone")
+        hint = 'a JSON trace is [{"Time": seconds, "GPUs": count}, ...]'
+        for row in Doc(parse_json(text, where), where).items(1, MAX_SNAPSHOTS, hint):
+            f = row.fields(("Time", "GPUs"), hint=hint)
+            snaps.append(Snapshot(f["Time"].number(0, 1e12), (Pool(gpu, zone, f["GPUs"].int(0, MAX_COUNT)),)))
+    else:
+        rows = [r for r in csv.reader(text.splitlines()) if r]
+        header, rows = rows[0], rows[1:]
+        if len(header) < 3 or not rows:
+            raise SailorError(f"{where}: expected Sailor's CSV trace: a header ',Timestamp,GPU_zone,...' and one row "
+                              "per snapshot")
+        cols = []
+        for name in header[2:]:
+            g, _, z = name.partition("_")
+            cols.append((cluster.gpu(g).name, cluster.check_zone(z, f"{where}: column {name!r}") if z else zone))
+        if len(rows) > MAX_SNAPSHOTS:
+            raise SailorError(f"{where} has {len(rows)} snapshots, more than the {MAX_SNAPSHOTS} a replay takes")
+        t0 = None
+        for i, row in enumerate(rows, 2):
+            if len(row) != len(header):
+                raise SailorError(f"{where}: line {i} has {len(row)} fields but the header has {len(header)}")
+            t = _csv_number(row[1], where, i, "Timestamp", 1e12)
+            t0 = t if t0 is None else t0
+            counts = [_csv_number(n, where, i, name, MAX_COUNT, integral=True) for n, name in zip(row[2:], header[2:])]
+            if t < t0:
+                raise SailorError(f"{where}: line {i} goes back in time ({row[1]} before {rows[0][1]})")
+            snaps.append(Snapshot(t - t0, tuple(Pool(g, z, int(n)) for (g, z), n in zip(cols, counts))))
     return sorted(snaps, key=lambda s: s.time_s)
+
+
+def _csv_number(text: str, where: str, line: int, column: str, hi: float, integral: bool = False) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 <= value <= hi) or (integral and not value.is_integer()):
+        kind = "a whole number" if integral else "a number"
+        raise SailorError(f"{where}: line {line}, column {column}: {text!r} is not {kind} from 0 to {hi:g}")
+    return value
 
 
 @dataclass

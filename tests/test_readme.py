@@ -75,6 +75,12 @@ def test_tour(checkout):
     later = [e for e in events if e["event"] == "epoch_published" and e["epoch"] >= 2]
     assert later and later[0]["world"] == 4, later
     assert "training finished" in out.stderr
+    assert "pkill" not in block and "killall" not in block  # it kills the job's own agent, by its recorded pid
+    # everything the tour wrote is ignored by git: `git status` stays clean
+    made = [p.name + ("/" if p.is_dir() else "") for p in checkout.iterdir() if not p.is_symlink()]
+    assert made, "the tour wrote nothing?"
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *made], cwd=ROOT, capture_output=True, text=True)
+    assert sorted(ignored.stdout.split()) == sorted(made), f"not ignored: {set(made) - set(ignored.stdout.split())}"
 
 
 def test_benchmark_commands_start(checkout):

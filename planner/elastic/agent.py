@@ -30,6 +30,7 @@ import sys
 import time
 import uuid
 
+from planner import flags
 from planner.elastic import protocol as P
 from planner.elastic.store import StoreClient, StoreClosed
 from planner.errors import SailorError
@@ -129,10 +130,9 @@ class Agent:
 
 def parse_store(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
-    try:
-        return host or "127.0.0.1", int(port)
-    except ValueError:
-        raise SailorError(f"bad --store {text!r}: write HOST:PORT as printed by `sailor run`") from None
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise SailorError(f"bad --store {text!r}: write HOST:PORT (a port from 1 to 65535) as printed by `sailor run`")
+    return host or "127.0.0.1", int(port)
 
 
 def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
@@ -144,15 +144,18 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     p.add_argument("--node-id", help="a name unique in the job (default: hostname and a random suffix)")
     p.add_argument("--host", default=None, help="this node's address (default: its hostname)")
     p.add_argument("--cluster", help="cluster file (for GPU types not in the catalog)")
-    p.add_argument("--heartbeat-s", type=float, default=0.5, help="seconds between heartbeats (default 0.5)")
+    p.add_argument("--heartbeat-s", type=flags.number(above=0.0, hi=3600.0), default=0.5, metavar="SECONDS",
+                   help="seconds between heartbeats (default 0.5)")
     p.add_argument("--detach-workers", action="store_true",
                    help="start workers in their own session: they outlive the agent (the controller fences them)")
-    p.add_argument("--max-restarts", type=int, default=3, help="fresh workers to start after crashes (default 3)")
+    p.add_argument("--max-restarts", type=flags.integer(0, 10**6), default=3, metavar="N",
+                   help="fresh workers to start after crashes (default 3)")
     p.set_defaults(func=run)
     return p
 
 
 def run(args) -> int:
+    store = parse_store(args.store)
     cluster = load_cluster(args.cluster)
     pools = parse_gpus(args.gpus, cluster)
     if len(pools) != 1:
@@ -162,7 +165,7 @@ def run(args) -> int:
     if "/" in node_id:
         raise SailorError(f"--node-id {node_id!r} may not contain '/'")
     info = P.NodeInfo(node_id, pool.gpu, pool.zone, pool.count, args.host or socket.gethostname(), os.getpid())
-    return Agent(parse_store(args.store), info, args.heartbeat_s, args.detach_workers, args.max_restarts).run()
+    return Agent(store, info, args.heartbeat_s, args.detach_workers, args.max_restarts).run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,9 @@ Torch-free.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import io
 import json
 import math
 import os
@@ -45,6 +47,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from planner import flags
 from planner.elastic import protocol as P
 from planner.elastic.replan import Proposal, Replanner, pays_off
 from planner.elastic.store import StoreServer
@@ -454,33 +457,39 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
         "run", help="train elastically: re-plan and reconfigure in place when nodes come and go",
         description="Start the controller of an elastic job (it hosts the job's store), optionally with local "
                     "node agents; arguments after '--' go to the training workers (sailor_ext.train's).")
-    p.add_argument("--model", required=True, help="model preset or config.json (the plans carry it to the workers)")
-    p.add_argument("--seq-length", type=int, metavar="TOKENS",
+    p.add_argument("--model", required=True, type=flags.nonempty("a model"),
+                   help="model preset or config.json (the plans carry it to the workers)")
+    p.add_argument("--seq-length", type=flags.seq_length, metavar="TOKENS",
                    help="training sequence length (default: a preset's own; a config.json's min(2048, its context "
                         "length))")
-    p.add_argument("--global-batch", type=int, required=True, help="samples per step, fixed for the whole job")
+    p.add_argument("--global-batch", type=flags.batch, required=True, metavar="SAMPLES",
+                   help="samples per step, fixed for the whole job")
     p.add_argument("--gpus", metavar="TYPE@ZONE=N,...",
                    help="with --local: the GPUs to start agents for; else: wait for this many before the first plan")
-    p.add_argument("--gpus-per-node", type=int, help="with --local: GPUs per agent (default: the type's node size)")
+    p.add_argument("--gpus-per-node", type=flags.integer(1, 1024), metavar="N",
+                   help="with --local: GPUs per agent (default: the type's node size)")
     p.add_argument("--local", action="store_true", help="start the node agents on this machine")
-    p.add_argument("--objective", default="throughput", choices=["throughput", "cost", "cost-per-token"])
+    p.add_argument("--objective", default="throughput", choices=["throughput", "cost", "cost-per-token"],
+                   help="what each plan of the job optimizes (default throughput)")
     p.add_argument("--host", default="127.0.0.1", help="address to serve the job's store on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="port of the job's store (default: any free port)")
+    p.add_argument("--port", type=flags.port, default=0, help="port of the job's store (default: any free port)")
     p.add_argument("--address-file", help="write HOST:PORT of the store here once it serves")
     p.add_argument("--events-file", help="append one JSON line per event (joins, losses, plans, timings)")
-    p.add_argument("--heartbeat-s", type=float, default=0.5, help="agents' heartbeat period (default 0.5)")
-    p.add_argument("--heartbeat-misses", type=int, default=4,
+    p.add_argument("--heartbeat-s", type=flags.number(above=0.0, hi=3600.0), default=0.5, metavar="SECONDS",
+                   help="agents' heartbeat period (default 0.5)")
+    p.add_argument("--heartbeat-misses", type=flags.integer(1, 10**6), default=4, metavar="N",
                    help="a node whose heartbeat stops this many periods is lost (default 4)")
-    p.add_argument("--reconfigure-cost-s", type=float,
+    p.add_argument("--reconfigure-cost-s", type=flags.number(0.0, 1e9), metavar="SECONDS",
                    help="what a reconfiguration costs when deciding whether a joining node pays off (default: the "
                         "last one measured, 2 s before any)")
     p.add_argument("--nodes-file", help="provider hook: a file listing the node ids that exist (one per line)")
     p.add_argument("--nodes-command", help="provider hook: a command that prints the node ids that exist")
-    p.add_argument("--nodes-interval-s", type=float, default=2.0,
+    p.add_argument("--nodes-interval-s", type=flags.number(above=0.0, hi=1e6), default=2.0, metavar="SECONDS",
                    help="how often to ask the provider hook (default 2 s)")
-    p.add_argument("--max-tp", type=int, default=8,
+    p.add_argument("--max-tp", type=flags.integer(1, 64), default=8, metavar="TP",
                    help="largest TP degree any plan of the job may use; the vocabulary is padded for it (default 8)")
-    p.add_argument("--wait-s", type=float, default=300.0, help="give up after this long without a runnable plan")
+    p.add_argument("--wait-s", type=flags.seconds, default=300.0, metavar="SECONDS",
+                   help="give up after this long without a runnable plan (default 300)")
     p.add_argument("--load", help="resume from this checkpoint directory (when the workers have no state in memory)")
     p.add_argument("rest", nargs=argparse.REMAINDER, metavar="-- TRAIN_ARGS",
                    help="arguments for the workers (sailor_ext.train's), after '--'")
@@ -498,17 +507,28 @@ def _train_args(args, model) -> tuple[list[str], int, int]:
     rest = list(args.rest or [])
     if rest and rest[0] == "--":
         rest = rest[1:]
+    elif rest:
+        raise SailorError(f"sailor run: unknown option {rest[0]!r}; put training arguments after '--' (see "
+                          "`sailor run --help`)")
     for flag in FORBIDDEN_TRAIN_ARGS:
         if any(a == flag or a.startswith(flag + "=") for a in rest):
             raise SailorError(f"{flag} is decided by the planner in `sailor run`; drop it (use --global-batch for "
                               "the batch)")
+    if not any(a == "--train-iters" or a.startswith("--train-iters=") for a in rest):
+        raise SailorError("sailor run needs the number of training steps: add -- --train-iters N at the end (training "
+                          "arguments go after '--')")
     from sailor_ext.precision import precision_config
     from sailor_ext.train import parse_args  # torch-free: argument parsing only
 
+    said = io.StringIO()
     try:
-        parsed = parse_args(rest)
+        with contextlib.redirect_stderr(said):
+            parsed = parse_args(rest)
     except SystemExit:
-        raise SailorError("bad training arguments after '--' (see the message above)") from None
+        why = said.getvalue().strip().splitlines()[-1:] or ["not understood"]
+        raise SailorError(f"bad training arguments after '--': {why[0].split('error: ', 1)[-1]}") from None
+    if parsed.train_iters < 1:
+        raise SailorError(f"--train-iters {parsed.train_iters} after '--' must be a positive number of steps")
     precision_config(parsed, cuda=False)  # --fp16 with --bf16 and the like: before any node starts
     if parsed.model is not None and parsed.model != args.model:
         raise SailorError(f"training argument --model {parsed.model} contradicts sailor run --model {args.model}")
@@ -549,21 +569,40 @@ def job_vocabulary(vocab: int, divisor: int, max_tp: int, load: str | None) -> t
 
 
 def run(args) -> int:
+    from planner.outputs import check_output
     from planner.profiles.store import load_profiles
     from planner.search.goal import Goal
     from planner.specs.hardware import load_cluster, parse_gpus
     from planner.specs.model import get_model, seq_length_reason
 
+    # Every flag is checked before the store or an agent starts: a mistake is one line, not a job
+    # that waits out --wait-s.
     model = get_model(args.model, args.seq_length)
     train_args, train_iters, divisor = _train_args(args, model)
     cluster = load_cluster(args.cluster)
-    if args.max_tp < 1 or args.max_tp & (args.max_tp - 1):
-        raise SailorError(f"--max-tp {args.max_tp} must be a power of two")
+    if args.max_tp & (args.max_tp - 1):
+        raise SailorError(f"--max-tp {args.max_tp} must be a power of two (1, 2, 4, 8...)")
+    if args.load and not Path(args.load).is_dir():
+        raise SailorError(f"no checkpoint in {args.load}: it is not a directory; give --load the --save directory of "
+                          "a previous run")
+    for flag, path in (("--events-file", args.events_file), ("--address-file", args.address_file)):
+        if path:
+            check_output(path, (args.cluster, args.load, args.nodes_file), flag)
     padded_vocab, max_tp = job_vocabulary(model.vocab, divisor, args.max_tp, args.load)
     profiles = load_profiles(args.profiles, dict(cluster.gpus), model)
     replanner = Replanner(model, cluster, profiles, args.global_batch, Goal(args.objective),
                           args.precision, max_tp)
-    pools = parse_gpus(args.gpus, cluster) if args.gpus else ()
+    pools = parse_gpus(args.gpus, cluster) if args.gpus is not None else ()
+    if args.local and not pools:
+        raise SailorError("--local needs --gpus TYPE@ZONE=N,... to know which agents to start")
+    if args.gpus_per_node is not None and not args.local:
+        raise SailorError("--gpus-per-node sizes the agents --local starts; without --local each agent says its own")
+    nodes = local_nodes(pools, args.gpus_per_node, cluster) if args.local else []
+    if nodes:  # the GPUs given must hold a plan, or the job would only wait
+        infos = [P.NodeInfo(f"node{i}", g, z, n) for i, (g, z, n) in enumerate(nodes)]
+        if replanner.propose(infos) is None:
+            raise SailorError(f"no plan runs on the GPUs given ({args.gpus}, {len(nodes)} node(s)): "
+                              f"{replanner.explain(infos)}")
     settings = Settings(train_args, train_iters, args.heartbeat_s, args.heartbeat_misses,
                         reconfigure_cost_s=args.reconfigure_cost_s,
                         min_gpus=sum(p.count for p in pools), wait_s=args.wait_s, provider_file=args.nodes_file,
@@ -585,13 +624,16 @@ def run(args) -> int:
                            f"({seq_source})", store=f"{host}:{port}", train_args=train_args,
                            padded_vocab=padded_vocab, model=model.name, seq_length=model.seq_len,
                            seq_length_source=seq_source)
-    if args.local:
-        if not pools:
-            raise SailorError("--local needs --gpus TYPE@ZONE=N,... to know which agents to start")
-        nodes = []
-        for pool in pools:
-            size = args.gpus_per_node or cluster.gpu(pool.gpu).gpus_per_node
-            full, extra = divmod(pool.count, size)
-            nodes += [(pool.gpu, pool.zone, size)] * full + ([(pool.gpu, pool.zone, extra)] if extra else [])
+    if nodes:
         controller.start_local_agents(nodes, args.heartbeat_s, args.cluster)
     return controller.run()
+
+
+def local_nodes(pools, gpus_per_node: int | None, cluster) -> list[tuple[str, str, int]]:
+    """(GPU type, zone, GPUs) of each agent --local starts: whole nodes, then what is left of a pool."""
+    nodes = []
+    for pool in pools:
+        size = gpus_per_node or cluster.gpu(pool.gpu).gpus_per_node
+        full, extra = divmod(pool.count, size)
+        nodes += [(pool.gpu, pool.zone, size)] * full + ([(pool.gpu, pool.zone, extra)] if extra else [])
+    return nodes

@@ -69,18 +69,32 @@ class Replanner:
             pools[(n.gpu, n.zone)] = pools.get((n.gpu, n.zone), 0) + n.gpus // sizes[n.gpu] * sizes[n.gpu]
         return replace(self.cluster, gpus=gpus, available=tuple(Pool(g, z, c) for (g, z), c in pools.items()))
 
-    def propose(self, nodes: list[NodeInfo]) -> Proposal | None:
-        """The planner's best plan on `nodes` (oldest first), or None if nothing fits."""
+    def _planner(self, nodes: list[NodeInfo]):
         from planner.search.planner import Planner
         from planner.simulator.simulate import Simulator
 
+        cluster = self.cluster_for(nodes)
+        sim = Simulator(self.model, cluster, self.profiles, self.precision)
+        return cluster, Planner(sim, self.global_batch, self.goal, max_tp=self.max_tp)
+
+    def explain(self, nodes: list[NodeInfo]) -> str:
+        """Why no plan runs on `nodes` (for a job that could never start)."""
+        from planner.search.explain import explain_infeasible
+
+        try:
+            _, planner = self._planner(nodes)
+            return explain_infeasible(planner, self.goal)
+        except SailorError as e:
+            return str(e)
+
+    def propose(self, nodes: list[NodeInfo]) -> Proposal | None:
+        """The planner's best plan on `nodes` (oldest first), or None if nothing fits."""
         if not nodes:
             return None
         start = time.perf_counter()
-        cluster = self.cluster_for(nodes)
-        sim = Simulator(self.model, cluster, self.profiles, self.precision)
         try:
-            result = Planner(sim, self.global_batch, self.goal, max_tp=self.max_tp).run(top=1)
+            cluster, planner = self._planner(nodes)
+            result = planner.run(top=1)
         except SailorError:
             return None
         if not result.plans:

@@ -33,6 +33,7 @@ import statistics
 import numpy as np
 
 from planner.profiles.estimate import DEFAULT_EFFICIENCY, DTYPE_BYTES, Efficiency, seconds, tensor_cores, work_terms
+from planner.profiles.head_logits import keeps_logits
 from planner.profiles.layer_work import layer_work
 from planner.profiles.profile import LayerMemory, Profile
 from planner.specs.hardware import GPUSpec
@@ -72,14 +73,6 @@ def describes(profile: Profile, model: ModelSpec) -> bool:
         if abs(mem.params[block] - expected) > 0.01 * expected:
             return False
     return True
-
-
-def keeps_logits(memory: LayerMemory | None, model: ModelSpec, tp: int, dtype_bytes: int) -> bool:
-    """Whether the measured head kept its logits for backward (a value per vocabulary entry and
-    token): if not, it did not compute them."""
-    if memory is None:
-        return True
-    return memory.activation_bytes[-1] / model.seq_len >= dtype_bytes * model.padded_vocab(tp) / tp
 
 
 def comparable_layers(model: ModelSpec, memory: LayerMemory | None, tp: int, dtype_bytes: int) -> list[int]:

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.errors import SailorError
+from planner.inputs import parse_json, read_text
+from planner.outputs import write_output
 from planner.profiles.network_fits import BandwidthFit, NetworkFits, load_network_file
-from planner.profiles.profile import Profile, load_profile_file, save_profile
+from planner.profiles.profile import Profile, load_profile_file, profile_dir, save_profile
 from planner.profiles.sailor_data import is_sailor_dir, load_sailor_dir
 
 
@@ -49,7 +51,7 @@ def read_dir(path: str) -> ProfileDir:
     net = root / "network.json"
     if net.exists():
         fits = load_network_file(net)
-        network = json.loads(net.read_text())
+        network = parse_json(read_text(net, "network profile"), f"network profile {net}")
     if not profiles and network is None:
         partial = sorted(root.glob("*/*/profile.partial.json"))
         hint = f" (an unfinished run is in {partial[0].parent}: finish it with `sailor profile model --resume`)" \
@@ -128,12 +130,16 @@ class MergeResult:
     combined: list[tuple[str, str]]  # (model, gpu) pairs measured in more than one source
 
 
-def merge_dirs(sources: list[str], out: str, prefer: str | None = None) -> MergeResult:
+def merge_dirs(sources: list[str], out: str, prefer: str | None = None, force: bool = False) -> MergeResult:
+    """Merge `sources` into `out`; files already in `out` are replaced only with `force`."""
     if len(sources) < 2:
         raise SailorError("give at least two profile directories to merge")
     out_root = Path(out).resolve()
-    if any(Path(s).resolve() == out_root for s in sources):
-        raise SailorError(f"the output {out} is also a source; write the merge to a new directory")
+    if any(Path(s).resolve() == out_root or out_root in Path(s).resolve().parents or
+           Path(s).resolve() in out_root.parents for s in sources):
+        raise SailorError(f"the output {out} overlaps a source directory; write the merge to a directory of its own")
+    if out_root.exists() and not out_root.is_dir():
+        raise SailorError(f"the output {out} is a file; give a directory")
     dirs = [read_dir(s) for s in sources]
     merged: dict[tuple[str, str], Profile] = {}
     origin: dict[tuple[str, str], str] = {}
@@ -159,14 +165,19 @@ def merge_dirs(sources: list[str], out: str, prefer: str | None = None) -> Merge
                     table[key] = e
                 net_origin[key] = str(d.root)
         allreduce += dar
+    if not merged and not intra and not inter:
+        raise SailorError("the sources hold no profiles and no network fits; nothing to merge")
+    targets = [profile_dir(out, *key) / "profile.json" for key in sorted(merged)]
+    targets += [out_root / "network.json"] if intra or inter else []
+    occupied = [t for t in targets if t.exists()]
+    if occupied and not force:
+        raise SailorError(f"{occupied[0]} already exists ({len(occupied)} file(s) of the merge would be replaced); "
+                          "merge into an empty directory, or add --force to replace them")
     paths = [save_profile(p, out) for _, p in sorted(merged.items())]
     network = None
     if intra or inter:
-        network = out_root / "network.json"
         doc = {"format": "sailor-network", "version": 1, "merged_from": [str(d.root) for d in dirs],
                "intra": list(intra.values()), "inter": list(inter.values()), "allreduce": allreduce}
-        network.parent.mkdir(parents=True, exist_ok=True)
-        network.write_text(json.dumps(doc, indent=1) + "\n")
-    if not paths and network is None:
-        raise SailorError("the sources hold no profiles and no network fits; nothing to merge")
+        out_root.mkdir(parents=True, exist_ok=True)
+        network = write_output(out_root / "network.json", json.dumps(doc, indent=1) + "\n", what="network profile")
     return MergeResult(paths, network, sorted(set(combined)))

@@ -23,12 +23,11 @@ entry (its README), not measurements, so they are not read.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.errors import SailorError
+from planner.inputs import Doc, int_key, parse_json, read_text
 
 Y_MIN, Y_MAX = math.log2(0.064), math.log2(1024.0)  # fitted range: 64 KB .. 1 GB
 
@@ -100,15 +99,40 @@ class NetworkFits:
         return self.intra.get((gpu, n))
 
 
-def _fit(entry, extra: dict | None = None) -> BandwidthFit:
-    (c0, c1, c2), cap = entry
+NETWORK_HINT = "see the network profile format in docs/formats.md"
+MAX_COEFF, MAX_RATE = 1e9, 1e15  # GB/s polynomial coefficients; bytes per second
+
+
+def _fit(coeffs: Doc, cap: Doc, extra: dict[str, Doc] | None = None) -> BandwidthFit:
+    """A fit from its coefficients, cap and (ours) optional measured facts, every value checked."""
+    c0, c1, c2 = coeffs.numbers(3, -MAX_COEFF, MAX_COEFF, "write [c0, c1, c2]")
     extra = extra or {}
 
-    def optional(key):
-        return float(extra[key]) if extra.get(key) is not None else None
+    def optional(key, lo=0.0, above=None, hi=MAX_RATE):
+        doc = extra.get(key)
+        return None if doc is None or doc.value is None else doc.number(lo if above is None else None, hi, above)
 
-    return BandwidthFit(float(c0), float(c1), float(c2), float(cap), optional("latency_s"), optional("min_bytes"),
-                        optional("max_bytes"), optional("allreduce_efficiency"))
+    fit = BandwidthFit(c0, c1, c2, cap.number(above=0.0, hi=MAX_RATE), optional("latency_s", hi=1e3),
+                       optional("min_bytes", above=0.0), optional("max_bytes", above=0.0),
+                       optional("allreduce_efficiency", above=0.0, hi=1e3))
+    if fit.min_bytes is not None and fit.max_bytes is not None and fit.min_bytes > fit.max_bytes:
+        cap.fail(f"a fit whose min_bytes ({fit.min_bytes:g}) is at most its max_bytes ({fit.max_bytes:g})")
+    return fit
+
+
+def _sailor_entry(doc: Doc) -> BandwidthFit:
+    v = doc.value  # Sailor's file holds thousands: the well-formed ones take the short way
+    if isinstance(v, list) and len(v) == 2 and isinstance(v[0], list) and len(v[0]) == 3 and \
+            {type(x) for x in (*v[0], v[1])} <= {int, float} and all(math.isfinite(x) for x in (*v[0], v[1])) and \
+            all(abs(x) <= MAX_COEFF for x in v[0]) and 0 < v[1] <= MAX_RATE:
+        return BandwidthFit(float(v[0][0]), float(v[0][1]), float(v[0][2]), float(v[1]))
+    coeffs, cap = doc.items(2, 2, "Sailor's fits are [[c0, c1, c2], max bytes/s]")
+    return _fit(coeffs, cap)
+
+
+def _read(path: Path, what: str) -> Doc:
+    where = f"{what} {path}"
+    return Doc(parse_json(read_text(path, what), where), where)
 
 
 def load_sailor_network(providers: Path, gpu_name) -> NetworkFits:
@@ -116,39 +140,45 @@ def load_sailor_network(providers: Path, gpu_name) -> NetworkFits:
     fits = NetworkFits()
     inter_file = providers / "multizone_bandwidths_het.json"
     if inter_file.exists():
-        data = json.loads(inter_file.read_text())
-        for sz, by_gpu in data.items():
-            for sg, by_n in by_gpu.items():
-                for sn, by_dz in by_n.items():
-                    for dz, by_dg in by_dz.items():
-                        for dg, by_dn in by_dg.items():
-                            if gpu_name(dg) != gpu_name(sg):
-                                continue  # a copy of another entry, not a measurement (see above)
-                            for dn, entry in by_dn.items():
-                                key = (sz, gpu_name(sg), int(sn), dz, gpu_name(dg), int(dn))
-                                fits.inter[key] = _fit(entry)
+        for sz, by_gpu in _read(inter_file, "Sailor network fits").entries(NETWORK_HINT):
+            for sg, by_n in by_gpu.entries(NETWORK_HINT):
+                for sn, by_dz in by_n.entries(NETWORK_HINT):
+                    n_src = int_key(sn, by_n.source, by_n, 1, 1 << 16)
+                    for dz, by_dg in by_dz.entries(NETWORK_HINT):
+                        for dg, by_dn in by_dg.entries(NETWORK_HINT):
+                            for dn, entry in by_dn.entries(NETWORK_HINT):
+                                fit = _sailor_entry(entry)  # every entry is checked, also those not read
+                                if gpu_name(dg) == gpu_name(sg):  # else a copy of another entry (see above)
+                                    key = (sz, gpu_name(sg), n_src, dz, gpu_name(dg),
+                                           int_key(dn, by_dn.source, by_dn, 1, 1 << 16))
+                                    fits.inter[key] = fit
         fits.sources.append(str(inter_file))
     intra_file = providers / "intra_node_bandwidths.json"
     if intra_file.exists():
-        for g, by_n in json.loads(intra_file.read_text()).items():
-            for n, entry in by_n.items():
-                fits.intra[(gpu_name(g), int(n))] = _fit(entry)
+        for g, by_n in _read(intra_file, "Sailor network fits").entries(NETWORK_HINT):
+            for n, entry in by_n.entries(NETWORK_HINT):
+                fits.intra[(gpu_name(g), int_key(n, by_n.source, by_n, 1, 1 << 16))] = _sailor_entry(entry)
         fits.sources.append(str(intra_file))
     return fits
 
 
+FIT_FIELDS = ("coeffs", "max_bytes_per_s")
+FIT_EXTRA = ("latency_s", "min_bytes", "max_bytes", "allreduce_efficiency")
+
+
 def load_network_file(path: Path) -> NetworkFits:
-    """Read our network.json (written by `sailor profile network`)."""
-    try:
-        d = json.loads(path.read_text())
-        fits = NetworkFits(sources=[str(path)])
-        for e in d.get("inter", []):
-            key = (e["src_zone"], e["src_gpu"], int(e["src_gpus"]), e["dst_zone"], e["dst_gpu"], int(e["dst_gpus"]))
-            fits.inter[key] = _fit((e["coeffs"], e["max_bytes_per_s"]), e)
-        for e in d.get("intra", []):
-            fits.intra[(e["gpu"], int(e["gpus"]))] = _fit((e["coeffs"], e["max_bytes_per_s"]), e)
-        return fits
-    except json.JSONDecodeError as e:
-        raise SailorError(f"network profile {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-    except (KeyError, TypeError, ValueError) as e:
-        raise SailorError(f"network profile {path} is malformed ({e}); see docs/formats.md") from None
+    """Read our network.json (written by `sailor profile network`), every fit checked."""
+    top = _read(path, "network profile").fields(open_ended=True, hint=NETWORK_HINT)
+    fits = NetworkFits(sources=[str(path)])
+    if "allreduce" in top:
+        top["allreduce"].items(hint=NETWORK_HINT)  # kept as measured, for merges
+    for e in top["inter"].items(hint=NETWORK_HINT) if "inter" in top else ():
+        f = e.fields(("src_zone", "src_gpu", "src_gpus", "dst_zone", "dst_gpu", "dst_gpus", *FIT_FIELDS),
+                     open_ended=True, hint=NETWORK_HINT)
+        key = (f["src_zone"].str(), f["src_gpu"].str(), f["src_gpus"].int(1, 1 << 16), f["dst_zone"].str(),
+               f["dst_gpu"].str(), f["dst_gpus"].int(1, 1 << 16))
+        fits.inter[key] = _fit(f["coeffs"], f["max_bytes_per_s"], f)
+    for e in top["intra"].items(hint=NETWORK_HINT) if "intra" in top else ():
+        f = e.fields(("gpu", "gpus", *FIT_FIELDS), open_ended=True, hint=NETWORK_HINT)
+        fits.intra[(f["gpu"].str(), f["gpus"].int(1, 1 << 16))] = _fit(f["coeffs"], f["max_bytes_per_s"], f)
+    return fits

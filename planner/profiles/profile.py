@@ -30,6 +30,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from planner.errors import SailorError
+from planner.inputs import MAX_BATCH, Doc, int_key, parse_json, read_text
 from planner.specs.model import ModelSpec, canonical_name, get_model, is_preset, model_from_dict
 
 MEASURED, ESTIMATED = "measured", "estimated"
@@ -183,31 +184,58 @@ def profile_to_dict(p: Profile) -> dict:
     }
 
 
+PROFILE_HINT = "see the profile format in docs/formats.md"
+PROFILE_META = ("created", "software", "device", "notes", "origin")
+MAX_SECONDS, MAX_BYTES, MAX_PARAMS = 1e6, 1e18, 1e15  # per layer: far beyond any real one
+
+
 def profile_spec(d: dict, source_name: str) -> ModelSpec | None:
     """The model a profile file measured (its model_config), without reading the rest."""
-    if d.get("model_config") is None:
+    if not isinstance(d, dict) or d.get("model_config") is None:
         return None
     return model_from_dict(d["model_config"], f"profile {source_name}: model_config")
 
 
+def tp_key(key: str, source: str, where) -> int:
+    """A TP degree as a key of a profile. Sailor's data also measured TP 7 (OPT-30 on V100-16): such
+    points are read, and the planner uses only powers of two."""
+    return int_key(key, source, where, 1, 64)
+
+
 def profile_from_dict(d: dict, source_name: str) -> Profile:
+    source = f"profile {source_name}"
+    top = Doc(d, source).fields(("model", "gpu", "times", "memory", "optimizer_s_per_param"),
+                                ("format", "version", "model_config", "precision", *PROFILE_META), PROFILE_HINT)
+    if "format" in top:
+        top["format"].str(("sailor-profile",))
+    if "version" in top:
+        top["version"].int(1, 1, hint="this sailor reads version 1")
     spec = profile_spec(d, source_name)
-    try:
-        times = {(int(b), int(t)): LayerTimes(tuple(map(float, v["fwd"])), tuple(map(float, v["bwd"])))
-                 for b, per_tp in d["times"].items() for t, v in per_tp.items()}
-        memory = {int(t): LayerMemory(tuple(map(int, v["params"])), tuple(map(float, v["activation_bytes"])),
-                                      tuple(map(float, v["output_bytes"]))) for t, v in d["memory"].items()}
-        lengths = {len(lt.fwd) for lt in times.values()} | {len(lt.bwd) for lt in times.values()} | {
-            len(m.params) for m in memory.values()}
-        if len(lengths) != 1:
-            raise ValueError(f"layer lists have different lengths {sorted(lengths)}")
-        meta = {k: v for k, v in d.items() if k in ("created", "software", "device", "notes")}
-        return Profile(str(d["model"]), str(d["gpu"]), lengths.pop(), str(d.get("precision", "fp32")), MEASURED,
-                       times, float(d["optimizer_s_per_param"]), memory, meta, spec)
-    except KeyError as e:
-        raise SailorError(f"profile {source_name}: missing field {e.args[0]!r}; see docs/formats.md") from None
-    except (TypeError, ValueError, AttributeError) as e:
-        raise SailorError(f"profile {source_name}: malformed ({e}); see docs/formats.md") from None
+    times, layers = {}, None
+    for b, per_tp in top["times"].entries(PROFILE_HINT):
+        mbs = int_key(b, source, "times", 1, MAX_BATCH)
+        for t, v in per_tp.entries(PROFILE_HINT):
+            tp = tp_key(t, source, f"times.{b}")
+            f = v.fields(("fwd", "bwd"), hint=PROFILE_HINT)
+            fwd = f["fwd"].numbers(layers, 0.0, MAX_SECONDS, "seconds per layer, one per layer")
+            layers = len(fwd)
+            bwd = f["bwd"].numbers(layers, 0.0, MAX_SECONDS, "seconds per layer, one per layer")
+            if not fwd or sum(fwd) + sum(bwd) <= 0:
+                v.fail("the times of at least one layer, not all zero", PROFILE_HINT)
+            times[(mbs, tp)] = LayerTimes(fwd, bwd)
+    if not times:
+        top["times"].fail("at least one microbatch size and TP degree", PROFILE_HINT)
+    memory = {}
+    for t, v in top["memory"].entries(PROFILE_HINT):
+        f = v.fields(("params", "activation_bytes", "output_bytes"), hint=PROFILE_HINT)
+        memory[tp_key(t, source, "memory")] = LayerMemory(
+            f["params"].ints(layers, 0, int(MAX_PARAMS), "one per layer"),
+            f["activation_bytes"].numbers(layers, 0.0, MAX_BYTES, "one per layer"),
+            f["output_bytes"].numbers(layers, 0.0, MAX_BYTES, "one per layer"))
+    meta = {k: v.value for k, v in top.items() if k in PROFILE_META}
+    precision = top["precision"].str(("fp32", "bf16")) if "precision" in top else "fp32"
+    return Profile(top["model"].str(), top["gpu"].str(), layers, precision, MEASURED, times,
+                   top["optimizer_s_per_param"].number(0.0, 1.0), memory, meta, spec)
 
 
 def profile_dir(directory: str | Path, model: str, gpu: str) -> Path:
@@ -225,12 +253,9 @@ def save_profile(p: Profile, directory: str) -> Path:
 
 
 def read_profile_file(path: Path) -> dict:
-    try:
-        d = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise SailorError(f"profile {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    d = parse_json(read_text(path, "profile"), f"profile {path}")
     if not isinstance(d, dict):
-        raise SailorError(f"profile {path}: expected a JSON object; see docs/formats.md")
+        raise SailorError(f"profile {path}: expected a JSON object; {PROFILE_HINT}")
     return d
 
 

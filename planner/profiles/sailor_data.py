@@ -27,8 +27,12 @@ import json
 import statistics
 from pathlib import Path
 
+from planner.errors import SailorError
+from planner.inputs import MAX_BATCH, Doc, int_key, parse_json, read_text
+from planner.outputs import write_output
 from planner.profiles.network_fits import NetworkFits, load_sailor_network
-from planner.profiles.profile import MEASURED, LayerMemory, LayerTimes, Profile, measured_model, model_keys
+from planner.profiles.profile import (MAX_BYTES, MAX_PARAMS, MAX_SECONDS, MEASURED, LayerMemory, LayerTimes, Profile,
+                                      measured_model, model_keys, tp_key)
 from planner.specs.hardware import SAILOR_GPU_NAMES, canonical_gpu
 from planner.specs.model import SAILOR_NAMES, ModelSpec, canonical_name, get_model, is_preset
 
@@ -43,6 +47,11 @@ def _gpu_name(name: str) -> str:
     return canonical_gpu(name) or name
 
 
+def _read(path: Path, what: str) -> Doc:
+    where = f"{what} {path}"
+    return Doc(parse_json(read_text(path, what), where), where)
+
+
 def load_sailor_dir(root: Path, model: ModelSpec | str | None = None) -> tuple[dict, NetworkFits]:
     """Profiles keyed by (our model name, our GPU name), and the network fits.
 
@@ -50,8 +59,9 @@ def load_sailor_dir(root: Path, model: ModelSpec | str | None = None) -> tuple[d
     exported profile of a config.json model is for Sailor's own planner).
     With `model` (a ModelSpec or a preset's name), only the profiles of
     models with its architecture are read (a planner run needs no others).
+    Every value read is checked: a malformed file is one line naming it.
     """
-    info = json.loads((root / "llm_info.json").read_text())
+    info = dict(_read(root / "llm_info.json", "Sailor's llm_info").entries(SAILOR_HINT))
     if isinstance(model, str):
         model = get_model(model)
     keys = model_keys(model) if model is not None else ()
@@ -59,41 +69,57 @@ def load_sailor_dir(root: Path, model: ModelSpec | str | None = None) -> tuple[d
     def wanted(name: str) -> bool:
         return is_preset(name) and (model is None or ("architecture", get_model(name).architecture()) in keys)
 
-    raw: dict[tuple[str, str], dict] = {}
+    raw: dict[tuple[str, str], dict] = {}  # every file is checked, also one the merged file overrides
     for f in sorted((root / "profiles").glob("*/*/profile.json")):
         if wanted(f.parent.parent.name):
-            raw[(f.parent.parent.name, f.parent.name)] = json.loads(f.read_text())
+            raw[(f.parent.parent.name, f.parent.name)] = _points(_read(f, "Sailor profile"),
+                                                                 get_model(f.parent.parent.name).num_layers)
     merged = root / "profiles" / "profiles_tmp.json"
     if merged.exists():
-        for name, by_gpu in json.loads(merged.read_text()).items():
+        for name, by_gpu in _read(merged, "Sailor profiles").entries(SAILOR_HINT):
             if wanted(name):
-                for gpu, data in by_gpu.items():
-                    raw[(name, gpu)] = data  # the merged file wins
+                for gpu, data in by_gpu.entries(SAILOR_HINT):
+                    raw[(name, gpu)] = _points(data, get_model(name).num_layers)  # the merged file wins
     profiles = {}
-    for (model_name, gpu_name), data in raw.items():
+    for (model_name, gpu_name), points in raw.items():
         if model_name not in info:
             continue
         spec = get_model(model_name)  # a preset (wanted)
         memory = memory_facts(info[model_name], spec.num_layers)
-        profile = _profile(spec, _gpu_name(gpu_name), data, memory)
+        profile = _profile(spec, _gpu_name(gpu_name), points, memory)
         if profile is not None:
             profiles[(profile.model, profile.gpu)] = profile
     network = load_sailor_network(root / "providers", _gpu_name) if (root / "providers").is_dir() else NetworkFits()
     return profiles, network
 
 
-def memory_facts(by_tp: dict, num_layers: int) -> dict[int, LayerMemory]:
+SAILOR_HINT = "see Sailor's data layout in docs/formats.md"
+FLOAT_FIELDS = ("params_floats", "act_mem_floats", "act_output_floats")
+
+
+def memory_facts(by_tp: Doc, num_layers: int) -> dict[int, LayerMemory]:
     """llm_info for one model -> per-TP LayerMemory, filling TP 8 if missing."""
     out: dict[int, LayerMemory] = {}
-    for tp, layers in by_tp.items():
-        if len(layers) != num_layers:
+    for tp, layers in by_tp.entries(SAILOR_HINT):
+        tp = tp_key(tp, by_tp.source, by_tp)
+        rows = dict(layers.entries(SAILOR_HINT))
+        if len(rows) != num_layers:
             continue
-        rows = [layers[str(i)] for i in range(num_layers)]
-        out[int(tp)] = LayerMemory(
-            tuple(int(r["params_floats"]) for r in rows),
-            tuple(FP32_BYTES * float(r["act_mem_floats"]) for r in rows),
-            tuple(FP32_BYTES * float(r["act_output_floats"]) for r in rows),
-        )
+        facts = []
+        for i in range(num_layers):
+            if str(i) not in rows:
+                raise SailorError(f"{layers.source}: {layers.path} has no layer {i} of {num_layers}; {SAILOR_HINT}")
+            row = rows[str(i)].value
+            p, a, o = (row.get(k) for k in FLOAT_FIELDS) if isinstance(row, dict) else (None, None, None)
+            if type(p) is int and type(a) in NUMBER and type(o) in NUMBER and 0 <= p <= MAX_PARAMS and \
+                    0 <= a <= MAX_BYTES and 0 <= o <= MAX_BYTES:
+                facts.append((p, float(a), float(o)))  # the common case; else the slow way names the mistake
+                continue
+            f = rows[str(i)].fields(FLOAT_FIELDS, open_ended=True, hint=SAILOR_HINT)
+            facts.append((f["params_floats"].int(0, int(MAX_PARAMS)), f["act_mem_floats"].number(0, MAX_BYTES),
+                          f["act_output_floats"].number(0, MAX_BYTES)))
+        out[tp] = LayerMemory(tuple(p for p, _, _ in facts), tuple(FP32_BYTES * a for _, a, _ in facts),
+                              tuple(FP32_BYTES * o for _, _, o in facts))
     measured = sorted(out)
     if len(measured) >= 2:
         for tp in (1, 2, 4, 8):
@@ -118,25 +144,59 @@ def _replicated_plus_sharded(points: list[tuple[int, float]], tp: int) -> float:
     return max(mx - b * mu + b / tp, 0.0)
 
 
-def _profile(model, gpu: str, data: dict, memory: dict[int, LayerMemory]) -> Profile | None:
-    n = model.num_layers
+def _points(data: Doc, n: int) -> dict[tuple[int, int], list[tuple[float, ...]]]:
+    """{(mbs, tp): [(fwd, bwd, update) per layer]} of one profile, every value checked; points with
+    another layer count are left out (the GPT-Neo/GH-96 copy of OPT-350's file, partial runs)."""
+    out = {}
+    for mbs, by_tp in data.entries(SAILOR_HINT):
+        mbs = int_key(mbs, data.source, data, 1, MAX_BATCH)
+        for tp, layers in by_tp.entries(SAILOR_HINT):
+            tp = tp_key(tp, by_tp.source, by_tp)
+            rows = _fast_rows(layers.value)
+            if rows is None:  # something is off: the slow way finds and names it
+                rows = {key: entry.numbers(3, 0.0, MAX_SECONDS, "write [forward s, backward s, update s]")
+                        for key, entry in layers.entries(SAILOR_HINT)}
+            if len(rows) != n or any(str(i) not in rows for i in range(n)):
+                continue
+            if sum(r[0] + r[1] for r in rows.values()) <= 0:
+                layers.fail("the times of at least one layer, not all zero", SAILOR_HINT)
+            out[(mbs, tp)] = [rows[str(i)] for i in range(n)]
+    return out
+
+
+NUMBER = (int, float)
+
+
+def _fast_rows(value) -> dict | None:
+    """{layer: (fwd, bwd, update)} when every row is three numbers in range (NaN fails the comparisons);
+    None otherwise. Sailor's files hold thousands of rows: this is the check they take."""
+    if not isinstance(value, dict):
+        return None
+    out = {}
+    for key, row in value.items():
+        if type(row) is not list or len(row) != 3 or type(row[0]) not in NUMBER or type(row[1]) not in NUMBER or \
+                type(row[2]) not in NUMBER or not (0 <= row[0] <= MAX_SECONDS and 0 <= row[1] <= MAX_SECONDS and
+                                                   0 <= row[2] <= MAX_SECONDS):
+            return None
+        out[key] = (float(row[0]), float(row[1]), float(row[2]))
+    return out
+
+
+def _profile(model, gpu: str, points: dict, memory: dict[int, LayerMemory]) -> Profile | None:
     times, per_param = {}, []
-    for mbs, by_tp in data.items():
-        for tp, layers in by_tp.items():
-            if len(layers) != n:
-                continue  # a profile of another model (the GPT-Neo/GH-96 copy) or a partial run
-            rows = [layers[str(i)] for i in range(n)]
-            times[(int(mbs), int(tp))] = LayerTimes(tuple(float(r[0]) for r in rows), tuple(float(r[1]) for r in rows))
-            update = float(rows[1][2])
-            mem = memory.get(int(tp))
-            if update > 0 and mem is not None:
-                profiled = mem.params[0] + 2 * mem.params[1] + mem.params[-1]  # embedding, 2 blocks, head
+    for (mbs, tp), rows in points.items():
+        times[(mbs, tp)] = LayerTimes(tuple(r[0] for r in rows), tuple(r[1] for r in rows))
+        update = rows[1][2]
+        mem = memory.get(tp)
+        if update > 0 and mem is not None:
+            profiled = mem.params[0] + 2 * mem.params[1] + mem.params[-1]  # embedding, 2 blocks, head
+            if profiled > 0:
                 per_param.append(update / profiled)
     if not times:
         return None
     return Profile(
-        model=canonical_name(model.name), gpu=gpu, num_layers=n, precision="fp32", source=MEASURED, times=times,
-        optimizer_s_per_param=statistics.median(per_param) if per_param else 0.0,
+        model=canonical_name(model.name), gpu=gpu, num_layers=model.num_layers, precision="fp32", source=MEASURED,
+        times=times, optimizer_s_per_param=statistics.median(per_param) if per_param else 0.0,
         memory=memory, meta={"origin": "sailor-data"}, model_spec=model,
     )
 
@@ -144,7 +204,10 @@ def _profile(model, gpu: str, data: dict, memory: dict[int, LayerMemory]) -> Pro
 def save_sailor_dir(profiles: list[Profile], root: Path) -> list[Path]:
     """Write profiles in Sailor's layout under root; llm_info.json keeps the models it already has."""
     info_path = root / "llm_info.json"
-    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    info = {}
+    for name, by_tp in _read(info_path, "Sailor's llm_info").entries(SAILOR_HINT) if info_path.exists() else ():
+        by_tp.entries(SAILOR_HINT)  # an object per model, kept as it is
+        info[name] = by_tp.value
     written = []
     for p in profiles:
         model = measured_model(p.model, p.model_spec) or get_model(p.model)
@@ -157,7 +220,7 @@ def save_sailor_dir(profiles: list[Profile], root: Path) -> list[Path]:
                                                       enumerate(zip(lt.fwd, lt.bwd))}
         path = root / "profiles" / name / SAILOR_GPU_NAMES.get(p.gpu, p.gpu) / "profile.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1) + "\n")
+        write_output(path, json.dumps(data, indent=1) + "\n", what="Sailor profile")
         written.append(path)
         by_tp = info.setdefault(name, {})
         for tp, mem in sorted(p.memory.items()):
@@ -172,5 +235,5 @@ def save_sailor_dir(profiles: list[Profile], root: Path) -> list[Path]:
                                   "act_mem_bytes": FP32_BYTES * act}
             by_tp[str(tp)] = layers
     root.mkdir(parents=True, exist_ok=True)
-    info_path.write_text(json.dumps(info, indent=1) + "\n")
+    write_output(info_path, json.dumps(info, indent=1) + "\n", what="Sailor's llm_info")
     return written

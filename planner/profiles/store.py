@@ -20,6 +20,7 @@ from pathlib import Path
 
 from planner.errors import SailorError
 from planner.profiles.estimate import Efficiency, calibrate_efficiency, estimate_profile, optimizer_s_per_param
+from planner.profiles.head_logits import lacks_logits, with_logit_memory, with_logits
 from planner.profiles.network_fits import NetworkFits, load_network_file
 from planner.profiles.profile import (Profile, measured_model, model_key, model_keys, profile_from_dict,
                                       profile_spec, read_profile_file, smooth_over_microbatches)
@@ -38,6 +39,7 @@ class ProfileStore:
             self._by_model.setdefault((model_key(p.model, p.model_spec), p.gpu), p)
         self.network = network or NetworkFits()
         self._estimated: dict[tuple[ModelSpec, str, str], Profile] = {}
+        self._completed: dict[int, Profile] = {}  # id(measured profile) -> it with its head's logits
         self._efficiency: Efficiency | None = None
         self._gpus = gpus or CATALOG
 
@@ -60,10 +62,14 @@ class ProfileStore:
             if found.optimizer_s_per_param <= 0:  # not measured (Sailor's A100-80 files)
                 found.optimizer_s_per_param = optimizer_s_per_param(gpu, self.efficiency())
                 found.meta["optimizer"] = "estimated"
-            return found
+            if id(found) not in self._completed:  # a head measured without its logits gets them
+                self._completed[id(found)] = with_logits(found, model, gpu)
+            return self._completed[id(found)]
         key = (model, gpu.name, precision)
         if key not in self._estimated:  # memory facts do not depend on the GPU: any measured ones apply
             memory = next((p.memory for (k, _), p in self._by_model.items() if k in keys), None)
+            if memory is not None and lacks_logits(memory, model, precision):
+                memory = with_logit_memory(memory, model, precision)
             self._estimated[key] = estimate_profile(model, gpu, precision, self.efficiency(), memory)
         return self._estimated[key]
 
@@ -98,7 +104,9 @@ def load_profiles(dirs: list[str] | None = None, gpus: dict[str, GPUSpec] | None
         for f in files:
             doc = read_profile_file(f)
             name = doc.get("model")
-            if model is not None and isinstance(name, str) and model_key(name, profile_spec(doc, str(f))) not in keys:
+            # a profile of another model is not read beyond its description (a malformed one is read, and refused)
+            if model is not None and isinstance(name, str) and name.strip() and \
+                    model_key(name, profile_spec(doc, str(f))) not in keys:
                 continue
             p = profile_from_dict(doc, str(f))
             measured[(canonical_name(p.model), p.gpu)] = p

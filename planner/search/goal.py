@@ -1,6 +1,7 @@
 """What the user optimizes, and the limits every returned plan must respect."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from planner.errors import SailorError
@@ -37,10 +38,11 @@ class Goal:
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise SailorError(f"unknown objective {self.objective!r}: use one of {', '.join(OBJECTIVES)}")
-        for name in ("max_cost_per_iteration", "max_cost_per_hour", "min_throughput", "max_gpus"):
+        for name, flag in (("max_cost_per_iteration", "--max-cost-per-iter"), ("min_throughput", "--min-throughput"),
+                           ("max_cost_per_hour", "--max-cost-per-hour"), ("max_gpus", "--max-gpus")):
             v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise SailorError(f"--{name.replace('_', '-')} must be positive (got {v})")
+            if v is not None and not (math.isfinite(v) and v > 0):  # NaN compares false to everything
+                raise SailorError(f"{flag} must be a positive number, not {v}")
 
     def score(self, o: Outcome) -> float:
         """Lower is better. Cost per token ranks like cost per iteration (the batch is fixed)."""
@@ -59,3 +61,17 @@ class Goal:
             or (self.max_cost_per_iteration is not None and o.cost_per_iteration_usd > self.max_cost_per_iteration)
             or (self.max_cost_per_hour is not None and o.cost_per_hour_usd > self.max_cost_per_hour)
         )
+
+
+NEAR = 0.005  # plans within 0.5 % on both time and cost are the same choice to a user
+
+
+def shortlist(ranked: list) -> list:
+    """The ranked (plan, estimate) pairs worth showing: each beats every better-ranked one on time or on
+    cost by more than NEAR; a plan a better-ranked one matches or beats on both is left out."""
+    out: list = []
+    for plan, est in ranked:
+        if not any(e.iteration_time_s <= est.iteration_time_s * (1 + NEAR) and
+                   e.cost_per_iteration_usd <= est.cost_per_iteration_usd * (1 + NEAR) for _, e in out):
+            out.append((plan, est))
+    return out

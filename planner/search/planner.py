@@ -9,9 +9,10 @@ it: more replicas only add sync time, GPUs and egress), then into a tighter
 bound (with the gradient sync of an average stage), then into exact
 evaluations over the split frontier. The search stops once a bound cannot beat
 the K-th best plan found, so the result is the optimum of the space under the
-simulator's model. Every returned plan is re-simulated and must agree with the
-search to 1e-9 and fit in memory; tests/planner/test_search.py compares with
-brute force on small clusters.
+simulator's model. Every returned plan is re-simulated: its time and cost must
+agree with the search's to 1e-9 and it must keep every limit the user gave
+(verify.py); tests/planner/test_search.py compares with brute force on small
+clusters.
 
 Activation recomputation (`recompute`): "never", "always" (every stage
 recomputes), or "auto": a second pass over the same space with every stage
@@ -37,6 +38,7 @@ from planner.search.single_pool import SinglePool
 from planner.search.space import ClassDesign, Design, Segment, Shape, ring_edges_of, spread
 from planner.search.two_pools import TwoPools
 from planner.search.two_types import TwoTypes
+from planner.search.verify import check_promises
 from planner.simulator.network import Endpoint
 from planner.simulator.runtime_model import RuntimeModel, runtime_model
 from planner.simulator.simulate import Estimate, Simulator
@@ -121,7 +123,7 @@ class Planner(SinglePool, TwoPools, TwoTypes):
                     continue
                 for tp in profile.tp_degrees():
                     if tp > min(spec.gpus_per_node, self.max_tp or tp) or (mbs, tp) not in profile.times \
-                            or tp not in profile.memory:
+                            or tp not in profile.memory or tp & (tp - 1):  # runtimes split by powers of two
                         continue
                     costs = self._stage_costs(gpu, mbs, tp, recompute)
                     plain = self._stage_costs(gpu, mbs, tp, False) if recompute and self.recompute == "auto" else None
@@ -265,14 +267,18 @@ class Planner(SinglePool, TwoPools, TwoTypes):
                     or (g.max_cost_per_iteration and t_lb * usd_per_s > g.max_cost_per_iteration)
                     or (g.max_cost_per_hour and usd_per_s * 3600 > g.max_cost_per_hour))
 
-    def _microbatch_counts(self, M: int, d_cap: int):
-        """(m, D): every distinct per-pipeline microbatch count with the fewest pipelines giving it."""
-        last_D = None
-        for m in range(math.ceil(M / d_cap), M + 1):
+    @staticmethod
+    def _microbatch_counts(M: int, d_cap: int):
+        """(m, D): for every distinct pipeline count D = ceil(M/m), the smallest m giving it (the most
+        microbatches a pipeline runs). Steps from one D to the next, so a batch of millions of
+        microbatches takes O(sqrt(M)) steps, not M."""
+        m = math.ceil(M / d_cap)
+        while m <= M:
             D = math.ceil(M / m)
-            if D != last_D:
-                last_D = D
-                yield m, D
+            yield m, D
+            if D == 1:
+                return
+            m = math.ceil(M / (D - 1))  # the first m whose pipeline count is below D
 
     def _sync(self, params: int, D: int, gpu: str, tp: int, placed: tuple, per_node_replicas: int) -> tuple:
         """(seconds, egress USD) of one stage's gradient ring; cached, the search asks again and again."""
@@ -325,12 +331,10 @@ class Planner(SinglePool, TwoPools, TwoTypes):
             front.append(cand)
 
     def _materialize(self, c: Candidate) -> tuple[Plan, Estimate]:
+        """The plan of a candidate, simulated again and held to every promise (verify.py)."""
         plan = with_model(self._design(c.design).to_plan(self.model.name, self.L, self.gbs, self.runtime), self.model)
         if c.recompute:
             plan = replace(plan, stages=tuple(replace(s, recompute=True) for s in plan.stages))
         est = self.sim.simulate(plan, self.rt)
-        if not est.fits_in_memory or not math.isclose(est.iteration_time_s, c.outcome.iteration_time_s,
-                                                      rel_tol=1e-9):
-            raise AssertionError(f"planner and simulator disagree: {c.outcome.iteration_time_s} s vs "
-                                 f"{est.iteration_time_s} s, fits {est.fits_in_memory}, for {plan}")
+        check_promises(plan, est, self.goal, self.sim.cluster, c.outcome)
         return plan, est

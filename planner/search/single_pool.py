@@ -107,9 +107,12 @@ class SinglePool:
             k0 += k
         fb_total = costs.compute(0, self.L - 1)
         zones_k = tuple(z for z, k in placed for _ in range(k))  # the zone of each pipeline
+        # every stage's ring crosses the same zones: the egress of all of them is that of one
+        # ring carrying the whole model's gradients, whatever the split
+        egress = self._sync(costs.params(0, self.L - 1), D, shape.gpu, tp, tuple(placed), per)[1]
         for _, params, bounds in splits:
             t_pp = max(fb_total + 2 * (P - 1) * cz + (mz - 1) * self._slot(costs, bounds, cz) for cz, mz in busiest)
-            sync, egress = self._sync(params, D, shape.gpu, tp, tuple(placed), per)
+            sync = self._sync(params, D, shape.gpu, tp, tuple(placed), per)[0]
             T = t_pp + sync + shape.u * params
             self._consider(Outcome(T, T * usd_per_s + egress, D * P * tp, gpus_per_zone),
                            (shape.mbs, ((shape.gpu, tp, P, zones_k),), bounds, D), best, front, top, pareto)

@@ -166,11 +166,15 @@ class TwoPools:
             used[z] = used.get(z, 0) + g
         gpus_per_zone, gpus = tuple(used.items()), D * (P1 * a.tp + P2 * b.tp)
         bubbles = micro[0] - 1
+        # a pool is one zone, so its gradient rings cross none (0 USD), but counted as the simulator does:
+        # egress is linear in the parameters, so per parameter, times those of all stages of the pool
+        egress_a, egress_b = self._pool_sync(1, a, P1, D)[1], self._pool_sync(1, b, P2, D)[1]
         for q in range(P1, L - P2 + 1):  # the first layer of the second pool
             front_a, front_b = fronts_a[q], fronts_b.get(q)
             if not front_a or not front_b:
                 continue
             fill = ca.compute(0, q - 1) + cb.compute(q, L - 1) + 2 * ((P1 - 1) * c_a + c_ab + (P2 - 1) * c_b)
+            ring_egress = egress_a * ca.params(0, q - 1) + egress_b * cb.params(q, L - 1)  # all stages' rings
             full = not pareto and len(best) == top
             for slot_a, params_a, bounds_a in front_a:
                 sync_a = self._pool_sync(params_a, a, P1, D)
@@ -180,7 +184,7 @@ class TwoPools:
                         continue  # cannot enter the top K, whatever its sync
                     sync_b = self._pool_sync(params_b, b, P2, D)
                     T = t_pp + max(sync_a[0], sync_b[0]) + max(a.u * params_a, b.u * params_b)
-                    cost = T * usd_per_s + egress + sync_a[1] + sync_b[1]
+                    cost = T * usd_per_s + egress + ring_egress
                     self._consider(Outcome(T, cost, gpus, gpus_per_zone),
                                    (a.mbs, ((a.gpu, a.tp, P1, za), (b.gpu, b.tp, P2, zb)), (*bounds_a, *bounds_b), D),
                                    best, front, top, pareto)

@@ -145,6 +145,8 @@ class TwoTypes:
                 usd_per_s += k * P * sh.tp * sh.prices[z]
         gpus = sum(gpus_per_zone.values())
         u = max(x.u, y.u)
+        # every stage's ring is the same mixed ring: all of them send the whole model's gradients
+        egress = self.sim.edges_sync(x.costs.params(0, self.L - 1), dx + dy, edges)[1]
         for _, params, bounds in splits:
             # (c, fill, slot) of each zone of each class: the exact per-zone pipeline times
             zone_times = []
@@ -164,7 +166,7 @@ class TwoTypes:
             m_x_total = min(dx * found[1], M - dy)
             best_split = (found[0], spread(m_x_total, dx), spread(M - m_x_total, dy))
             t_pp, micro_x, micro_y = best_split
-            sync, egress = self.sim.edges_sync(params, dx + dy, edges)
+            sync = self.sim.edges_sync(params, dx + dy, edges)[0]
             T = t_pp + sync + u * params
             zones_x = tuple(z for z, k in placed[0] for _ in range(k))
             zones_y = tuple(z for z, k in placed[1] for _ in range(k))

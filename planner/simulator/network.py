@@ -17,12 +17,19 @@ network` carry their own measured latency.
     allreduce(G)  = max over ring edges e of 2(D-1)/D * G / (BW_e * AR_EFF_e)
                     + 2(D-1) * latency                                        [s]
 
-AR_EFF_e is measured by `sailor profile network` where its fit carries it
-(`allreduce_efficiency`), else AR_EFFICIENCY between nodes and 1 inside one.
-
 G is the gradient bytes of one replica (all its TP shards), D the replicas in
 the ring; the ring visits replicas in plan order, and every edge carries
-2(D-1)/D * G bytes, split over the GPUs of the smaller side.
+2(D-1)/D * G bytes, split over the GPUs of the smaller side. A replica of t
+GPUs runs t rings at once (one per TP rank, each over its G/t shard), and they
+share the node's links: the fit for t GPUs per side is the aggregate of t
+concurrent transfers (Sailor's convention), so the t rings together take
+2(D-1)/D * G / BW_e(t GPUs).
+
+AR_EFF_e: a ring sends and receives at once, one neighbour each way, and the
+links are full duplex, so every edge streams its 2(D-1)/D * G at the one-way
+bandwidth BW_e that the p2p fits measure: AR_EFF_e = 1 (RING_EFFICIENCY). A fit
+from `sailor profile network` carries the efficiency its all-reduces reached
+(`allreduce_efficiency`), which then replaces 1.
 """
 from __future__ import annotations
 
@@ -31,12 +38,13 @@ from dataclasses import dataclass
 from planner.profiles.network_fits import NetworkFits
 from planner.specs.hardware import Cluster
 
-# Ring all-reduce reaches this fraction of the measured p2p bandwidth: each NIC
-# sends and receives at once, and NCCL's ring adds a reduction kernel per step.
-# 0.45 is the median ratio of modelled to measured gradient-reduction time
-# (field `red_grads`, not the iteration time) of the Clariden runs with D > 1
-# in sailor-data/validation; see bench/simulator_accuracy.py --calibration.
-AR_EFFICIENCY = 0.5
+# Share of the measured one-way bandwidth a ring all-reduce streams at, where no
+# all-reduce was measured over the link: 1, since each NIC sends to one
+# neighbour and receives from the other at once over full-duplex links (the
+# bound of a bandwidth-optimal ring). The mixed-RTX run with data parallelism
+# (1 Gbit/s Ethernet) reaches it; Clariden's GH200 rings reach about half of it
+# (docs/simulator.md, "Gradient synchronisation").
+RING_EFFICIENCY = 1.0
 BUCKET_BYTES = 5e8  # gradients are reduced in buckets of this size (DeepSpeed's default)
 
 LATENCY_S = {"intra": 5e-6, "zone": 2e-5, "region": 2e-4, "continent": 2e-2, "world": 7e-2}
@@ -102,13 +110,12 @@ class Network:
         return self._cache[key]
 
     def allreduce_efficiency(self, a: Endpoint, b: Endpoint) -> float:
-        """Share of the link's p2p bandwidth a ring all-reduce reaches over it: measured by
-        `sailor profile network` where the fit carries it, else AR_EFFICIENCY between nodes
-        and 1 inside one."""
+        """Share of the link's one-way bandwidth a ring all-reduce reaches over it: measured by
+        `sailor profile network` where the fit carries it, else RING_EFFICIENCY (full duplex)."""
         fit = self.fits.intra_fit(a.gpu, 2) if self.link_class(a, b) == "intra" else self._inter_fit(a, b)
         if fit is not None and fit.allreduce_efficiency is not None:
             return fit.allreduce_efficiency
-        return AR_EFFICIENCY if a.node != b.node else 1.0
+        return RING_EFFICIENCY
 
     def latency(self, a: Endpoint, b: Endpoint) -> float:
         kind = self.link_class(a, b)

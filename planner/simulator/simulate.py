@@ -223,6 +223,13 @@ class Simulator:
                      for a, b, n in edges if a.zone != b.zone)
         return self.network.allreduce_time(grads, members, edges), egress
 
+    def pipeline_times(self, plan: Plan, runtime: RuntimeModel | None = None) -> list[float]:
+        """T_pp of every pipeline [s]: when each replica set finishes its last backward."""
+        rt = runtime or runtime_model(plan.runtime)
+        nodes = place(plan, self.cluster)
+        return [self._pipeline(plan, k, [st.replicas[k] for st in plan.stages], nodes, pipe.microbatch_size,
+                               pipe.num_microbatches, rt)[1] for k, pipe in enumerate(plan.pipelines)]
+
     def pipeline_costs(self, plan: Plan, runtime: RuntimeModel | None = None):
         """(F, B, c, k) of the slowest pipeline k: seconds per stage and boundary, for timelines."""
         rt = runtime or runtime_model(plan.runtime)

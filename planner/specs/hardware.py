@@ -19,12 +19,11 @@ JSON) overrides or extends any of it, and lists the GPUs actually available:
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from planner.errors import SailorError
+from planner.inputs import MAX_COUNT, Doc, read_document, suggest
 
 GIB = 2**30
 
@@ -99,10 +98,10 @@ def _zones(*names: str) -> dict[str, Zone]:
     return {n: Zone(n, n.rsplit("-", 1)[0]) for n in names}
 
 
-ZONES: dict[str, Zone] = _zones(
+ZONES: dict[str, Zone] = {**_zones(
     "us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-west1-a", "us-west1-b",
     "us-east1-b", "us-east1-c", "us-east4-a", "europe-west4-a", "europe-west4-b", "asia-east1-a",
-)
+), "local": Zone("local", "local")}  # this machine: CPU runs and tests
 # Egress USD per GB (GCP list prices): same zone free, same region 0.01,
 # same continent 0.02, between continents 0.08.
 EGRESS_SAME_REGION, EGRESS_SAME_CONTINENT, EGRESS_INTERCONTINENTAL = 0.01, 0.02, 0.08
@@ -137,14 +136,23 @@ class Cluster:
         key = canonical_gpu(name, self.gpus)
         if key is None:
             raise SailorError(
-                f"unknown GPU type {name!r}: known types are {', '.join(sorted(self.gpus))}; "
-                "add it under 'gpus:' in a cluster file"
+                f"unknown GPU type {name!r}{suggest(name, self.gpus)}: known types are {', '.join(sorted(self.gpus))} "
+                "(`sailor list gpus`); add others under 'gpus:' in a cluster file"
             )
         return self.gpus[key]
 
+    def check_zone(self, name: str, where: str) -> str:
+        """`name` if it is a known zone; else one line naming `where` it came from (the edges call this)."""
+        if name not in self.zones:
+            raise SailorError(f"{where}: unknown zone {name!r}{suggest(name, self.zones)}; known zones are "
+                              f"{', '.join(self.zones)} (`sailor list zones`); declare other sites under 'zones:' "
+                              "in a cluster file")
+        return name
+
     def zone(self, name: str) -> Zone:
         if name not in self.zones:
-            # Unknown zones are accepted (on-premise sites); their region is their name.
+            # The edges refuse undeclared zones (check_zone); code that builds a cluster by hand may
+            # still use one: its region is its name.
             return Zone(name, name.rsplit("-", 1)[0] if name.count("-") >= 2 else name)
         return self.zones[name]
 
@@ -185,21 +193,21 @@ def canonical_gpu(name: str, gpus: Mapping[str, GPUSpec] = CATALOG) -> str | Non
     return lowered.get(name.lower())
 
 
-def parse_gpus(spec: str, cluster: Cluster) -> tuple[Pool, ...]:
+def parse_gpus(spec: str, cluster: Cluster, flag: str = "--gpus") -> tuple[Pool, ...]:
     """Parse the quick form `TYPE@ZONE=COUNT,...` (zone optional: us-central1-a)."""
+    form = f"write TYPE@ZONE=COUNT,..., e.g. A100-40@us-central1-a=64 (`sailor list gpus`, `sailor list zones`)"
+    if not spec.strip():
+        raise SailorError(f"{flag} is empty; {form}")
     pools = []
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        try:
-            what, count = item.split("=")
-            gpu, _, zone = what.partition("@")
-            n = int(count)
-        except ValueError:
-            raise SailorError(f"bad --gpus item {item!r}: write TYPE@ZONE=COUNT, e.g. A100-40@us-central1-a=64") from None
-        if n < 0:
-            raise SailorError(f"bad --gpus item {item!r}: the count must be >= 0")
-        pools.append(Pool(cluster.gpu(gpu).name, zone or "us-central1-a", n))
-    if not pools:
-        raise SailorError("--gpus is empty: write TYPE@ZONE=COUNT,..., e.g. A100-40@us-central1-a=64")
+    for item in (s.strip() for s in spec.split(",")):
+        what, eq, count = item.rpartition("=")
+        gpu, at, zone = what.partition("@")
+        if not item or not eq or not gpu or (at and not zone):
+            raise SailorError(f"bad {flag} item {item!r}: {form}")
+        if not count.strip().isdigit() or int(count) > MAX_COUNT:
+            raise SailorError(f"bad {flag} item {item!r}: the count must be an integer from 0 to {MAX_COUNT}")
+        zone = cluster.check_zone(zone.strip(), f"{flag} item {item!r}") if at else "us-central1-a"
+        pools.append(Pool(cluster.gpu(gpu.strip()).name, zone, int(count)))
     return tuple(_merge(pools))
 
 
@@ -210,64 +218,83 @@ def _merge(pools: list[Pool]) -> list[Pool]:
     return [Pool(g, z, n, s) for (g, z, s), n in merged.items() if n > 0]
 
 
+GPU_NUMBERS = {  # cluster-file field -> (lowest value, highest value, "int" or "number")
+    "memory_bytes": (1, 1 << 50, "int"), "fp32_tflops": (0, 1e7, "positive"), "bf16_tflops": (0, 1e7, "positive"),
+    "hbm_gbps": (0, 1e7, "positive"), "intra_node_gbps": (0, 1e7, "positive"), "gpus_per_node": (1, 1024, "int"),
+    "node_nic_gbps": (0, 1e7, "positive"), "price_per_hour": (0, 1e6, "number"),
+    "spot_price_per_hour": (0, 1e6, "number"), "runtime_overhead_bytes": (0, 1 << 50, "int"),
+    "fp32_units_tflops": (0, 1e7, "number"),  # 0: as fp32_tflops (no TF32)
+}
+OPTIONAL_GPU_FIELDS = ("runtime_overhead_bytes", "fp32_units_tflops")  # a new GPU type may leave these out
+CLUSTER_HINT = "see the cluster file format in docs/formats.md"
+RESERVED = "@=,"  # a name with these could not be written in --gpus
+
+
+def _gpu_fields(name: str, doc: Doc, base: GPUSpec | None) -> GPUSpec:
+    """A catalog GPU with some fields overridden, or a new GPU with every field given."""
+    over = {}
+    for key, field_doc in doc.fields(optional=(*GPU_NUMBERS, "memory_gb"), hint=CLUSTER_HINT).items():
+        if key == "memory_gb":
+            over["memory_bytes"] = int(field_doc.number(above=0.0, hi=1e6) * GIB)
+            continue
+        lo, hi, kind = GPU_NUMBERS[key]
+        over[key] = field_doc.int(lo, int(hi)) if kind == "int" else \
+            field_doc.number(above=0.0, hi=hi) if kind == "positive" else field_doc.number(lo, hi)
+    if base is not None:
+        return replace(base, **over)
+    missing = [k for k in GPU_NUMBERS if k not in over and k not in OPTIONAL_GPU_FIELDS]
+    if missing:
+        raise SailorError(f"{doc.source}: new GPU type {name!r} needs {', '.join(missing)} (memory_gb may replace "
+                          f"memory_bytes); or did you mean one of {', '.join(CATALOG)}?")
+    return GPUSpec(name=name, **over)
+
+
+def _name(doc: Doc, key: str, what: str) -> str:
+    if not key.strip() or any(c in key for c in RESERVED) or len(key) > 100:
+        raise SailorError(f"{doc.source}: {what} name {key!r} must be non-empty, without {RESERVED!r}")
+    return key
+
+
 def load_cluster(path: str | None = None, base: Cluster | None = None) -> Cluster:
-    """The built-in catalog, extended by a YAML/JSON cluster file if given."""
+    """The built-in catalog, extended by a YAML/JSON cluster file if given (every field checked)."""
     cluster = base or Cluster()
     if not path:
         return cluster
-    data = _read_mapping(path)
+    top = read_document(path, "cluster file").fields(
+        optional=("gpus", "zones", "available", "quotas", "prices", "egress_usd_per_gb"), hint=CLUSTER_HINT)
+    top = {k: v for k, v in top.items() if v.value is not None}  # an empty YAML section is null: nothing in it
     gpus = dict(cluster.gpus)
-    known = {f.name for f in fields(GPUSpec)}
-    for name, over in (data.get("gpus") or {}).items():
-        if not isinstance(over, dict):
-            raise SailorError(f"cluster file {path}: gpus.{name} must be a mapping of fields")
-        over = dict(over)
-        if "memory_gb" in over:
-            over["memory_bytes"] = int(float(over.pop("memory_gb")) * GIB)
-        bad = set(over) - known
-        if bad:
-            raise SailorError(f"cluster file {path}: gpus.{name} has unknown fields {sorted(bad)}; "
-                              f"known: {sorted(known - {'name'})}")
-        key = canonical_gpu(name, gpus)
-        try:
-            gpus[key or name] = replace(gpus[key], **over) if key else GPUSpec(name=name, **over)
-        except TypeError as e:
-            raise SailorError(f"cluster file {path}: new GPU {name!r} needs every field ({e})") from None
-    cluster = replace(cluster, gpus=gpus)
+    for name, over in top["gpus"].entries(CLUSTER_HINT) if "gpus" in top else ():
+        key = canonical_gpu(_name(over, name, "GPU type"), gpus)
+        gpus[key or name] = _gpu_fields(name, over, gpus[key] if key else None)
     zones = dict(cluster.zones)
-    for name, z in (data.get("zones") or {}).items():
-        zones[name] = Zone(name, (z or {}).get("region", name))
-    cluster = replace(cluster, zones=zones)
+    for name, z in top["zones"].entries(CLUSTER_HINT) if "zones" in top else ():
+        region = z.fields(optional=("region",), hint=CLUSTER_HINT).get("region") if z.value is not None else None
+        zones[_name(z, name, "zone")] = Zone(name, region.str() if region is not None else name)
+    cluster = replace(cluster, gpus=gpus, zones=zones)
+
+    def gpu(doc: Doc) -> str:
+        return cluster.gpu(doc.str()).name if canonical_gpu(doc.str(), gpus) else \
+            doc.fail(f"a GPU type{suggest(doc.value, gpus)}: one of {', '.join(gpus)}", "add others under 'gpus:'")
+
+    def zone(doc: Doc) -> str:
+        return cluster.check_zone(doc.str(), f"{doc.source}: {doc.path}")
+
     pools = []
-    for item in data.get("available") or []:
-        try:
-            pools.append(Pool(cluster.gpu(item["gpu"]).name, item["zone"], int(item["count"]),
-                              bool(item.get("spot", False))))
-        except (KeyError, TypeError, ValueError):
-            raise SailorError(f"cluster file {path}: each 'available' entry needs gpu, zone and count "
-                              f"(got {item!r})") from None
-    prices = {(cluster.gpu(p["gpu"]).name, p["zone"]): float(p["price_per_hour"]) for p in data.get("prices") or []}
-    egress = {(a, b): float(v) for a, row in (data.get("egress_usd_per_gb") or {}).items() for b, v in row.items()}
-    quotas = {z: int(n) for z, n in (data.get("quotas") or {}).items()}
+    for item in top["available"].items(hint=CLUSTER_HINT) if "available" in top else ():
+        f = item.fields(("gpu", "zone", "count"), ("spot",), CLUSTER_HINT)
+        pools.append(Pool(gpu(f["gpu"]), zone(f["zone"]), f["count"].int(0, MAX_COUNT),
+                          f["spot"].bool() if "spot" in f else False))
+    prices = {}
+    for item in top["prices"].items(hint=CLUSTER_HINT) if "prices" in top else ():
+        f = item.fields(("gpu", "zone", "price_per_hour"), hint=CLUSTER_HINT)
+        prices[(gpu(f["gpu"]), zone(f["zone"]))] = f["price_per_hour"].number(0, 1e6)
+    egress = {}
+    for a, row in top["egress_usd_per_gb"].entries(CLUSTER_HINT) if "egress_usd_per_gb" in top else ():
+        cluster.check_zone(a, f"{row.source}: egress_usd_per_gb")
+        for b, v in row.entries(CLUSTER_HINT):
+            egress[(a, zone(Doc(b, v.source, v.path)))] = v.number(0, 1e3)
+    quotas = {}
+    for z, n in top["quotas"].entries(CLUSTER_HINT) if "quotas" in top else ():
+        quotas[zone(Doc(z, n.source, n.path))] = n.int(0, MAX_COUNT)
     return replace(cluster, available=tuple(_merge(pools)), prices=prices, egress=egress, quotas=quotas)
-
-
-def _read_mapping(path: str) -> dict:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise SailorError(f"cluster file {path} not found") from None
-    try:
-        if p.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as e:  # yaml.YAMLError or json.JSONDecodeError
-        raise SailorError(f"cluster file {path} is not valid {p.suffix.lstrip('.') or 'JSON'}: "
-                          f"{str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise SailorError(f"cluster file {path}: expected a mapping at the top level")
-    return data

@@ -36,6 +36,7 @@ EMBEDDING, BLOCK, FINAL_NORM, HEAD = "embedding", "block", "final_norm", "head"
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 DEFAULT_SEQ_LEN = 2048  # sequence length of a config.json model when none is given (capped by its context)
 MAX_BLOCKS = 4096  # far beyond any real model; keeps a malformed config from building a huge description
+LIMITS = {"hidden": 1 << 20, "heads": 1 << 16, "ffn_hidden": 1 << 22, "vocab": 1 << 24, "seq_len": 1 << 24}
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,18 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SailorError(f"model {self.name!r}: {field} must be a positive integer, not {value!r}")
+            if value > LIMITS.get(field, value):
+                raise SailorError(f"model {self.name!r}: {field} {value} is beyond {LIMITS[field]}, larger than any "
+                                  "model sailor can plan; check the value")
+        for field in ("kv_heads", "max_positions", "embed_dim", "head_dim_override", "position_offset"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1 << 30:
+                raise SailorError(f"model {self.name!r}: {field} must be an integer from 0 to {1 << 30}, not "
+                                  f"{value!r}")
+        for field in ("norm_eps", "attention_scale", "rope_theta"):
+            value = getattr(self, field)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1e30:
+                raise SailorError(f"model {self.name!r}: {field} must be a finite number >= 0, not {value!r}")
         if self.num_blocks > MAX_BLOCKS:
             raise SailorError(f"model {self.name!r}: {self.num_blocks} transformer blocks is beyond {MAX_BLOCKS}; "
                               "check num_hidden_layers")
@@ -101,6 +114,8 @@ class ModelSpec:
         if self.windows and len(self.windows) != self.num_blocks:
             raise SailorError(f"model {self.name!r}: {len(self.windows)} attention windows for {self.num_blocks} "
                               "blocks")
+        if any(isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= 1 << 30 for w in self.windows):
+            raise SailorError(f"model {self.name!r}: attention windows must be token counts >= 0")
         if not -1 <= self.pad_token < self.vocab:
             raise SailorError(f"model {self.name!r}: pad token {self.pad_token} is outside the vocabulary of "
                               f"{self.vocab}")
@@ -297,9 +312,15 @@ def model_from_dict(d: dict, source: str = "model description") -> ModelSpec:
     d = dict(d)
     try:
         if "windows" in d:
-            d["windows"] = tuple(int(w) for w in d["windows"])
+            if not isinstance(d["windows"], list):
+                raise ValueError(f"windows must be a list, not {d['windows']!r}")
+            d["windows"] = tuple(d["windows"])
         if "rope_scaling" in d:
-            d["rope_scaling"] = tuple(sorted(dict(d["rope_scaling"]).items()))
+            if not isinstance(d["rope_scaling"], dict) or not all(
+                    isinstance(v, str) or (isinstance(v, (int, float)) and not isinstance(v, bool) and
+                                           math.isfinite(v)) for v in d["rope_scaling"].values()):
+                raise ValueError(f"rope_scaling must be an object of names and numbers, not {d['rope_scaling']!r}")
+            d["rope_scaling"] = tuple(sorted(d["rope_scaling"].items()))
         return ModelSpec(**d)
     except TypeError as e:
         raise SailorError(f"{source}: malformed model description ({e})") from None
@@ -374,6 +395,9 @@ def get_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
     config.json min(2048, its context length).
     """
     check_seq_length(seq_len)
+    if not name_or_path.strip():
+        raise SailorError("the model name is empty: give a preset (`sailor list models`), a config.json or a model "
+                          "directory")
     key = canonical_name(name_or_path)
     if key in _PRESETS:
         model = _PRESETS[key]

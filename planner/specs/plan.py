@@ -41,9 +41,9 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from itertools import groupby
-from pathlib import Path
 
 from planner.errors import SailorError
+from planner.inputs import MAX_BATCH, MAX_COUNT, Doc, parse_json, read_text
 from planner.specs.model import ModelSpec, check_seq_length, get_model, is_preset_spec, model_from_dict
 
 RUNTIMES = ("sailor", "megatron-deepspeed")
@@ -216,37 +216,49 @@ def plan_to_dict(plan: Plan) -> dict:
     }
 
 
+PLAN_HINT = "see the plan format in docs/formats.md"
+SAILOR_MEASURED = ("real", "max_mem", "red_grads", "N")  # what Sailor measured for its plans; kept as notes
+MAX_LAYERS = 1 << 13
+MAX_TP = 64
+
+
 def plan_from_dict(d: dict, source: str = "plan") -> Plan:
-    if "pipeline_list" in d or "sailor_plan" in d:
+    """A plan from our JSON format (or Sailor's, detected by its fields), every field checked."""
+    if isinstance(d, dict) and ("pipeline_list" in d or "sailor_plan" in d):
         return plan_from_sailor(d, source)
-    try:
-        stages = []
-        for s in d["stages"]:
-            first, last = (int(x) for x in s["layers"])
-            replicas = []
-            for r in s["replicas"]:
-                replicas += [Replica(str(r["gpu"]), int(r["tp"]), str(r.get("zone", "us-central1-a")))] * int(
-                    r.get("count", 1))
-            recompute = s.get("recompute", False)
-            if not isinstance(recompute, bool):
-                raise ValueError(f"stage recompute must be true or false, not {recompute!r}")
-            stages.append(Stage(first, last, tuple(replicas), recompute))
-        pipelines = []
-        for p in d["pipelines"]:
-            pipelines += [Pipeline(int(p["microbatch_size"]), int(p["num_microbatches"]))] * int(p.get("count", 1))
-        seq_length = d.get("seq_length")
-        if seq_length is not None and (isinstance(seq_length, bool) or not isinstance(seq_length, int)
-                                       or seq_length < 1):
-            raise ValueError(f"seq_length must be a positive integer, not {seq_length!r}")
-        known = {"format", "version", "model", "seq_length", "global_batch_size", "runtime", "stages", "pipelines",
-                 "model_config"}
-        plan = Plan(str(d["model"]), int(d["global_batch_size"]), tuple(stages), tuple(pipelines),
-                    str(d.get("runtime", "sailor")), {k: v for k, v in d.items() if k not in known}, seq_length)
-    except KeyError as e:
-        raise SailorError(f"{source}: missing field {e.args[0]!r}; see the plan format in docs/formats.md") from None
-    except (TypeError, ValueError) as e:
-        raise SailorError(f"{source}: malformed plan ({e}); see the plan format in docs/formats.md") from None
-    if "model_config" not in d:
+    top = Doc(d, source).fields(
+        required=("model", "global_batch_size", "stages", "pipelines"),
+        optional=("format", "version", "seq_length", "runtime", "model_config", "notes", *SAILOR_MEASURED),
+        hint=PLAN_HINT)
+    if "format" in top:
+        top["format"].str(("sailor-plan",), hint="this reads plans written by `sailor plan`")
+    if "version" in top:
+        top["version"].int(1, 1, hint="this sailor reads version 1")
+    stages = []
+    for st in top["stages"].items(1, MAX_LAYERS, PLAN_HINT):
+        f = st.fields(("layers", "replicas"), ("recompute",), PLAN_HINT)
+        first, last = (x.int(0, MAX_LAYERS) for x in f["layers"].items(2, 2, "write [first layer, last layer]"))
+        replicas = []
+        for r in f["replicas"].items(1, MAX_COUNT, PLAN_HINT):
+            rf = r.fields(("gpu", "tp", "zone"), ("count",), PLAN_HINT)
+            count = rf["count"].int(1, MAX_COUNT) if "count" in rf else 1
+            if len(replicas) + count > MAX_COUNT:
+                r.fail(f"at most {MAX_COUNT} replicas in all")
+            replicas += [Replica(rf["gpu"].str(), rf["tp"].int(1, MAX_TP), rf["zone"].str())] * count
+        stages.append(Stage(first, last, tuple(replicas), f["recompute"].bool() if "recompute" in f else False))
+    pipelines = []
+    for pipe in top["pipelines"].items(1, MAX_COUNT, PLAN_HINT):
+        pf = pipe.fields(("microbatch_size", "num_microbatches"), ("count",), PLAN_HINT)
+        count = pf["count"].int(1, MAX_COUNT) if "count" in pf else 1
+        if len(pipelines) + count > MAX_COUNT:
+            pipe.fail(f"at most {MAX_COUNT} pipelines in all")
+        pipelines += [Pipeline(pf["microbatch_size"].int(1, MAX_BATCH), pf["num_microbatches"].int(1, MAX_BATCH))] \
+            * count
+    seq_length = top["seq_length"].int(1, 1 << 24) if "seq_length" in top else None
+    notes = {k: v.value for k, v in top.items() if k in ("notes", *SAILOR_MEASURED)}
+    plan = Plan(top["model"].str(), top["global_batch_size"].int(1, MAX_BATCH), tuple(stages), tuple(pipelines),
+                top["runtime"].str(RUNTIMES) if "runtime" in top else "sailor", notes, seq_length)
+    if "model_config" not in top:
         return plan
     spec = model_from_dict(d["model_config"], f"{source}: model_config")
     if spec.name != plan.model:
@@ -263,52 +275,69 @@ def plan_from_sailor(d: dict, source: str = "plan", model: str | None = None) ->
 
     Sailor plans use one microbatch size for every replica and split the batch
     uniformly: each of the D pipelines runs gbs / (mbs * D) microbatches. They
-    ran on Megatron-DeepSpeed, so the plan's runtime is that.
+    ran on Megatron-DeepSpeed, so the plan's runtime is that. Sailor's files
+    carry more than this reads (estimates, the case), so other fields are let be.
     """
-    if "sailor_plan" in d:
-        case = d.get("case", {})
-        inner = dict(d["sailor_plan"])
-        inner.setdefault("gbs", case.get("global_batch_size"))
-        return plan_from_sailor(inner, source, model or case.get("model"))
-    try:
-        lists = d["pipeline_list"]
-        if len(lists) != 1:
-            raise SailorError(f"{source}: Sailor plans with {len(lists)} pipeline templates are not supported; "
-                              "use one template")
-        p = lists[0]
-        mbs, gbs, dp = int(d["mbs"]), int(d["gbs"]), [int(x) for x in p["dp"]]
-        if len(set(dp)) != 1:
-            raise SailorError(f"{source}: stages have different replica counts {dp}; every stage needs the same")
-        stages = []
-        for layers, reps in zip(p["layers_per_stage"], p["tmp_per_stage"]):
-            replicas = []
-            for rep in reps:
-                gpu, tp, zone = rep[0][0]
-                replicas.append(Replica(str(gpu), int(tp), str(zone)))
-            stages.append(Stage(int(layers[0]), int(layers[-1]), tuple(replicas)))
-        D = dp[0]
-        if gbs % mbs:
-            raise SailorError(f"{source}: global batch {gbs} is not a multiple of the microbatch size {mbs}")
-        # gbs/mbs microbatches over D pipelines; where they don't divide, the
-        # first pipelines take one more (Sailor rounds every pipeline up).
-        n, extra = divmod(gbs // mbs, D)
-        pipelines = tuple(Pipeline(mbs, n + (k < extra)) for k in range(D))
-    except KeyError as e:
-        raise SailorError(f"{source}: Sailor plan is missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError, IndexError) as e:
-        raise SailorError(f"{source}: malformed Sailor plan ({e})") from None
+    hint = "see Sailor's plan_config format in docs/formats.md"
+    top = Doc(d, source).fields(open_ended=True, hint=hint)
+    if "sailor_plan" in top:
+        case = top["case"].fields(open_ended=True) if "case" in top else {}
+        inner = dict(top["sailor_plan"].fields(open_ended=True))
+        gbs = inner.get("gbs") or case.get("global_batch_size")
+        name = model or (case["model"].str() if "model" in case else None)
+        return _sailor_plan(inner, gbs, source, name, hint)
+    return _sailor_plan(top, top.get("gbs"), source, model, hint)
+
+
+def _sailor_plan(top: dict, gbs_doc, source: str, model: str | None, hint: str) -> Plan:
     from planner.specs.hardware import canonical_gpu  # GH-96 -> GH200-96
     from planner.specs.model import canonical_name
 
-    stages = [Stage(s.first, s.last, tuple(Replica(canonical_gpu(r.gpu) or r.gpu, r.tp, r.zone)
-                                           for r in s.replicas)) for s in stages]
-    measured = {k: d[k] for k in ("real", "max_mem", "red_grads", "N") if k in d}
-    name = canonical_name(model or d.get("model", "opt-350m"))
+    if "pipeline_list" not in top:
+        raise SailorError(f"{source}: missing field 'pipeline_list'; {hint}")
+    if gbs_doc is None:
+        raise SailorError(f"{source}: missing field 'gbs' (the global batch size); {hint}")
+    if "mbs" not in top:
+        raise SailorError(f"{source}: missing field 'mbs' (the microbatch size); {hint}")
+    lists = top["pipeline_list"].items(1, hint=hint)
+    if len(lists) != 1:
+        raise SailorError(f"{source}: Sailor plans with {len(lists)} pipeline templates are not supported; "
+                          "use one template")
+    p = lists[0].fields(("layers_per_stage", "tmp_per_stage", "dp"), open_ended=True, hint=hint)
+    mbs, gbs = top["mbs"].int(1, MAX_BATCH), gbs_doc.int(1, MAX_BATCH)
+    layers = p["layers_per_stage"].items(1, MAX_LAYERS, hint)
+    reps = p["tmp_per_stage"].items(len(layers), len(layers), f"one entry per stage ({len(layers)}); {hint}")
+    dp = [x.int(1, MAX_COUNT) for x in p["dp"].items(len(layers), len(layers), f"one count per stage; {hint}")]
+    if len(set(dp)) != 1:
+        raise SailorError(f"{source}: stages have different replica counts {dp}; every stage needs the same")
+    stages = []
+    for layer_doc, rep_doc, count in zip(layers, reps, dp):
+        ids = layer_doc.ints(lo=0)
+        if not ids or list(ids) != list(range(ids[0], ids[0] + len(ids))):
+            layer_doc.fail("a non-empty list of consecutive layer indices", hint)
+        replicas = []
+        for rep in rep_doc.items(count, count, f"{count} replicas, as dp says; {hint}"):
+            where = rep.items(2, 2, "write [[[GPU, TP, ZONE]], TP]")[0].items(1, 1, "write [[GPU, TP, ZONE]]")[0]
+            gpu, tp, zone = where.items(3, 3, "write [GPU, TP, ZONE]")
+            replicas.append(Replica(canonical_gpu(gpu.str()) or gpu.str(), tp.int(1, MAX_TP), zone.str()))
+        stages.append(Stage(ids[0], ids[-1], tuple(replicas)))
+    if gbs % mbs:
+        raise SailorError(f"{source}: global batch {gbs} is not a multiple of the microbatch size {mbs}")
+    # gbs/mbs microbatches over D pipelines; where they don't divide, the
+    # first pipelines take one more (Sailor rounds every pipeline up).
+    D = dp[0]
+    n, extra = divmod(gbs // mbs, D)
+    if n < 1:
+        raise SailorError(f"{source}: {gbs // mbs} microbatches cannot feed {D} pipelines; each needs at least one")
+    pipelines = tuple(Pipeline(mbs, n + (k < extra)) for k in range(D))
+    measured = {k: top[k].value for k in SAILOR_MEASURED if k in top}
+    name = canonical_name(model or (top["model"].str() if "model" in top else "opt-350m"))
     # Sailor's own files ran on Megatron-DeepSpeed; ours say which runtime and model they were made for
-    runtime = d.get("runtime", "megatron-deepspeed")
-    plan = Plan(name, gbs, tuple(stages), pipelines, runtime, measured, d.get("seq_length"))
-    if "model_config" in d:
-        spec = model_from_dict(d["model_config"], f"{source}: model_config")
+    runtime = top["runtime"].str(RUNTIMES) if "runtime" in top else "megatron-deepspeed"
+    seq_length = top["seq_length"].int(1, 1 << 24) if "seq_length" in top else None
+    plan = Plan(name, gbs, tuple(stages), pipelines, runtime, measured, seq_length)
+    if "model_config" in top:
+        spec = model_from_dict(top["model_config"].value, f"{source}: model_config")
         plan = replace(plan, model=spec.name, seq_length=spec.seq_len, model_spec=spec)
     return plan
 
@@ -344,17 +373,28 @@ def plan_to_sailor(plan: Plan) -> dict:
 
 def load_plan(path: str) -> Plan:
     """Read a plan file in our format or Sailor's (detected from its fields)."""
-    try:
-        d = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise SailorError(f"plan file {path} not found") from None
-    except json.JSONDecodeError as e:
-        raise SailorError(f"plan file {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(d, dict):
-        raise SailorError(f"plan file {path}: expected a JSON object")
-    return plan_from_dict(d, f"plan file {path}")
+    where = f"plan file {path}"
+    return plan_from_dict(parse_json(read_text(path, "plan file"), where), where)
+
+
+def plan_text(plan: Plan, fmt: str = "sailor-plan") -> str:
+    """The file's text: our format or Sailor's."""
+    return json.dumps(plan_to_sailor(plan) if fmt == "sailor" else plan_to_dict(plan), indent=1) + "\n"
 
 
 def save_plan(plan: Plan, path: str, fmt: str = "sailor-plan") -> None:
-    data = plan_to_sailor(plan) if fmt == "sailor" else plan_to_dict(plan)
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    """Write atomically: a failed write leaves the previous plan."""
+    from planner.outputs import write_output
+
+    write_output(path, plan_text(plan, fmt), what="plan file")
+
+
+def check_plan_for(plan: Plan, model: ModelSpec, cluster, source: str) -> None:
+    """A plan read from a file, against what it will run on: its layers, GPU types, zones and TP degrees."""
+    from planner.launch import check_tp
+
+    plan.check(model.num_layers, cluster)
+    for i, stage in enumerate(plan.stages):
+        for r in {(r.gpu, r.zone, r.tp): r for r in stage.replicas}.values():
+            cluster.check_zone(r.zone, f"{source}: stage {i}")
+            check_tp(model, r.tp, f"{source}: stage {i}")

@@ -35,6 +35,8 @@ def submit(cluster, workdir: Path, plan: dict, launch_args: list[str], train_arg
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "plan.json").write_text(json.dumps(plan))
     (workdir / "cluster.yaml").write_text("gpus:\n  CPU: {gpus_per_node: 2}\n")
+    # the zones the geo plans name, declared as sailor requires (its nodes carry them as Slurm features)
+    (workdir / "zones.yaml").write_text("zones:\n  local-a: {region: local}\n  local-b: {region: local}\n")
     out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", "plan.json", "--target", "slurm",
                           "-o", "job.sbatch", *launch_args, "--", *train_args],
                          capture_output=True, text=True, cwd=workdir, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -63,8 +65,8 @@ def test_two_node_job_trains(cluster, tmp_path):
 
 def test_geo_plan_runs_as_a_heterogeneous_job_in_its_zones(cluster, tmp_path):
     """Stages 0-1 in zone local-a, 2-3 in local-b: two components, each on the node with its zone's feature."""
-    state, code, log = submit(cluster, tmp_path, tiny_plan(["local-a", "local-a", "local-b", "local-b"]), [],
-                              ["--train-iters", "3", "--metrics-file", "metrics.jsonl"])
+    state, code, log = submit(cluster, tmp_path, tiny_plan(["local-a", "local-a", "local-b", "local-b"]),
+                              ["--cluster", "zones.yaml"], ["--train-iters", "3", "--metrics-file", "metrics.jsonl"])
     script = (tmp_path / "job.sbatch").read_text()
     assert "#SBATCH --constraint=CPU&local-a" in script and "#SBATCH --constraint=CPU&local-b" in script
     assert (state, code) == ("COMPLETED", "0:0"), log[-3000:]
@@ -72,7 +74,7 @@ def test_geo_plan_runs_as_a_heterogeneous_job_in_its_zones(cluster, tmp_path):
 
 
 def test_failing_ranks_fail_the_job(cluster, tmp_path):
-    state, code, log = submit(cluster, tmp_path, tiny_plan(["local-a", "local-a", "local-b", "local-b"]), [],
-                              ["--train-iters", "3", "--data-path", "no-such-dataset"])
+    state, code, log = submit(cluster, tmp_path, tiny_plan(["local-a", "local-a", "local-b", "local-b"]),
+                              ["--cluster", "zones.yaml"], ["--train-iters", "3", "--data-path", "no-such-dataset"])
     assert state == "FAILED" and code != "0:0", log[-3000:]
     assert "sailor: error:" in log and "no-such-dataset" in log, log[-6000:]

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _elastic_helpers import Job
+from _elastic_helpers import GLOBAL_BATCH, Job
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ def assert_resumed_from_checkpoint(job: Job, last_logged: int, iters: int) -> in
     from sailor_ext.checkpoint import read_logical
 
     meta, params = read_logical(job.workdir / "ckpt")
-    assert meta["step"] == iters and meta["consumed_samples"] == iters * 12, "no step may be lost or repeated"
+    assert meta["step"] == iters and meta["consumed_samples"] == iters * GLOBAL_BATCH, "no step may be lost or repeated"
     assert len(params) > 10
     return resume
 

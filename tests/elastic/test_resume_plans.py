@@ -68,7 +68,7 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_one_before_and_says_so(bas
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01  # one flipped bit
     victim.write_bytes(bytes(data))
-    job = Job(tmp_path / "job", ["--train-iters", "4", *ARGS], min_gpus=4,
+    job = Job(tmp_path / "job", ["--train-iters", "4", *ARGS], global_batch=12, min_gpus=4,
               controller_args=["--load", str(ckpt)])
     try:
         for name in "ab":

@@ -34,13 +34,17 @@ def test_simulate_own_plan_without_profiles(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"stages": [{"layers": [0, 2], "replicas": [{"gpu": "B300", "tp": 1}]},
-                 {"layers": [3, 5], "replicas": [{"gpu": "V100-16", "tp": 1}]}]}, "unknown GPU type 'B300'"),
-    ({"stages": [{"layers": [0, 1], "replicas": [{"gpu": "A100-40", "tp": 1}]},
-                 {"layers": [3, 5], "replicas": [{"gpu": "V100-16", "tp": 1}]}]}, "a gap"),
-    ({"stages": [{"layers": [0, 5], "replicas": [{"gpu": "V100-16", "tp": 8}]}]}, "keep TP inside a node"),
+    ({"stages": [{"layers": [0, 2], "replicas": [{"gpu": "B300", "tp": 1, "zone": "us-central1-a"}]},
+                 {"layers": [3, 5], "replicas": [{"gpu": "V100-16", "tp": 1, "zone": "us-central1-a"}]}]},
+     "unknown GPU type 'B300'"),
+    ({"stages": [{"layers": [0, 1], "replicas": [{"gpu": "A100-40", "tp": 1, "zone": "us-central1-a"}]},
+                 {"layers": [3, 5], "replicas": [{"gpu": "V100-16", "tp": 1, "zone": "us-central1-a"}]}]}, "a gap"),
+    ({"stages": [{"layers": [0, 5], "replicas": [{"gpu": "V100-16", "tp": 8, "zone": "us-central1-a"}]}]},
+     "keep TP inside a node"),
+    ({"stages": [{"layers": [0, 5], "replicas": [{"gpu": "V100-16", "tp": 1}]}]},
+     "missing field 'stages[0].replicas[0].zone'"),
     ({"model": "gpt-9"}, "unknown model 'gpt-9'"),
-    ({"pipelines": [{"microbatch_size": 2}]}, "missing field 'num_microbatches'"),
+    ({"pipelines": [{"microbatch_size": 2}]}, "missing field 'pipelines[0].num_microbatches'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, change, message):
     out = sailor("simulate", str(write_plan(tmp_path, **change)))
@@ -60,7 +64,7 @@ def test_not_json_and_missing_file(tmp_path):
 
 def test_missing_microbatch_in_measured_profile(sailor_data, tmp_path):
     f = write_plan(tmp_path, model="opt-350m", global_batch_size=12,
-                   stages=[{"layers": [0, 25], "replicas": [{"gpu": "V100-16", "tp": 1}]}],
+                   stages=[{"layers": [0, 25], "replicas": [{"gpu": "V100-16", "tp": 1, "zone": "us-central1-a"}]}],
                    pipelines=[{"microbatch_size": 3, "num_microbatches": 4}])
     out = sailor("simulate", str(f), "--profiles", str(sailor_data))
     assert out.returncode == 2 and "no microbatch size 3 at TP 1" in out.stderr
@@ -94,7 +98,7 @@ def test_plan_in_sailor_format_and_pareto(tmp_path):
     (["--model", "llama-3-8b", "--gpus", "T4@us-central1-a=4", "--global-batch", "8"], "GB on a T4"),
     (["--model", "opt-125m", "--gpus", "A100-40=8", "--max-cost-per-iter", "1e-9"], "cheapest feasible plan"),
     (["--model", "opt-125m", "--gpus", "A100-40=8", "--min-throughput", "1e6"], "fastest plan"),
-    (["--model", "opt-125m", "--gpus", "A100-40=8", "--global-batch", "0"], "must be positive"),
+    (["--model", "opt-125m", "--gpus", "A100-40=8", "--global-batch", "0"], "must be a positive integer"),
     (["--model", "opt-125m", "--gpus", "B300=8"], "unknown GPU type"),
     (["--model", "llama-3-8b", "--gpus", "A100-80=8", "--global-batch", "64", "--recompute", "never"],
      "without recomputing activations; allow it with --recompute auto"),
@@ -124,7 +128,56 @@ def test_an_unwritable_output_is_one_line(tmp_path):
     out = sailor("plan", "--model", "tiny", "--gpus", "A100-40@us-central1-a=4", "--global-batch", "8",
                  "-o", str(tmp_path / "missing" / "dir" / "plan.json"))
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip().count("\n") == 0 and "cannot use" in out.stderr and "missing" in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "does not exist" in out.stderr and "missing" in out.stderr
+
+
+def _parsers(parser, name="sailor"):
+    import argparse
+
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, p in action.choices.items():
+                yield from _parsers(p, f"{name} {sub}")
+
+
+def test_every_flag_has_help():
+    from planner.cli import build_parser
+
+    missing = [f"{name} {'/'.join(a.option_strings) or a.dest}" for name, p in _parsers(build_parser())
+               for a in p._actions if not a.help]
+    assert not missing, missing
+
+
+def test_version_and_list(tmp_path):
+    from planner import __version__
+
+    out = sailor("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"sailor {__version__}"
+    gpus = json.loads(sailor("list", "gpus", "--json").stdout)
+    a100 = next(g for g in gpus if g["gpu"] == "A100-40")
+    assert a100["memory_gib"] == 40 and a100["usd_per_hour"] == 3.67 and a100["gpus_per_node"] == 4
+    zones = json.loads(sailor("list", "zones", "--json").stdout)
+    assert {"zone": "europe-west4-a", "region": "europe-west4"} in zones and any(z["zone"] == "local" for z in zones)
+    models = {m["model"]: m for m in json.loads(sailor("list", "models", "--json").stdout)}
+    assert models["opt-350m"]["sailor_names"] == ["OPT-350"] and models["llama-3-8b"]["layers"] == 32
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("gpus:\n  A100-40: {price_per_hour: 3.0}\nzones:\n  dc-1: {region: dc}\n"
+                       "prices:\n  - {gpu: A100-40, zone: dc-1, price_per_hour: 2.5}\n")
+    table = sailor("list", "gpus", "--cluster", str(cluster))
+    assert table.returncode == 0 and "dc-1 2.5" in table.stdout
+    assert "dc-1" in sailor("list", "zones", "--cluster", str(cluster)).stdout
+
+
+def test_the_plan_table_leaves_out_dominated_plans(tmp_path):
+    """Plans a better-ranked one matches or beats on both time and cost are not listed."""
+    out = sailor("plan", "--model", "tiny", "--gpus", "A100-40=8", "--global-batch", "1024", "--top", "5", "--json",
+                 "-o", str(tmp_path / "p.json"))
+    top = json.loads(out.stdout)["top"]
+    for i, p in enumerate(top):
+        for q in top[:i]:
+            assert p["iteration_time_s"] < q["iteration_time_s"] * 0.995 or \
+                p["cost_per_iteration_usd"] < q["cost_per_iteration_usd"] * 0.995
 
 
 @pytest.mark.parametrize("model, gpus", [("opt-30b", "A100-80@us-central1-a=64"),

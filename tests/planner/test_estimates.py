@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.profiles.calibrate import PHYSICAL_PRIOR, describes, fit_efficiency, keeps_logits
+from planner.profiles.calibrate import PHYSICAL_PRIOR, describes, fit_efficiency
 from planner.profiles.estimate import (DEFAULT_EFFICIENCY, Efficiency, estimate_profile, layer_seconds,
                                        tensor_cores)
+from planner.profiles.head_logits import keeps_logits
 from planner.profiles.layer_work import layer_work
 from planner.profiles.store import ProfileStore
 from planner.specs.hardware import CATALOG

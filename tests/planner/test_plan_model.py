@@ -171,8 +171,8 @@ def test_elastic_plans_carry_the_model_to_the_workers(tmp_path):
     (None, (64, "default: tiny's own; set --seq-length")),
     ("32", (32, "--seq-length")),
     ("65", "exceeds the context length 64 of tiny"),
-    ("0", "--seq-length 0 must be a positive number"),
-    ("-4", "--seq-length -4 must be a positive number"),
+    ("0", "argument --seq-length: must be a positive integer up to 16777216, not '0'"),
+    ("-4", "argument --seq-length: must be a positive integer up to 16777216, not '-4'"),
 ])
 def test_plan_and_replay_seq_length(tmp_path, seq, expect):
     flag = ["--seq-length", seq] if seq else []
@@ -202,7 +202,7 @@ def test_simulate_seq_length(tmp_path, sailor_data):
     short = json.loads(sailor("simulate", sailor_plan, "--json", "--seq-length", "1024").stdout)
     assert short["seq_length"] == 1024 and short["iteration_time_s"] < base["iteration_time_s"]
     one_line_error(sailor("simulate", sailor_plan, "--seq-length", "4096"), "exceeds the context length 2048")
-    one_line_error(sailor("simulate", sailor_plan, "--seq-length", "0"), "must be a positive number")
+    one_line_error(sailor("simulate", sailor_plan, "--seq-length", "0"), "must be a positive integer")
     ours = tmp_path / "p.json"
     assert sailor("plan", "--model", "tiny", "--gpus", "A100-40@us-central1-a=2", "--global-batch", "8",
                   "--seq-length", "32", "-o", ours).returncode == 0
@@ -211,7 +211,7 @@ def test_simulate_seq_length(tmp_path, sailor_data):
 
 
 @pytest.mark.parametrize("extra, fragment", [
-    (["--seq-length", "0"], "--seq-length 0 must be a positive number"),
+    (["--seq-length", "0"], "argument --seq-length: must be a positive integer"),
     (["--seq-length", "65"], "exceeds the context length 64 of tiny"),
     (["--seq-length", "32", "--", "--train-iters", "5", "--seq-length", "16"],
      "--seq-length 16 contradicts the job's sequence length 32"),

@@ -7,7 +7,7 @@ from dataclasses import replace
 from itertools import combinations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from planner.errors import SailorError
@@ -297,37 +297,116 @@ def test_ring_edges_shortcut_matches_the_placed_ring():
 
 
 # -- properties over random clusters ------------------------------------------
-GPU_TYPES = ["A100-40", "V100-16", "A100-80", "T4", "L4"]
-ZONES = ["us-central1-a", "us-central1-b", "us-west1-b"]
+GPU_TYPES = ["A100-40", "V100-16", "A100-80", "T4", "L4", "H100-80"]
+ZONES = ["us-central1-a", "us-central1-b", "us-west1-b", "europe-west4-a", "asia-east1-a"]  # egress 0.01-0.08 $/GB
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(pools=st.lists(st.tuples(st.sampled_from(GPU_TYPES), st.sampled_from(ZONES), st.integers(1, 40)),
-                      min_size=1, max_size=4),
+def assert_keeps_every_promise(plan: Plan, sim: Simulator, goal: Goal, c: Cluster, gbs: int) -> None:
+    """The plan, judged by the simulator alone, meets every limit the user gave."""
+    est = sim.simulate(plan)
+    assert est.fits_in_memory
+    assert plan.global_batch_size == gbs and sum(p.samples for p in plan.pipelines) == gbs
+    assert _fits_pools(plan, c)  # GPUs per type and zone, whole nodes, zone quotas
+    if goal.max_gpus is not None:
+        assert plan.num_gpus <= goal.max_gpus
+    if goal.min_throughput is not None:
+        assert est.throughput_iters_per_s >= goal.min_throughput * (1 - 1e-9)
+    if goal.max_cost_per_iteration is not None:
+        assert est.cost_per_iteration_usd <= goal.max_cost_per_iteration * (1 + 1e-9)
+    if goal.max_cost_per_hour is not None:
+        assert est.cost_per_hour_usd <= goal.max_cost_per_hour * (1 + 1e-9)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pools=st.lists(st.tuples(st.sampled_from(GPU_TYPES), st.sampled_from(ZONES), st.integers(8, 64)),
+                      min_size=2, max_size=3, unique_by=lambda p: p[1]),  # every pool in a zone of its own
        quota=st.one_of(st.none(), st.integers(4, 48)),
-       gbs=st.sampled_from([32, 64, 128, 256]),
-       objective=st.sampled_from(["throughput", "cost"]),
-       max_gpus=st.one_of(st.none(), st.integers(2, 64)),
-       floor=st.one_of(st.none(), st.floats(0.01, 2.0)))
-def test_every_returned_plan_respects_memory_and_limits(pools, quota, gbs, objective, max_gpus, floor):
+       gbs=st.sampled_from([256, 1024]),
+       objective=st.sampled_from(["throughput", "throughput", "cost"]),
+       max_gpus=st.one_of(st.none(), st.none(), st.integers(2, 64)),
+       floor=st.one_of(st.none(), st.none(), st.floats(0.1, 1.0)),
+       per_iter=st.one_of(st.none(), st.sampled_from([0.999, 0.99, 0.9]), st.floats(0.3, 1.5)),
+       per_hour=st.one_of(st.none(), st.sampled_from([0.999, 0.99, 0.9]), st.floats(0.3, 1.5)))
+@example(pools=[("L4", "us-central1-b", 37), ("V100-16", "us-central1-a", 33)], quota=None, gbs=1024,
+         objective="throughput", max_gpus=None, floor=None, per_iter=0.99, per_hour=None)
+@example(pools=[("L4", "us-west1-b", 18), ("V100-16", "europe-west4-a", 46)], quota=None, gbs=1024,
+         objective="throughput", max_gpus=None, floor=None, per_iter=None, per_hour=0.99)
+def test_every_returned_plan_respects_memory_and_limits(pools, quota, gbs, objective, max_gpus, floor, per_iter,
+                                                        per_hour):
+    """Multi-zone, multi-type clusters of catalog GPUs (zones on three continents) under random limits;
+    limits are fractions of the fastest plan's numbers, budgets often just below them, so they bind. (The two
+    examples broke their budgets when the search counted one stage's egress: their fastest plans send
+    every stage's gradients between zones.)"""
     c = load_cluster(None)
     quotas = {ZONES[0]: quota} if quota else {}
     c = replace(c, available=tuple(Pool(g, z, n) for g, z, n in pools), quotas=quotas)
     from planner.specs.model import get_model
 
-    sim = Simulator(get_model("opt-125m"), c, ProfileStore())
-    goal = Goal(objective, min_throughput=floor, max_gpus=max_gpus)
+    sim = Simulator(get_model("opt-350m"), c, ProfileStore())
+    fastest = Planner(sim, gbs, Goal()).run(top=1).plans
+    if not fastest:
+        return
+    ref = fastest[0][1]  # limits are fractions of the fastest plan's numbers
+    goal = Goal(objective, per_iter and per_iter * ref.cost_per_iteration_usd,
+                per_hour and per_hour * ref.cost_per_hour_usd, floor and floor * ref.throughput_iters_per_s, max_gpus)
     result = Planner(sim, gbs, goal).run(top=3)
-    for plan, est in result.plans:
-        assert est.fits_in_memory
-        assert plan.global_batch_size == gbs and sum(p.samples for p in plan.pipelines) == gbs
-        assert _fits_pools(plan, c)
-        if max_gpus:
-            assert plan.num_gpus <= max_gpus
-        if floor:
-            assert est.throughput_iters_per_s >= floor * (1 - 1e-12)
+    for plan, _ in result.plans:
+        assert_keeps_every_promise(plan, sim, goal, c, gbs)
     scores = [e.iteration_time_s if objective == "throughput" else e.cost_per_iteration_usd for _, e in result.plans]
     assert scores == sorted(scores)
+
+
+SMALL_ZONES = ("us-central1-a", "us-west1-b", "europe-west4-a")  # same continent, then another: egress matters
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pools=st.lists(st.tuples(st.sampled_from(["small-a", "small-b"]), st.sampled_from(SMALL_ZONES),
+                                st.integers(1, 6)), min_size=1, max_size=3),
+       quota=st.one_of(st.none(), st.integers(2, 8)),
+       objective=st.sampled_from(["throughput", "cost"]),
+       limits=st.fixed_dictionaries({"per_iter": st.one_of(st.none(), st.just(0.999), st.floats(0.2, 1.5)),
+                                     "per_hour": st.one_of(st.none(), st.just(0.999), st.floats(0.2, 1.5)),
+                                     "floor": st.one_of(st.none(), st.floats(0.3, 1.2)),
+                                     "max_gpus": st.one_of(st.none(), st.integers(1, 8))}))
+def test_limits_are_promises_and_no_plan_means_none_exists(pools, quota, objective, limits):
+    """Random multi-zone, two-type clusters and budgets set around what the unconstrained best plan
+    costs (so they bind): every returned plan keeps every limit by the simulator, the best is the
+    optimum of brute force under the same limits, and when no plan is returned brute force finds none."""
+    c = cluster(pools, {SMALL_ZONES[0]: quota} if quota else None)
+    sim, gbs, stages = simulator(c), 8, 3
+    free = Planner(sim, gbs, Goal(objective), max_stages=stages).run(top=1)
+    ref = free.plans[0][1] if free.plans else None
+
+    def scaled(key, value):  # a fraction of the unconstrained plan's number
+        return None if limits[key] is None or ref is None else limits[key] * value
+
+    goal = Goal(objective, scaled("per_iter", ref and ref.cost_per_iteration_usd),
+                scaled("per_hour", ref and ref.cost_per_hour_usd), scaled("floor", ref and ref.throughput_iters_per_s),
+                limits["max_gpus"])
+    result = Planner(sim, gbs, goal, max_stages=stages).run(top=3)
+    for plan, _ in result.plans:
+        assert_keeps_every_promise(plan, sim, goal, c, gbs)
+    exhaustive = brute_force(sim, gbs, goal, max_stages=stages)
+    if not result.plans:
+        assert math.isinf(exhaustive), f"brute force found {exhaustive}, the planner nothing"
+        return
+    est = result.plans[0][1]
+    assert goal.score_estimate(est) == pytest.approx(exhaustive, rel=1e-9)
+
+
+def test_budget_counts_the_egress_of_every_stage(sailor_store):
+    """A100s on two continents: the fastest plan spans both and its gradient rings cross the ocean on every
+    stage. The search once counted that egress for the largest stage only ($0.43 instead of $0.71 per
+    iteration), so --max-cost-per-iter 0.45 returned the $0.71 plan."""
+    from planner.specs.model import get_model
+
+    c = replace(load_cluster(None), available=(Pool("A100-40", "asia-east1-a", 8), Pool("A100-40", "us-west1-b", 8)))
+    sim = Simulator(get_model("opt-350m"), c, sailor_store)
+    fastest = Planner(sim, 1024, Goal()).run(top=1).plans[0][1]
+    assert len({k.split("@")[1] for k in fastest.gpus_used}) == 2 and fastest.cost_per_iteration_usd > 0.7
+    for goal in (Goal(max_cost_per_iteration=0.45), Goal(max_cost_per_hour=90.0)):
+        plan, est = Planner(sim, 1024, goal).run(top=1).plans[0]
+        assert_keeps_every_promise(plan, sim, goal, c, 1024)
 
 
 def test_no_gpus_is_a_clear_error():

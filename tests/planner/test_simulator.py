@@ -6,7 +6,7 @@ import pytest
 from planner.errors import SailorError
 from planner.profiles.profile import MEASURED, LayerMemory, LayerTimes, Profile
 from planner.profiles.store import ProfileStore
-from planner.simulator.network import AR_EFFICIENCY, LATENCY_S, WAN_GBPS
+from planner.simulator.network import LATENCY_S, RING_EFFICIENCY, WAN_GBPS
 from planner.simulator.simulate import Simulator
 from planner.specs.hardware import CATALOG, GIB, Cluster
 from planner.specs.model import get_model
@@ -88,10 +88,29 @@ def test_data_parallel_ring_allreduce_by_hand():
     plan = Plan("tiny", 4, (Stage(0, 5, (r, r)),), (Pipeline(2, 1),) * 2)
     est = sim().simulate(plan)
     grads = 4 * N * PARAMS  # fp32 gradients of the whole (TP 1) model
-    bw = CATALOG["A100-40"].node_nic_gbps * 1e9 * AR_EFFICIENCY  # no measured fit: the node NIC
+    bw = CATALOG["A100-40"].node_nic_gbps * 1e9 * RING_EFFICIENCY  # no measured fit: the node NIC, full duplex
     ring = 2 * (2 - 1) / 2 * grads / bw + 2 * (2 - 1) * LATENCY_S["zone"]
     assert est.stages[0].sync_s == pytest.approx(ring)
     assert est.iteration_time_s == pytest.approx(N * 3e-3 + ring + N * PARAMS * 1e-9 / 4)  # update: params / tp
+
+
+def test_a_ring_streams_at_the_measured_one_way_bandwidth():
+    """Each NIC sends to one neighbour and receives from the other at once over full-duplex links:
+    the ring's edges carry 2(D-1)/D * G at the p2p fit's bandwidth, unless an all-reduce was
+    measured over the link (`sailor profile network`), whose efficiency then applies."""
+    from dataclasses import replace as dc_replace
+
+    from planner.profiles.network_fits import BandwidthFit, NetworkFits
+
+    r = Replica("A100-40", 4, "us-central1-a")
+    plan = Plan("tiny", 6, (Stage(0, 5, (r, r, r)),), (Pipeline(2, 1),) * 3)
+    key = ("us-central1-a", "A100-40", 4, "us-central1-a", "A100-40", 4)
+    grads = 4 * N * PARAMS
+    for efficiency in (None, 0.8):
+        s = store()
+        s.network = NetworkFits(inter={key: dc_replace(BandwidthFit(0, 0, 2.0, 1e12), allreduce_efficiency=efficiency)})
+        ring = 2 * 2 / 3 * grads / (2e9 * (efficiency or 1.0))  # a fit measured end to end: no added latency
+        assert sim(s).simulate(plan).stages[0].sync_s == pytest.approx(ring)
 
 
 def test_slowest_pipeline_dominates_and_more_samples_cost_more():

@@ -76,13 +76,17 @@ def test_cluster_file(tmp_path):
     f.write_text("gpus:\n  A100-40: {price_per_hour: 2.0}\n  MYGPU: {memory_gb: 48, fp32_tflops: 80, "
                  "bf16_tflops: 300, hbm_gbps: 1000, intra_node_gbps: 100, gpus_per_node: 8, node_nic_gbps: 10, "
                  "price_per_hour: 1.5, spot_price_per_hour: 0.5}\n"
+                 "zones:\n  dc-1: {region: dc}\n"
                  "available:\n  - {gpu: MYGPU, zone: dc-1, count: 16}\nquotas: {dc-1: 8}\n")
     c = load_cluster(str(f))
     assert c.price_per_hour("A100-40", "us-central1-a") == 2.0
     assert c.gpu("MYGPU").memory_bytes == 48 * 2**30
-    assert c.available[0].count == 16 and c.quotas == {"dc-1": 8}
+    assert c.available[0].count == 16 and c.quotas == {"dc-1": 8} and c.zone("dc-1").region == "dc"
     f.write_text("gpus:\n  A100-40: {bogus: 1}\n")
-    with pytest.raises(SailorError, match="unknown fields"):
+    with pytest.raises(SailorError, match="unknown field 'gpus.A100-40.bogus'"):
+        load_cluster(str(f))
+    f.write_text("available:\n  - {gpu: A100-40, zone: dc-2, count: 16}\n")  # zones are declared, not guessed
+    with pytest.raises(SailorError, match="available\\[0\\].zone: unknown zone 'dc-2'"):
         load_cluster(str(f))
 
 

@@ -8,8 +8,8 @@ from _profiler_helpers import one_line_error, sailor
 @pytest.mark.parametrize("args, needles", [
     (["--model", "gpt-9"], ["unknown model 'gpt-9'"]),
     (["--model", "tiny", "--tp", "3"], ["--tp: TP 3 does not divide", "4 attention heads"]),
-    (["--model", "tiny", "--tp", "1,x"], ["--tp takes comma-separated integers"]),
-    (["--model", "tiny", "--micro-batch-sizes", "0,2"], ["--micro-batch-sizes takes positive integers"]),
+    (["--model", "tiny", "--tp", "1,x"], ["argument --tp", "write comma-separated integers"]),
+    (["--model", "tiny", "--micro-batch-sizes", "0,2"], ["argument --micro-batch-sizes", "must be from 1"]),
     (["--model", "tiny", "--device", "cuda"], ["no CUDA device", "--device cpu"]),
     (["--model", "tiny", "--repeats", "0"], ["--repeats"]),
     (["--model", "tiny", "--precision", "bf16"], ["fp32 on CPU"]),

@@ -100,9 +100,9 @@ def test_merge_converts_sailor_data(sailor_data, tmp_path):
     ("empty", ["show", "{tmp}/empty"], ["holds no profiles"]),
     ("partial", ["show", "{tmp}/part"], ["unfinished run", "--resume"]),
     ("a", ["merge", "{tmp}/a", "-o", "{tmp}/out"], ["at least two"]),
-    ("a", ["merge", "{tmp}/a", "{tmp}/a", "-o", "{tmp}/a"], ["also a source"]),
+    ("a", ["merge", "{tmp}/a", "{tmp}/a", "-o", "{tmp}/a"], ["overlaps a source"]),
     ("badjson", ["show", "{tmp}/bad"], ["not valid JSON"]),
-    ("badnet", ["show", "{tmp}/net"], ["network profile", "malformed"]),
+    ("badnet", ["show", "{tmp}/net"], ["network profile", "missing field"]),
 ])
 def test_bad_show_and_merge_input(tmp_path, setup, args, needles):
     if setup == "empty":
@@ -157,4 +157,4 @@ def test_export_of_sailors_own_data_round_trips(sailor_data, tmp_path):
 
 
 def test_export_refuses_its_source(tiny_profile):
-    one_line_error(sailor("profile", "export", tiny_profile, "-o", tiny_profile), "is the source")
+    one_line_error(sailor("profile", "export", tiny_profile, "-o", tiny_profile), "overlaps the source")

@@ -16,13 +16,13 @@ nothing else knows Hugging Face names. No torch here.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from planner.errors import SailorError
+from planner.inputs import parse_json, read_text
 from planner.specs.model import DEFAULT_SEQ_LEN, ModelSpec
 
 
@@ -156,15 +156,9 @@ def read_config(path: str | Path) -> tuple[dict, Path]:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SailorError(f"model config {p} not found: give a preset name, a config.json or a model directory") \
-            from None
-    except UnicodeDecodeError:
-        raise SailorError(f"model config {p} is not UTF-8 text; give a Hugging Face config.json") from None
-    except json.JSONDecodeError as e:
-        raise SailorError(f"model config {p} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not p.exists():
+        raise SailorError(f"model config {p} not found: give a preset name, a config.json or a model directory")
+    cfg = parse_json(read_text(p, "model config"), f"model config {p}")
     if not isinstance(cfg, dict):
         raise SailorError(f"model config {p}: expected a JSON object")
     return cfg, p

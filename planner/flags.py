@@ -1,0 +1,132 @@
+"""The edge where flags come in: argparse types with ranges, and one-line usage errors.
+
+Every number a flag takes is parsed here with its range (a port is 0-65535, a
+batch a positive integer, a budget a positive finite number), so a command
+receives typed values it can trust. `Parser` turns argparse's usage dump into
+the one line every sailor mistake ends in.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Callable, Iterable
+
+from planner.errors import SailorError
+from planner.inputs import MAX_BATCH, MAX_COUNT, int_range, number_range, suggest
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+class UsageError(SailorError):
+    """A flag argparse could not take."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its mistakes as one line: `sailor: error: sailor plan: argument --top: ...`."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: {message}; see `{self.prog} --help`")
+
+
+def _type(name: str, convert: Callable[[str], object]) -> Callable[[str], object]:
+    convert.__name__ = name  # argparse names the type in some messages
+    return convert
+
+
+def integer(lo: int | None = 1, hi: int | None = None) -> Callable[[str], int]:
+    """An integer flag in [lo, hi] (lo=1: positive)."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            value = None
+        if value is None or (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"must be {int_range(lo, hi)}, not {text!r}")
+        return value
+
+    return _type("integer", convert)
+
+
+def number(lo: float | None = None, hi: float | None = None, above: float | None = None) -> Callable[[str], float]:
+    """A finite number flag, >= lo (or > above) and <= hi."""
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or (lo is not None and value < lo) or (above is not None and value <= above) \
+                or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"must be {number_range(lo, hi, above)}, not {text!r}")
+        return value
+
+    return _type("number", convert)
+
+
+def int_list(lo: int = 1, hi: int = MAX_BATCH) -> Callable[[str], tuple[int, ...]]:
+    """Comma-separated integers, e.g. 1,2,4."""
+    def convert(text: str) -> tuple[int, ...]:
+        items = [x.strip() for x in text.split(",")]
+        try:
+            values = tuple(int(x) for x in items)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: write comma-separated integers, e.g. 1,2,4") from None
+        if any(v < lo or v > hi for v in values):
+            raise argparse.ArgumentTypeError(f"{text!r}: each value must be from {lo} to {hi}")
+        return values
+
+    return _type("list", convert)
+
+
+def choice_list(choices: Iterable[str]) -> Callable[[str], tuple[str, ...]]:
+    """Comma-separated names, each one of `choices`."""
+    choices = tuple(choices)
+
+    def convert(text: str) -> tuple[str, ...]:
+        items = [x.strip() for x in text.split(",")]
+        for x in items:
+            if x not in choices:
+                raise argparse.ArgumentTypeError(f"{x!r} is not one of {', '.join(choices)}{suggest(x, choices)}")
+        if len(set(items)) != len(items):
+            raise argparse.ArgumentTypeError(f"{text!r} names one twice")
+        return tuple(items)
+
+    return _type("list", convert)
+
+
+def plot_file(text: str) -> str:
+    """A plot's file name: its suffix picks the format matplotlib writes."""
+    if not text.lower().endswith(PLOT_SUFFIXES):
+        raise argparse.ArgumentTypeError(f"{text!r}: name the file .png, .svg or .pdf (the suffix picks the format)")
+    return text
+
+
+def nonempty(what: str) -> Callable[[str], str]:
+    def convert(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"is empty; give {what}")
+        return text
+
+    return _type("text", convert)
+
+
+port = integer(0, 65535)
+positive = integer(1)
+count = integer(1, MAX_COUNT)
+batch = integer(1, MAX_BATCH)
+seq_length = integer(1, 1 << 24)
+seconds = number(above=0.0, hi=1e9)
+budget = number(above=0.0, hi=1e12)
+
+
+def require_module(module: str, extra: str, what: str) -> None:
+    """Stop with one line when an optional dependency is missing (before any output is written)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package is missing
+        found = False
+    if not found:
+        raise SailorError(f"{what} needs {module.split('.')[0]}, which is not installed; install it with "
+                          f"pip install 'sailor[{extra}]' (or pip install -e '.[{extra}]' in a checkout)")
+

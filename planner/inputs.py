@@ -1,0 +1,248 @@
+"""The edge where files come in: read them, and check every field into a typed value.
+
+Every file a user hands sailor (plans in both formats, cluster files, profiles
+in both layouts, network fits, traces, Hugging Face configs) is read with
+`read_text`/`read_document` and walked with `Doc`, a value that knows the file
+and the field it came from. A check that fails raises SailorError with one
+line naming the file, the field, the value and what is expected, so the code
+inside works on typed values and never needs a try/except of its own.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, NoReturn
+
+from planner.errors import SailorError
+
+MAX_COUNT = 1 << 20  # GPUs of a pool, replicas, pipelines: beyond any real cluster
+MAX_BATCH = 1 << 24  # samples per iteration (16.8 M)
+
+
+def short(value: Any, width: int = 40) -> str:
+    """A value as the user wrote it, cut to fit in a message."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    text = json.dumps(value) if isinstance(value, (dict, list, bool)) or value is None else repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def suggest(name: str, known: Iterable[str]) -> str:
+    """' (did you mean X?)' for a near miss, else ''."""
+    import difflib  # only for a message
+
+    close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+# -- files ---------------------------------------------------------------------------
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a file the user named; `what` says which file it is (e.g. "plan file")."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise SailorError(f"{what} {path} not found; check the path") from None
+    except IsADirectoryError:
+        raise SailorError(f"{what} {path} is a directory; give a file") from None
+    except PermissionError:
+        raise SailorError(f"{what} {path} cannot be read (permission denied)") from None
+    except OSError as e:
+        raise SailorError(f"{what} {path} cannot be read ({e.strerror or e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SailorError(f"{what} {path} is not UTF-8 text (byte {e.start}); give the file itself, not a binary "
+                          "or another encoding") from None
+    if not text.strip():
+        raise SailorError(f"{what} {path} is empty")
+    return text
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except json.JSONDecodeError as e:
+        raise SailorError(f"{where} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except ValueError as e:  # NaN, Infinity
+        raise SailorError(f"{where} is not valid JSON ({e}); write a finite number") from None
+    except RecursionError:
+        raise SailorError(f"{where} is nested too deeply to be a sailor file") from None
+
+
+def read_document(path: str | Path, what: str) -> "Doc":
+    """A JSON file (or YAML, by its suffix) as a Doc."""
+    text = read_text(path, what)
+    where = f"{what} {path}"
+    if Path(path).suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            value = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml where built
+        except yaml.YAMLError as e:
+            raise SailorError(f"{where} is not valid YAML ({' '.join(str(e).split())})") from None
+        except RecursionError:
+            raise SailorError(f"{where} is nested too deeply to be a sailor file") from None
+    else:
+        value = parse_json(text, where)
+    return Doc(value, where)
+
+
+# -- fields ----------------------------------------------------------------------------
+class Doc:
+    """A value read from a file, and where it is: its checks name the file and the field.
+
+    `source` is the file ("plan file p.json"), `path` the field ("stages[0].replicas[1].tp").
+    """
+
+    __slots__ = ("value", "source", "_path", "_parent", "_key")
+
+    def __init__(self, value: Any, source: str, path: str = "", parent: "Doc | None" = None,
+                 key: str | int | None = None):
+        self.value, self.source, self._path, self._parent, self._key = value, source, path, parent, key
+
+    @property
+    def path(self) -> str:
+        """Where the value is, e.g. stages[0].replicas[1].tp (worked out only for a message)."""
+        if self._parent is None:
+            return self._path
+        return self._parent._sub(self._key)
+
+    def _child(self, value: Any, key: str | int) -> "Doc":
+        return Doc(value, self.source, parent=self, key=key)
+
+    def fail(self, expected: str, hint: str = "") -> NoReturn:
+        field = f"{self.path} " if self.path else "its top level "
+        raise SailorError(f"{self.source}: {field}must be {expected}, not {short(self.value)}"
+                          + (f"; {hint}" if hint else ""))
+
+    def _sub(self, key: str | int) -> str:
+        if isinstance(key, int):
+            return f"{self.path}[{key}]"
+        return f"{self.path}.{key}" if self.path else str(key)
+
+    # -- containers ---------------------------------------------------------------------
+    def fields(self, required: Iterable[str] = (), optional: Iterable[str] = (), hint: str = "",
+               open_ended: bool = False) -> dict[str, "Doc"]:
+        """An object with these keys: missing required ones and (unless open_ended) unknown ones are refused."""
+        if not isinstance(self.value, dict):
+            self.fail("an object {...}", hint)
+        required, optional = tuple(required), tuple(optional)
+        for key in required:
+            if key not in self.value:
+                raise SailorError(f"{self.source}: missing field {self._sub(key)!r}" + (f"; {hint}" if hint else ""))
+        known = required + optional
+        if not open_ended:
+            for key in self.value:
+                if key not in known:
+                    raise SailorError(f"{self.source}: unknown field {self._sub(key)!r}{suggest(key, known)}; "
+                                      f"known fields here: {', '.join(known)}")
+        return {str(k): self._child(v, str(k)) for k, v in self.value.items()}
+
+    def entries(self, hint: str = "") -> list[tuple[str, "Doc"]]:
+        """An object with any keys: (key, value) pairs."""
+        if not isinstance(self.value, dict):
+            self.fail("an object {...}", hint)
+        return [(str(k), self._child(v, str(k))) for k, v in self.value.items()]
+
+    def items(self, min_len: int = 0, max_len: int | None = None, hint: str = "") -> list["Doc"]:
+        if not isinstance(self.value, list):
+            self.fail("a list [...]", hint)
+        if len(self.value) < min_len:
+            self.fail(f"a list of at least {min_len} entr{'y' if min_len == 1 else 'ies'}", hint)
+        if max_len is not None and len(self.value) > max_len:
+            raise SailorError(f"{self.source}: {self.path} has {len(self.value)} entries, more than the {max_len} "
+                              "allowed" + (f"; {hint}" if hint else ""))
+        return [self._child(v, i) for i, v in enumerate(self.value)]
+
+    # -- scalars ---------------------------------------------------------------------------
+    def int(self, lo: int | None = None, hi: int | None = None, hint: str = "") -> int:
+        v = self.value
+        if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo) or (hi is not None and v > hi):
+            self.fail(int_range(lo, hi), hint)
+        return v
+
+    def number(self, lo: float | None = None, hi: float | None = None, above: float | None = None,
+               hint: str = "") -> float:
+        """A finite number >= lo (or > above) and <= hi."""
+        v = self.value
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
+                (lo is not None and v < lo) or (above is not None and v <= above) or (hi is not None and v > hi):
+            self.fail(number_range(lo, hi, above), hint)
+        return float(v)
+
+    def str(self, choices: Iterable[str] | None = None, hint: str = "") -> str:
+        v = self.value
+        if choices is not None:
+            choices = tuple(choices)
+            if not isinstance(v, str) or v not in choices:
+                self.fail(f"one of {', '.join(choices)}{suggest(v, choices) if isinstance(v, str) else ''}", hint)
+            return v
+        if not isinstance(v, str) or not v.strip() or len(v) > 1000:
+            self.fail("a non-empty string", hint)
+        return v
+
+    def bool(self, hint: str = "") -> bool:
+        if not isinstance(self.value, bool):
+            self.fail("true or false", hint)
+        return self.value
+
+    def numbers(self, length: int | None = None, lo: float | None = 0.0, hi: float | None = None,
+                hint: str = "") -> tuple[float, ...]:
+        """A list of finite numbers in [lo, hi] (checked in bulk: profiles hold thousands)."""
+        v = self.value
+        if not isinstance(v, list) or (length is not None and len(v) != length):
+            self.fail(f"a list of {length} numbers" if length is not None else "a list of numbers", hint)
+        if {type(x) for x in v} <= {int, float}:  # the common case, checked in bulk (bool is neither)
+            out = tuple(map(float, v))
+            if all(map(math.isfinite, out)) and (not out or ((lo is None or min(out) >= lo) and
+                                                             (hi is None or max(out) <= hi))):
+                return out
+        for i, x in enumerate(v):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or \
+                    (lo is not None and x < lo) or (hi is not None and x > hi):
+                self._child(x, i).fail(number_range(lo, hi, None), hint)
+        return tuple(float(x) for x in v)
+
+    def ints(self, length: int | None = None, lo: int = 0, hi: int | None = None, hint: str = "") -> tuple[int, ...]:
+        v = self.value
+        if not isinstance(v, list) or (length is not None and len(v) != length):
+            self.fail(f"a list of {length} integers" if length is not None else "a list of integers", hint)
+        for i, x in enumerate(v):
+            if isinstance(x, bool) or not isinstance(x, int) or x < lo or (hi is not None and x > hi):
+                self._child(x, i).fail(int_range(lo, hi), hint)
+        return tuple(v)
+
+
+def int_key(key: str, source: str, where: "str | Doc", lo: int = 1, hi: int = MAX_BATCH) -> int:
+    """An object key that stands for a number (a microbatch size, a TP degree, a layer index);
+    `where` is the object (a Doc, whose path is worked out only for a message) or its name."""
+    if not (isinstance(key, str) and key.isdigit() and lo <= int(key) <= hi):
+        name = (where.path or "the top level") if isinstance(where, Doc) else where
+        raise SailorError(f"{source}: {name} key {short(key)} must be {int_range(lo, hi)}")
+    return int(key)
+
+
+def int_range(lo: int | None, hi: int | None) -> str:
+    if lo == 1 and hi is not None:
+        return f"a positive integer up to {hi}"
+    if lo is not None and hi is not None:
+        return f"an integer from {lo} to {hi}"
+    if lo is not None:
+        return {0: "an integer >= 0", 1: "a positive integer"}.get(lo, f"an integer >= {lo}")
+    return "an integer" if hi is None else f"an integer <= {hi}"
+
+
+def number_range(lo: float | None, hi: float | None, above: float | None) -> str:
+    low = f"> {above:g}" if above is not None else (f">= {lo:g}" if lo is not None else "")
+    if above == 0:
+        low = "positive"
+    parts = [p for p in (low, f"<= {hi:g}" if hi is not None else "") if p]
+    if low == "positive":
+        return "a positive finite number" + (f" <= {hi:g}" if hi is not None else "")
+    return "a finite number" + (" " + " and ".join(parts) if parts else "")

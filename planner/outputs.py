@@ -1,0 +1,75 @@
+"""Where sailor writes: atomically, and never over what it reads.
+
+An output goes to a temporary file beside its destination and is renamed over
+it once complete, so a failed or interrupted write leaves the previous file
+as it was. An output that names one of the command's inputs (the plan being
+launched, the cluster file, a config.json) is refused before anything runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from planner.errors import SailorError
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        return directory.is_dir() and directory.resolve() in path.resolve().parents
+    except OSError:
+        return False
+
+
+def check_output(path: str | Path, inputs: Iterable[str | Path | None] = (), what: str = "output") -> Path:
+    """`path` as a place to write `what`: not an input (nor a file inside an input directory), not a
+    directory, in a directory that exists."""
+    out = Path(path)
+    for given in inputs:
+        if given is None:
+            continue
+        if _same(out, Path(given)):
+            raise SailorError(f"{what} {path} is also an input of this command; write it to another file")
+        if out.exists() and _inside(out, Path(given)):
+            raise SailorError(f"{what} {path} would replace a file in {given}, an input of this command; write it "
+                              "elsewhere")
+    if out.is_dir():
+        raise SailorError(f"{what} {path} is a directory; give a file name")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise SailorError(f"cannot write {what} {path}: directory {parent} does not exist; create it first")
+    return out
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, inputs: Iterable[str | Path | None] = (), what: str = "output") -> Iterator[Path]:
+    """A temporary path to write `path` through (same directory and suffix); renamed over it on success."""
+    out = check_output(path, inputs, what)
+    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp{out.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, out)
+    except PermissionError:
+        raise SailorError(f"cannot write {what} {path}: permission denied") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_output(path: str | Path, content: str | bytes, inputs: Iterable[str | Path | None] = (),
+                 what: str = "output") -> Path:
+    """Write `content` to `path` atomically, refusing to replace any of `inputs`."""
+    with atomic_path(path, inputs, what) as tmp:
+        if isinstance(content, str):
+            tmp.write_text(content, encoding="utf-8")
+        else:
+            tmp.write_bytes(content)
+    return Path(path)
