@@ -391,14 +391,23 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def parse(argv: list[str]) -> argparse.Namespace:
     """Parse with the parts of the parser the command needs; a mistake is parsed again with the
     whole parser, so its message knows every command."""
-    command = next((a for a in argv if not a.startswith("-")), None)
+    # Training arguments after '--' are cut off here: argparse drops a '--' that follows a positional
+    # (`sailor launch plan.json -- --train-iters 3`), so the commands could not tell where they begin.
+    cut = argv.index("--") if "--" in argv else len(argv)
+    head, train_args = argv[:cut], argv[cut + 1:]
+    command = next((a for a in head if not a.startswith("-")), None)
     known = command in BUILTIN_COMMANDS or command in COMMAND_MODULES
     try:
-        return build_parser(command if known else None).parse_args(argv)
+        args = build_parser(command if known else None).parse_args(head)
     except flags.UsageError:
         if not known:
             raise
-        return build_parser().parse_args(argv)
+        args = build_parser().parse_args(head)
+    if cut < len(argv):
+        if not hasattr(args, "rest"):
+            raise SailorError(f"sailor {command}: takes no arguments after '--' (only launch and run pass them on)")
+        args.rest = [*(args.rest or []), "--", *train_args]
+    return args
 
 
 def _error(message: str) -> None:

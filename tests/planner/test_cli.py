@@ -198,3 +198,16 @@ def test_sailor_format_round_trip_simulates_the_same(tmp_path, model, gpus):
     assert sims[0]["iteration_time_s"] == sims[1]["iteration_time_s"]
     assert sims[0]["fits_in_memory"] and sims[1]["fits_in_memory"]
     assert json.dumps(sims[0], sort_keys=True) == json.dumps(sims[1], sort_keys=True)
+
+
+def test_training_arguments_follow_the_plan_directly_after_the_separator(tmp_path):
+    """argparse drops a '--' right after a positional; `sailor launch plan.json -- ARGS` must still pass ARGS on."""
+    plan = str(write_plan(tmp_path))
+    for head in ([plan], [plan, "--target", "torchrun"]):
+        out = sailor("launch", *head, "--", "--train-iters", "3", "--lr", "0.1")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.count("--train-iters 3 --lr 0.1") == 2  # both nodes' torchrun lines
+    out = sailor("launch", plan, "--train-iters", "3")
+    assert out.returncode == 2 and "put training arguments after '--'" in out.stderr
+    out = sailor("simulate", plan, "--", "--train-iters", "3")
+    assert out.returncode == 2 and "takes no arguments after '--'" in out.stderr

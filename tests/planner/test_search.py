@@ -396,14 +396,14 @@ def test_limits_are_promises_and_no_plan_means_none_exists(pools, quota, objecti
 
 def test_budget_counts_the_egress_of_every_stage(sailor_store):
     """A100s on two continents: the fastest plan spans both and its gradient rings cross the ocean on every
-    stage. The search once counted that egress for the largest stage only ($0.43 instead of $0.71 per
-    iteration), so --max-cost-per-iter 0.45 returned the $0.71 plan."""
+    stage. The search once counted that egress for the largest stage only (about $0.43 per iteration for a
+    plan the simulator prices above $0.6), so --max-cost-per-iter 0.45 returned that plan."""
     from planner.specs.model import get_model
 
     c = replace(load_cluster(None), available=(Pool("A100-40", "asia-east1-a", 8), Pool("A100-40", "us-west1-b", 8)))
     sim = Simulator(get_model("opt-350m"), c, sailor_store)
     fastest = Planner(sim, 1024, Goal()).run(top=1).plans[0][1]
-    assert len({k.split("@")[1] for k in fastest.gpus_used}) == 2 and fastest.cost_per_iteration_usd > 0.7
+    assert len({k.split("@")[1] for k in fastest.gpus_used}) == 2 and fastest.cost_per_iteration_usd > 0.6
     for goal in (Goal(max_cost_per_iteration=0.45), Goal(max_cost_per_hour=90.0)):
         plan, est = Planner(sim, 1024, goal).run(top=1).plans[0]
         assert_keeps_every_promise(plan, sim, goal, c, 1024)
