@@ -396,8 +396,8 @@ def test_limits_are_promises_and_no_plan_means_none_exists(pools, quota, objecti
 
 def test_budget_counts_the_egress_of_every_stage(sailor_store):
     """A100s on two continents: the fastest plan spans both and its gradient rings cross the ocean on every
-    stage. The search once counted that egress for the largest stage only (about $0.43 per iteration for a
-    plan the simulator prices above $0.6), so --max-cost-per-iter 0.45 returned that plan."""
+    stage. The search once counted that egress for the largest stage only (it priced a $0.71 plan at $0.43
+    per iteration before the ring model changed), so --max-cost-per-iter 0.45 returned that plan."""
     from planner.specs.model import get_model
 
     c = replace(load_cluster(None), available=(Pool("A100-40", "asia-east1-a", 8), Pool("A100-40", "us-west1-b", 8)))
