@@ -255,6 +255,10 @@ class Simulator:
                                                Endpoint(reps[s + 1].gpu, reps[s + 1].zone, nodes[s + 1][k], links[1])))
         return F, B, c, k
 
+    def stage_fits(self, plan: Plan, s: int, runtime: RuntimeModel | None = None) -> bool:
+        """Whether every replica of stage s fits in its GPU's memory."""
+        return self._stage_memory(plan, s, runtime or runtime_model(plan.runtime))[2]
+
     def _stage_memory(self, plan: Plan, s: int, rt: RuntimeModel) -> tuple[float, int, bool, dict]:
         """Worst GPU of the stage: (bytes, capacity of its GPU, every replica fits, its terms)."""
         st = plan.stages[s]
