@@ -119,6 +119,8 @@ class Planner(SinglePool, TwoPools, TwoTypes):
             if not zones:
                 continue
             spec = sim.cluster.gpu(gpu)
+            if sim.precision == "bf16" and not spec.bf16:
+                continue  # e.g. V100s in a bf16 plan (the default picks fp16 where such GPUs are offered)
             profile: Profile = sim.profile(gpu)
             prices = {z: sim.cluster.price_per_hour(gpu, z, sim.cluster.is_spot(gpu, z)) / 3600 for z, _ in zones}
             for mbs in profile.microbatch_sizes():
@@ -337,6 +339,7 @@ class Planner(SinglePool, TwoPools, TwoTypes):
     def _materialize(self, c: Candidate) -> tuple[Plan, Estimate]:
         """The plan of a candidate, simulated again and held to every promise (verify.py)."""
         plan = with_model(self._design(c.design).to_plan(self.model.name, self.L, self.gbs, self.runtime), self.model)
+        plan = replace(plan, precision=self.sim.precision)
         if c.recompute == "per stage":  # the stages that do not fit without recomputing (as the search chose)
             fits = [self.sim.stage_fits(plan, s, self.rt) for s in range(plan.pp)]
             plan = replace(plan, stages=tuple(replace(s, recompute=not ok) for s, ok in zip(plan.stages, fits)))
