@@ -44,7 +44,8 @@ def run_plan(model: str, gbs: int, gpus: str, data: str) -> dict:
     """One `sailor plan` process: its CPU seconds, peak RSS and answer."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "planner.cli", "plan", "--model", model, "--global-batch", str(gbs),
-               "--gpus", gpus, "--profiles", data, "--json", "-o", os.path.join(tmp, "plan.json"), "--top", "1", *PRECISION]
+               "--gpus", gpus, "--profiles", data, "--json", "-o", os.path.join(tmp, "plan.json"), "--top", "1",
+               *PRECISION]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)

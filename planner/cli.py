@@ -134,8 +134,9 @@ def cmd_simulate(args) -> int:
         return 0
     from planner.report import print_estimate
 
-    print_estimate(est, title=f"{model.name}: {Path(args.plan).name} on {plan.runtime if not args.runtime else args.runtime}"
-                   f", {sim.precision}", provenance=estimated)
+    runtime = args.runtime or plan.runtime
+    print_estimate(est, title=f"{model.name}: {Path(args.plan).name} on {runtime}, {sim.precision}",
+                   provenance=estimated)
     _print_seq_length(seq)
     return 0
 

@@ -6,10 +6,12 @@ as they are would overstate both time and activation memory, so a measured
 profile is converted, layer by layer:
 
     t'  = t * est(target) / est(measured)      per layer, microbatch size and TP degree: the
-                                               calibrated estimator's ratio (estimate.layer_seconds:
-                                               tensor-core peak, bytes of memory-bound kernels and of
-                                               the TP all-reduce in the new dtype); the measured
-                                               layer's other costs keep their share          [s]
+                                               estimator's ratio (estimate.layer_seconds: tensor-
+                                               core peak, bytes of memory-bound kernels and of
+                                               the TP all-reduce in the new dtype), at
+                                               DEFAULT_EFFICIENCY (fitted to all of Sailor's
+                                               profiles; calibrating on the profiles at hand
+                                               would cost every `sailor plan` 70 ms)         [s]
     A'  = A * bytes(target) / bytes(measured)  activation, output (p2p) and workspace bytes; the
                                                runtimes keep every saved tensor in the compute
                                                dtype (dropout masks and fp32 softmax statistics
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.profiles.estimate import DTYPE_BYTES, Efficiency, layer_seconds
+from planner.profiles.estimate import DEFAULT_EFFICIENCY, DTYPE_BYTES, Efficiency, layer_seconds
 from planner.profiles.profile import LayerMemory, LayerTimes, Profile
 from planner.specs.hardware import GPUSpec
 from planner.specs.model import ModelSpec
@@ -44,7 +46,8 @@ def converted_memory(memory: dict[int, LayerMemory], measured: str, target: str)
             for tp, m in memory.items()}
 
 
-def converted_profile(profile: Profile, model: ModelSpec, gpu: GPUSpec, target: str, eff: Efficiency) -> Profile:
+def converted_profile(profile: Profile, model: ModelSpec, gpu: GPUSpec, target: str,
+                      eff: Efficiency = DEFAULT_EFFICIENCY) -> Profile:
     """`profile` (measured in profile.precision) for a plan in `target` precision."""
     if profile.precision == target:
         return profile

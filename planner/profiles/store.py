@@ -70,7 +70,7 @@ class ProfileStore:
             done = self._completed[id(found)]
             key = (id(found), precision)
             if done.precision != precision and key not in self._converted:  # measured in another precision
-                self._converted[key] = converted_profile(done, model, gpu, precision, self.efficiency())
+                self._converted[key] = converted_profile(done, model, gpu, precision)
             return done if done.precision == precision else self._converted[key]
         key = (model, gpu.name, precision)
         if key not in self._estimated:  # memory facts do not depend on the GPU: any measured ones apply
