@@ -20,8 +20,8 @@ O(L^2 * P * |frontier|); frontiers hold a handful of points.
 Per-stage recomputation (`plain` given): a stage recomputes its blocks only
 if it does not fit without (recomputing a stage that fits only adds time).
 sum_s (F_s + B_s) then grows with the recomputing stages' extra forwards
-(`extra`), so the frontier is over (slot, G, extra), and a split's stages
-recompute by `recomputes`.
+(`extra`), so the frontier is over (slot, G, extra); `split_compute` gives a
+split's stage times.
 """
 from __future__ import annotations
 
@@ -55,23 +55,19 @@ def pareto_extra(labels: list[Split]) -> list[Split]:
     return out
 
 
-def stage_compute(costs: "StageCosts", plain: "StageCosts | None", first: int, last: int,
-                  inflight: int) -> tuple[float, bool]:
-    """(F+B seconds, recomputes) of stage first..last: with `plain`, it recomputes only if it does not
-    fit without (costs then are the recomputing ones); without, as `costs` say."""
-    if plain is None:
-        return costs.compute(first, last), False
-    if plain.memory(first, last, inflight) <= plain.capacity:
-        return plain.compute(first, last), False
-    return costs.compute(first, last), True
-
-
-def recomputes(costs: "StageCosts", plain: "StageCosts | None", bounds: tuple[int, ...], microbatches: int,
-               num_layers: int) -> list[tuple[float, bool]]:
-    """stage_compute of every stage of a split, stage s with its 1F1B in-flight count min(P - s, m)."""
+def split_compute(costs: "StageCosts", plain: "StageCosts | None", bounds: tuple[int, ...], microbatches: int,
+                  num_layers: int) -> list[float]:
+    """F+B seconds of every stage of a split. With `plain` (per-stage recomputation; `costs` are then the
+    recomputing ones) stage s recomputes only if it does not fit without, with its 1F1B in-flight count
+    min(P - s, m)."""
     edges = (0, *bounds, num_layers)
     P = len(edges) - 1
-    return [stage_compute(costs, plain, edges[s], edges[s + 1] - 1, min(P - s, microbatches)) for s in range(P)]
+    out = []
+    for s in range(P):
+        first, last = edges[s], edges[s + 1] - 1
+        fits = plain is not None and plain.memory(first, last, min(P - s, microbatches)) <= plain.capacity
+        out.append((plain if fits else costs).compute(first, last))
+    return out
 
 
 class StageCosts:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from planner.search.goal import Outcome
-from planner.search.partition import SplitTable, recomputes
+from planner.search.partition import SplitTable, split_compute
 from planner.search.space import Shape, capacity, spread
 
 class SinglePool:
@@ -118,7 +118,7 @@ class SinglePool:
         for split in splits:
             params, bounds = split[1], split[2]
             # F+B of each stage (a stage recomputes only where the most microbatches in flight need it)
-            fb = [t for t, _ in recomputes(costs, shape.plain, bounds, m, self.L)]
+            fb = split_compute(costs, shape.plain, bounds, m, self.L)
             t_pp = max(sum(fb) + 2 * (P - 1) * cz + (mz - 1) * max(
                 t + 2 * cz * ((s > 0) + (s < P - 1)) for s, t in enumerate(fb)) for cz, mz in busiest)
             sync = self._sync(params, D, shape.gpu, tp, tuple(placed), per)[0]
