@@ -6,7 +6,10 @@ the search time of Sailor's own C++ planner on the same case (measured by the
 issue's authors on this kind of machine; its setup adds 11-13 s). Then the
 same for growing clusters (32..2048 GPUs) and for 1..5 GPU types.
 
-    python bench/planner_speed.py [--data ../shared/sailor-data] [--repeat 3] [--quick]
+    python bench/planner_speed.py [--data ../shared/sailor-data] [--repeat 3] [--quick] [--precision P]
+
+--precision passes sailor plan's flag (default: none, so the planner's default: bf16 on
+A100s, fp16 where V100s are offered; Sailor's own searches were fp32).
 """
 from __future__ import annotations
 
@@ -34,11 +37,15 @@ CASES = [  # name, model, gbs, gpus, Sailor search seconds, our target
 TYPES = ["A100-40", "V100-16", "A100-80", "GH200-96", "RTX-3090"]
 
 
+PRECISION: list[str] = []  # sailor plan's --precision, if given
+
+
 def run_plan(model: str, gbs: int, gpus: str, data: str) -> dict:
     """One `sailor plan` process: its CPU seconds, peak RSS and answer."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "planner.cli", "plan", "--model", model, "--global-batch", str(gbs),
-               "--gpus", gpus, "--profiles", data, "--json", "-o", os.path.join(tmp, "plan.json"), "--top", "1"]
+               "--gpus", gpus, "--profiles", data, "--json", "-o", os.path.join(tmp, "plan.json"), "--top", "1",
+               *PRECISION]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -63,11 +70,14 @@ def main() -> int:
     ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="only the four target cases")
+    ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="sailor plan's --precision")
     args = ap.parse_args()
+    if args.precision:
+        PRECISION[:] = ["--precision", args.precision]
     if not Path(args.data).is_dir():
         print(json.dumps({"skipped": f"no sailor-data at {args.data}"}))
         return 0
-    out: dict = {"cases": []}
+    out: dict = {"precision": args.precision or "the planner's default", "cases": []}
     for name, model, gbs, gpus, sailor_s, target in CASES:
         r = measure(model, gbs, gpus, args.data, args.repeat)
         out["cases"].append({"case": name, **r, "sailor_search_s": sailor_s, "target_s": target,

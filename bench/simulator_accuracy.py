@@ -39,7 +39,9 @@ def rows(data: Path, calibration: bool = False) -> list[dict]:
     out = []
     for f in sorted((data / "validation").rglob("plan_config_*.json")):
         plan = load_plan(str(f))
-        sim = sims.setdefault(plan.model, Simulator(plan_model(plan), cluster, store))
+        # Sailor's runs were fp32 (Megatron-DeepSpeed, fp32 weights): its files read as fp32 plans
+        assert plan.precision == "fp32", f"{f}: read as a {plan.precision} plan"
+        sim = sims.setdefault((plan.model, plan.precision), Simulator(plan_model(plan), cluster, store, plan.precision))
         est = sim.simulate(plan)
         real, mem = plan.notes["real"], plan.notes["max_mem"]
         row = {

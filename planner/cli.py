@@ -27,8 +27,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="profiles directory (Sailor's data layout or ours); repeatable; default $SAILOR_PROFILES")
     p.add_argument("--cluster", metavar="FILE", type=flags.nonempty("a file"),
                    help="cluster file (YAML/JSON): GPU types, zones, prices, availability")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
-                   help="training precision the profiles describe (default fp32)")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"],
+                   help="training precision (default: a plan's own; else bf16 on GPUs, fp16 if a GPU type lacks "
+                        "bf16 (V100, T4, Turing), fp32 on CPU)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="print nothing but errors (files are still written; the exit code tells the outcome)")
@@ -42,15 +43,20 @@ def _seq_length_option(p: argparse.ArgumentParser, default: str) -> None:
 SEQ_DEFAULT = "a preset's own; a config.json's min(2048, its context length)"
 
 
-def _context(args, model):
-    """(cluster, simulator) for `model` (a ModelSpec), with the profiles that apply to it."""
+def _context(args, model, plan=None, cluster=None):
+    """(cluster, simulator) for `model` (a ModelSpec), with the profiles that apply to it, in the command's
+    precision: the plan's, else --precision, else the default for its GPU types (or the cluster's)."""
     from planner.profiles.store import load_profiles
     from planner.simulator.simulate import Simulator
     from planner.specs.hardware import load_cluster
+    from planner.specs.precision import resolve_precision
 
-    cluster = load_cluster(args.cluster)
+    cluster = cluster or load_cluster(args.cluster)
+    gpus = {r.gpu for s in plan.stages for r in s.replicas} if plan else {p.gpu for p in cluster.available}
+    precision = resolve_precision(args.precision, [cluster.gpu(g) for g in sorted(gpus)],
+                                  plan.precision if plan else None)
     store = load_profiles(args.profiles, dict(cluster.gpus), model)
-    return cluster, Simulator(model, cluster, store, args.precision)
+    return cluster, Simulator(model, cluster, store, precision)
 
 
 def _seq_length(model, args, planned: int | None = None) -> dict:
@@ -104,7 +110,7 @@ def cmd_simulate(args) -> int:
     _plot_target(args, inputs)
     plan = load_plan(args.plan)
     model = plan_model(plan, args.model, args.seq_length)
-    cluster, sim = _context(args, model)
+    cluster, sim = _context(args, model, plan)
     check_plan_for(plan, model, cluster, f"plan file {args.plan}")
     seq = _seq_length(model, args, plan.seq_length)
     rt = runtime_model(args.runtime) if args.runtime else None
@@ -122,12 +128,14 @@ def cmd_simulate(args) -> int:
         out["model"] = model.name
         out.update(seq)
         out["runtime"] = args.runtime or plan.runtime
+        out["precision"] = sim.precision
         out["estimated"] = estimated.to_dict()
         print(json.dumps(out, indent=1))
         return 0
     from planner.report import print_estimate
 
-    print_estimate(est, title=f"{model.name}: {Path(args.plan).name} on {plan.runtime if not args.runtime else args.runtime}",
+    runtime = args.runtime or plan.runtime
+    print_estimate(est, title=f"{model.name}: {Path(args.plan).name} on {runtime}, {sim.precision}",
                    provenance=estimated)
     _print_seq_length(seq)
     return 0
@@ -149,12 +157,14 @@ def cmd_plan(args) -> int:
     inputs = _inputs(args)
     check_output(args.output, inputs, "plan file (-o)")
     _plot_target(args, inputs, args.output)
+    from planner.specs.hardware import load_cluster
+
     model = get_model(args.model, args.seq_length)
-    cluster, sim = _context(args, model)
+    cluster = load_cluster(args.cluster)
     if args.gpus is not None or not cluster.available:
         cluster = cluster.with_available(parse_gpus(EXAMPLE_CLUSTER if args.gpus is None else args.gpus, cluster,
                                                     "--gpus"))
-        sim.cluster = cluster
+    cluster, sim = _context(args, model, cluster=cluster)  # the precision follows the GPU types offered
     goal = Goal(args.objective, args.max_cost_per_iter, args.max_cost_per_hour, args.min_throughput, args.max_gpus)
     planner = Planner(sim, args.global_batch, goal, args.runtime, args.max_stages,
                       list(args.microbatch_sizes) if args.microbatch_sizes else None, recompute=args.recompute)
@@ -183,6 +193,7 @@ def cmd_plan(args) -> int:
         out = {
             "plan": plan_to_dict(best_plan),
             **seq,
+            "precision": sim.precision,
             "estimated": provenance(sim, best_plan, args.model).to_dict(),
             "iteration_time_s": best.iteration_time_s,
             "throughput_iters_per_s": best.throughput_iters_per_s,
@@ -205,6 +216,7 @@ def cmd_plan(args) -> int:
                 f"{args.global_batch}, objective {args.objective}" + (" (Pareto front)" if args.pareto else ""),
                 provenances=[provenance(sim, p, args.model) for p, _ in shown])
     _print_seq_length(seq)
+    print(f"precision {sim.precision}")
     print(f"search: {result.search_time_s:.2f} s CPU, {result.evaluated} candidate plans evaluated; best plan written "
           f"to {args.output}" + (f", plot to {args.plot}" if args.plot and result.pareto else ""))
     return 0
@@ -235,7 +247,10 @@ def cmd_replay(args) -> int:
     def sim_for(pools):
         from planner.simulator.simulate import Simulator
 
-        return Simulator(model, cluster.with_available(pools), sim.profiles, args.precision)
+        from planner.specs.precision import resolve_precision
+
+        precision = resolve_precision(args.precision, [cluster.gpu(p.gpu) for p in pools])
+        return Simulator(model, cluster.with_available(pools), sim.profiles, precision)
 
     plan_for = planner_for(sim_for, args.global_batch, Goal(args.objective), args.runtime)
     runs = [replay(trace, plan_for, policy, args.restart_s) for policy in args.policies]

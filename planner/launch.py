@@ -10,6 +10,9 @@ without talking to each other:
   * ranks: node by node; inside a node by pipeline, then stage, then TP rank. torchrun numbers ranks the same way (node rank, then local rank), so
     `--nproc-per-node` may differ between nodes.
 
+The plan's precision, if it records one, goes to every rank as its flag
+(--bf16, --fp16 or --no-bf16: planner/specs/precision.py), whatever the target.
+
 Nothing here imports torch: `sailor launch` runs on the planner's machine.
 """
 from __future__ import annotations
@@ -27,6 +30,7 @@ from planner.simulator.placement import place
 from planner.specs.hardware import Cluster, load_cluster
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Pipeline, Plan, Replica, Stage, check_plan_for, load_plan, plan_model, with_model
+from planner.specs.precision import launch_flags
 from planner.trainer_output import run_trainer
 
 
@@ -228,6 +232,7 @@ def run(args) -> int:
     if args.output:  # issue 18: never over the plan or cluster file it is made from
         check_output(args.output, (args.plan, args.cluster), "launch file (-o)")
     plan = load_plan(args.plan)
+    train_args = launch_flags(plan.precision, train_args)  # the runtime trains in the plan's precision
     cluster = load_cluster(args.cluster)
     model = plan_model(plan)
     check_plan_for(plan, model, cluster, f"plan file {args.plan}")  # issue 18: zones, GPU types, TP (validation)

@@ -65,8 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--clip-grad", type=float, default=1.0, help="global gradient-norm clip (0: off)")
     g = p.add_argument_group("precision (sailor_ext/precision.py)")
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                   help="bf16 parameters and activations, fp32 main gradients and master weights (default: on with "
-                   "CUDA, off on CPU)")
+                   help="bf16 parameters and activations, fp32 main gradients and master weights (default: the "
+                   "plan's precision if it records one, else on with CUDA, off on CPU)")
     g.add_argument("--fp16", action="store_true", help="fp16 parameters and activations with loss scaling, fp32 "
                    "main gradients and master weights")
     g.add_argument("--loss-scale", type=float, help="fp16: a constant loss scale (default: dynamic scaling)")
@@ -140,11 +140,24 @@ def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:
         plan = uniform_plan(model, world_size, args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
                             gbs, mbs, gpu=spec.name)
     check_runnable(plan, model, cluster)
+    follow_plan_precision(args, plan)
     layout = rank_layout(plan, cluster)
     if layout.world_size != world_size:
         raise SailorError(f"the plan needs {layout.world_size} ranks but {world_size} were started; start "
                           f"{layout.world_size} processes (see `sailor launch {args.plan or 'PLAN'}`)")
     return plan, model, layout
+
+
+def follow_plan_precision(args, plan: Plan) -> None:
+    """A plan that records its precision (planner/specs/precision.py) sets --bf16/--fp16 when they are
+    not given; flags that ask for another precision are refused (the plan's memory was made for its own)."""
+    if plan.precision is None:
+        return
+    asked = "fp16" if args.fp16 else {True: "bf16", False: "fp32", None: None}[args.bf16]
+    if asked is not None and asked != plan.precision:
+        raise SailorError(f"the plan trains in {plan.precision} but the flags ask for {asked}; drop them, or make a "
+                          f"plan for {asked} with `sailor plan --precision {asked}`")
+    args.fp16, args.bf16 = plan.precision == "fp16", plan.precision == "bf16"
 
 
 def check_placement(layout: Layout, rank: int) -> None:

@@ -590,8 +590,10 @@ def run(args) -> int:
             check_output(path, (args.cluster, args.load, args.nodes_file), flag)
     padded_vocab, max_tp = job_vocabulary(model.vocab, divisor, args.max_tp, args.load)
     profiles = load_profiles(args.profiles, dict(cluster.gpus), model)
-    replanner = Replanner(model, cluster, profiles, args.global_batch, Goal(args.objective),
-                          args.precision, max_tp)
+    from planner.specs.precision import flags_precision
+
+    precision = args.precision or flags_precision(train_args)  # None: the default rule per node set
+    replanner = Replanner(model, cluster, profiles, args.global_batch, Goal(args.objective), precision, max_tp)
     pools = parse_gpus(args.gpus, cluster) if args.gpus is not None else ()
     if args.local and not pools:
         raise SailorError("--local needs --gpus TYPE@ZONE=N,... to know which agents to start")

@@ -51,7 +51,7 @@ class Replanner:
     """Plans with the planner for a set of nodes (no torch)."""
 
     def __init__(self, model: ModelSpec, cluster: Cluster, profiles, global_batch: int, goal,
-                 precision: str = "fp32", max_tp: int = 8):
+                 precision: str | None = None, max_tp: int = 8):
         self.model, self.cluster, self.profiles = model, cluster, profiles
         self.global_batch, self.goal, self.precision, self.max_tp = global_batch, goal, precision, max_tp
 
@@ -72,9 +72,12 @@ class Replanner:
     def _planner(self, nodes: list[NodeInfo]):
         from planner.search.planner import Planner
         from planner.simulator.simulate import Simulator
+        from planner.specs.precision import resolve_precision
 
         cluster = self.cluster_for(nodes)
-        sim = Simulator(self.model, cluster, self.profiles, self.precision)
+        # the job's precision, else the default rule for the GPU types these nodes have (specs/precision.py)
+        precision = resolve_precision(self.precision, [cluster.gpu(p.gpu) for p in cluster.available])
+        sim = Simulator(self.model, cluster, self.profiles, precision)
         return cluster, Planner(sim, self.global_batch, self.goal, max_tp=self.max_tp)
 
     def explain(self, nodes: list[NodeInfo]) -> str:

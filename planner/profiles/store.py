@@ -22,6 +22,7 @@ from planner.errors import SailorError
 from planner.profiles.estimate import Efficiency, calibrate_efficiency, estimate_profile, optimizer_s_per_param
 from planner.profiles.head_logits import lacks_logits, with_logit_memory, with_logits
 from planner.profiles.network_fits import NetworkFits, load_network_file
+from planner.profiles.other_precision import converted_memory, converted_profile
 from planner.profiles.profile import (Profile, measured_model, model_key, model_keys, profile_from_dict,
                                       profile_spec, read_profile_file, smooth_over_microbatches)
 from planner.profiles.sailor_data import is_sailor_dir, load_sailor_dir
@@ -40,6 +41,7 @@ class ProfileStore:
         self.network = network or NetworkFits()
         self._estimated: dict[tuple[ModelSpec, str, str], Profile] = {}
         self._completed: dict[int, Profile] = {}  # id(measured profile) -> it with its head's logits
+        self._converted: dict[tuple[int, str], Profile] = {}  # (id, precision) -> it in another precision
         self._efficiency: Efficiency | None = None
         self._gpus = gpus or CATALOG
 
@@ -52,7 +54,8 @@ class ProfileStore:
         return self._efficiency
 
     def get(self, model: ModelSpec, gpu: GPUSpec, precision: str = "fp32") -> Profile:
-        """The measured profile of a model with `model`'s architecture on `gpu`, else an estimate."""
+        """The measured profile of a model with `model`'s architecture on `gpu`, else an estimate; in
+        `precision` (a profile measured in another is converted: other_precision.py)."""
         keys = model_keys(model)
         found = next((p for k in keys if (p := self._by_model.get((k, gpu.name))) is not None), None)
         if found is not None:
@@ -64,10 +67,15 @@ class ProfileStore:
                 found.meta["optimizer"] = "estimated"
             if id(found) not in self._completed:  # a head measured without its logits gets them
                 self._completed[id(found)] = with_logits(found, model, gpu)
-            return self._completed[id(found)]
+            done = self._completed[id(found)]
+            key = (id(found), precision)
+            if done.precision != precision and key not in self._converted:  # measured in another precision
+                self._converted[key] = converted_profile(done, model, gpu, precision)
+            return done if done.precision == precision else self._converted[key]
         key = (model, gpu.name, precision)
         if key not in self._estimated:  # memory facts do not depend on the GPU: any measured ones apply
-            memory = next((p.memory for (k, _), p in self._by_model.items() if k in keys), None)
+            memory = next((converted_memory(p.memory, p.precision, precision)
+                           for (k, _), p in self._by_model.items() if k in keys), None)
             if memory is not None and lacks_logits(memory, model, precision):
                 memory = with_logit_memory(memory, model, precision)
             self._estimated[key] = estimate_profile(model, gpu, precision, self.efficiency(), memory)

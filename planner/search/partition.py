@@ -16,6 +16,12 @@ with its 1F1B in-flight count min(stages after it + 1, microbatches).
 layers j..L-1 into r+1 stages whose first stage has a stage before it;
 `frontier(P)` closes it with the model's first stage. The cost is
 O(L^2 * P * |frontier|); frontiers hold a handful of points.
+
+Per-stage recomputation (`plain` given): a stage recomputes its blocks only
+if it does not fit without (recomputing a stage that fits only adds time).
+sum_s (F_s + B_s) then grows with the recomputing stages' extra forwards
+(`extra`), so the frontier is over (slot, G, extra); `split_compute` gives a
+split's stage times.
 """
 from __future__ import annotations
 
@@ -23,8 +29,9 @@ from itertools import accumulate
 
 from planner.profiles.profile import LayerMemory, LayerTimes
 
-# A split: (slot seconds, params of the largest stage, first layer of every stage after the first)
-Split = tuple[float, int, tuple[int, ...]]
+# A split: (slot seconds, params of the largest stage, first layer of every stage after the first
+# [, extra seconds of its recomputing stages' second forwards, with per-stage recomputation])
+Split = tuple
 
 
 def pareto(labels: list[Split]) -> list[Split]:
@@ -35,6 +42,31 @@ def pareto(labels: list[Split]) -> list[Split]:
         if best is None or x[1] < best:
             out.append(x)
             best = x[1]
+    return out
+
+
+def pareto_extra(labels: list[Split]) -> list[Split]:
+    """pareto() over (slot, params, extra) of per-stage-recomputation splits (slot, params, bounds, extra)."""
+    labels.sort(key=lambda x: (x[0], x[1], x[3]))
+    out: list[Split] = []
+    for x in labels:
+        if not any(y[1] <= x[1] and y[3] <= x[3] for y in out):
+            out.append(x)
+    return out
+
+
+def split_compute(costs: "StageCosts", plain: "StageCosts | None", bounds: tuple[int, ...], microbatches: int,
+                  num_layers: int) -> list[float]:
+    """F+B seconds of every stage of a split. With `plain` (per-stage recomputation; `costs` are then the
+    recomputing ones) stage s recomputes only if it does not fit without, with its 1F1B in-flight count
+    min(P - s, m)."""
+    edges = (0, *bounds, num_layers)
+    P = len(edges) - 1
+    out = []
+    for s in range(P):
+        first, last = edges[s], edges[s + 1] - 1
+        fits = plain is not None and plain.memory(first, last, min(P - s, microbatches)) <= plain.capacity
+        out.append((plain if fits else costs).compute(first, last))
     return out
 
 
@@ -89,12 +121,17 @@ class StageCosts:
 class SplitTable:
     """Pareto frontiers of splits of layers j..L-1, for every j and stage count."""
 
-    def __init__(self, costs: StageCosts, comm: float, microbatches: int, max_stages: int):
-        self.costs, self.comm, self.m = costs, comm, microbatches
+    def __init__(self, costs: StageCosts, comm: float, microbatches: int, max_stages: int,
+                 plain: StageCosts | None = None):
+        self.costs, self.comm, self.m, self.plain = costs, comm, microbatches, plain
         L = costs.L
         self.max_stages = min(max_stages, L)
         fb, pp = costs.fb, costs.params_prefix
         table: list[list[list[Split]]] = [[[] for _ in range(self.max_stages)] for _ in range(L + 1)]
+        self.table = table
+        if plain is not None:
+            self._fill_mixed()
+            return
         c2, c4 = 2 * comm, 4 * comm
         for r in range(self.max_stages - 1):  # the table's stages always have a stage before them
             fit = costs.last_fit(min(r + 1, microbatches))
@@ -113,10 +150,60 @@ class SplitTable:
                     for s2, p2, b2 in nxt:
                         cell.append((slot if slot > s2 else s2, params if params > p2 else p2, (j, *b2)))
                 table[j][r] = pareto(cell) if len(cell) > 1 else cell
-        self.table = table
+
+    def _stage(self, j: int, i: int, inflight: int) -> tuple[float, float]:
+        """Per-stage recomputation: (F+B, extra) of stage j..i-1."""
+        plain, costs = self.plain, self.costs
+        if i - 1 <= plain.last_fit(inflight)[j]:
+            return plain.fb[i] - plain.fb[j], 0.0
+        t = costs.fb[i] - costs.fb[j]
+        return t, t - (plain.fb[i] - plain.fb[j])
+
+    def _reach(self, j: int, inflight: int) -> int:
+        return max(self.plain.last_fit(inflight)[j], self.costs.last_fit(inflight)[j])
+
+    def _fill_mixed(self) -> None:
+        L, pp, table, comm = self.costs.L, self.costs.params_prefix, self.table, self.comm
+        for r in range(self.max_stages - 1):
+            f = min(r + 1, self.m)
+            for j in range(L - 1, 0, -1):
+                if r == 0:
+                    if self._reach(j, f) >= L - 1:
+                        t, e = self._stage(j, L, f)
+                        table[j][0] = [(t + 2 * comm, pp[L] - pp[j], (j,), e)]
+                    continue
+                cell = []
+                for i in range(j + 1, min(L - r, self._reach(j, f) + 1) + 1):
+                    nxt = table[i][r - 1]
+                    if not nxt:
+                        continue
+                    t, e = self._stage(j, i, f)
+                    slot, params = t + 4 * comm, pp[i] - pp[j]
+                    for s2, p2, b2, e2 in nxt:
+                        cell.append((max(slot, s2), max(params, p2), (j, *b2), e + e2))
+                table[j][r] = pareto_extra(cell) if len(cell) > 1 else cell
+
+    def _frontier_mixed(self, stages: int) -> list[Split]:
+        L, pp, f = self.costs.L, self.costs.params_prefix, min(stages, self.m)
+        if stages == 1:
+            if self._reach(0, f) < L - 1:
+                return []
+            t, e = self._stage(0, L, f)
+            return [(t, pp[L], (), e)]
+        if stages > self.max_stages:
+            return []
+        cell = []
+        for i in range(1, min(L - stages + 1, self._reach(0, f) + 1) + 1):
+            t, e = self._stage(0, i, f)
+            slot, params = t + 2 * self.comm, pp[i]
+            for s2, p2, b2, e2 in self.table[i][stages - 2]:
+                cell.append((max(slot, s2), max(params, p2), b2, e + e2))
+        return pareto_extra(cell)
 
     def frontier(self, stages: int) -> list[Split]:
         """Pareto-optimal splits of the whole model into `stages` stages."""
+        if self.plain is not None:
+            return self._frontier_mixed(stages)
         costs, L = self.costs, self.costs.L
         fit = costs.last_fit(min(stages, self.m))
         fb, pp = costs.fb, costs.params_prefix

@@ -15,12 +15,15 @@ agree with the search's to 1e-9 and it must keep every limit the user gave
 clusters.
 
 Activation recomputation (`recompute`): "never", "always" (every stage
-recomputes), or "auto": a second pass over the same space with every stage
-recomputing, which starts from the first pass's best plans as its cutoff. A
-plan of that pass can only beat the first pass's if one of its stages does
-not fit without recomputing (else the same plan without it is faster), so
-that stage's time bounds the family's bottleneck from below
-(`_recompute_floor`), and families without such a stage are skipped.
+recomputes), or "auto": a second pass over the same space with recomputation,
+which starts from the first pass's best plans as its cutoff. In that pass a
+single-pool design's stage recomputes only if it does not fit without
+(per-stage recomputation, in the split search: partition.SplitTable); two-pool
+and two-type designs recompute on every stage. A plan of that pass can only
+beat the first pass's if one of its stages does not fit without recomputing
+(else the same plan without it is faster), so that stage's time bounds the
+family's bottleneck from below (`_recompute_floor`), and families without
+such a stage are skipped.
 """
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ class Candidate:
     score: float
     outcome: Outcome
     design: tuple  # arguments of Planner._design
-    recompute: bool = False  # every stage recomputes activations
+    recompute: bool | str = False  # every stage recomputes; "per stage": those that do not fit without
 
 
 @dataclass
@@ -116,6 +119,8 @@ class Planner(SinglePool, TwoPools, TwoTypes):
             if not zones:
                 continue
             spec = sim.cluster.gpu(gpu)
+            if sim.precision == "bf16" and not spec.bf16:
+                continue  # e.g. V100s in a bf16 plan (the default picks fp16 where such GPUs are offered)
             profile: Profile = sim.profile(gpu)
             prices = {z: sim.cluster.price_per_hour(gpu, z, sim.cluster.is_spot(gpu, z)) / 3600 for z, _ in zones}
             for mbs in profile.microbatch_sizes():
@@ -294,12 +299,13 @@ class Planner(SinglePool, TwoPools, TwoTypes):
         need = stages * shape.tp
         return shape.per_node // need if need <= shape.per_node else shape.per_node // shape.tp
 
-    def _consider(self, outcome: Outcome, design: tuple, best, front, top, pareto) -> None:
-        """`design` = (mbs, segments as (gpu, tp, stages, zone or zones), bounds, D): built only if kept."""
+    def _consider(self, outcome: Outcome, design: tuple, best, front, top, pareto, recompute=None) -> None:
+        """`design` = (mbs, segments as (gpu, tp, stages, zone or zones), bounds, D): built only if kept.
+        recompute: the candidate's, if not the pass's (Candidate.recompute)."""
         self.evaluated += 1
         if self.goal.admits(outcome):
-            self._offer(Candidate(self.goal.score(outcome), outcome, design, self._pass_recomputes), best, front,
-                        top, pareto)
+            rc = self._pass_recomputes if recompute is None else recompute
+            self._offer(Candidate(self.goal.score(outcome), outcome, design, rc), best, front, top, pareto)
 
     def _design(self, args: tuple) -> Design:
         if args[0] == "classes":
@@ -333,7 +339,11 @@ class Planner(SinglePool, TwoPools, TwoTypes):
     def _materialize(self, c: Candidate) -> tuple[Plan, Estimate]:
         """The plan of a candidate, simulated again and held to every promise (verify.py)."""
         plan = with_model(self._design(c.design).to_plan(self.model.name, self.L, self.gbs, self.runtime), self.model)
-        if c.recompute:
+        plan = replace(plan, precision=self.sim.precision)
+        if c.recompute == "per stage":  # the stages that do not fit without recomputing (as the search chose)
+            fits = [self.sim.stage_fits(plan, s, self.rt) for s in range(plan.pp)]
+            plan = replace(plan, stages=tuple(replace(s, recompute=not ok) for s, ok in zip(plan.stages, fits)))
+        elif c.recompute:
             plan = replace(plan, stages=tuple(replace(s, recompute=True) for s in plan.stages))
         est = self.sim.simulate(plan, self.rt)
         check_promises(plan, est, self.goal, self.sim.cluster, c.outcome)

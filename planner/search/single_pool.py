@@ -5,13 +5,15 @@ largest); a placement that needs only some of the cheapest zones is also tried
 starting from each of them. For a design the simulator's time is
     T = max_zones[sum(F+B) + 2(P-1) c_z + (m_z - 1) slot(split, c_z)] + sync(D, G) + u G
 and for fixed (P, m, D) the best split is on the (slot, G) frontier (partition.SplitTable).
+In auto mode's recomputing pass a stage recomputes only where it does not fit without
+(per-stage recomputation: the frontier is over (slot, G, extra), and sum(F+B) is the split's).
 """
 from __future__ import annotations
 
 import math
 
 from planner.search.goal import Outcome
-from planner.search.partition import SplitTable
+from planner.search.partition import SplitTable, split_compute
 from planner.search.space import Shape, capacity, spread
 
 class SinglePool:
@@ -28,7 +30,8 @@ class SinglePool:
             return None
         same_node = P * tp <= n
         c_min = min(shape.comm[(z, same_node)] for z, _ in shape.zones) if P > 1 else 0.0
-        fb_total, params_total = costs.compute(0, self.L - 1), costs.params(0, self.L - 1)
+        # with per-stage recomputation (shape.plain), no split takes less than none recomputing
+        fb_total, params_total = (shape.plain or costs).compute(0, self.L - 1), costs.params(0, self.L - 1)
         fill = fb_total + 2 * (P - 1) * c_min
         # the bottleneck is at least the average stage (and, recomputing, a stage that needs it)
         slot_lb = max((fb_total + 4 * (P - 1) * c_min) / P, self._recompute_floor_upto(shape, P))
@@ -84,17 +87,20 @@ class SinglePool:
         usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
         return self._bound(sync, usd), usd, self._evaluate_single, (shape, P, D, m, placed)
 
-    def _table(self, shape: Shape, comm: float, m: int, P: int) -> SplitTable:
-        key = (comm, m if m < P else None)
+    def _table(self, shape: Shape, comm: float, m: int, P: int, per_stage: bool = False) -> SplitTable:
+        """per_stage: with per-stage recomputation (auto mode's recomputing pass; single-pool designs)."""
+        plain = shape.plain if per_stage else None
+        key = (comm, m if m < P else None, plain is not None)
         if key not in shape.tables:
-            shape.tables[key] = SplitTable(shape.costs, comm, m if m < P else self.max_stages, self.max_stages)
+            shape.tables[key] = SplitTable(shape.costs, comm, m if m < P else self.max_stages, self.max_stages,
+                                           plain)
         return shape.tables[key]
 
     def _evaluate_single(self, shape: Shape, P: int, D: int, m: int, placed, best, front, top, pareto) -> None:
         costs, tp, n = shape.costs, shape.tp, shape.per_node
         same_node = P * tp <= n
         c = {z: (shape.comm[(z, same_node)] if P > 1 else 0.0) for z, _ in placed}
-        splits = self._table(shape, max(c.values()), m, P).frontier(P)
+        splits = self._table(shape, max(c.values()), m, P, per_stage=True).frontier(P)
         if not splits:
             return  # no split fits in memory
         micro = spread(self.gbs // shape.mbs, D)
@@ -105,14 +111,18 @@ class SinglePool:
         for z, k in placed:
             busiest.append((c[z], micro[k0]))
             k0 += k
-        fb_total = costs.compute(0, self.L - 1)
         zones_k = tuple(z for z, k in placed for _ in range(k))  # the zone of each pipeline
         # every stage's ring crosses the same zones: the egress of all of them is that of one
         # ring carrying the whole model's gradients, whatever the split
         egress = self._sync(costs.params(0, self.L - 1), D, shape.gpu, tp, tuple(placed), per)[1]
-        for _, params, bounds in splits:
-            t_pp = max(fb_total + 2 * (P - 1) * cz + (mz - 1) * self._slot(costs, bounds, cz) for cz, mz in busiest)
+        for split in splits:
+            params, bounds = split[1], split[2]
+            # F+B of each stage (a stage recomputes only where the most microbatches in flight need it)
+            fb = split_compute(costs, shape.plain, bounds, m, self.L)
+            t_pp = max(sum(fb) + 2 * (P - 1) * cz + (mz - 1) * max(
+                t + 2 * cz * ((s > 0) + (s < P - 1)) for s, t in enumerate(fb)) for cz, mz in busiest)
             sync = self._sync(params, D, shape.gpu, tp, tuple(placed), per)[0]
             T = t_pp + sync + shape.u * params
             self._consider(Outcome(T, T * usd_per_s + egress, D * P * tp, gpus_per_zone),
-                           (shape.mbs, ((shape.gpu, tp, P, zones_k),), bounds, D), best, front, top, pareto)
+                           (shape.mbs, ((shape.gpu, tp, P, zones_k),), bounds, D), best, front, top, pareto,
+                           "per stage" if shape.plain is not None else None)

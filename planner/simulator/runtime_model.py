@@ -19,7 +19,7 @@ class RuntimeModel:
     name: str
     # Bytes of persistent state per parameter, by precision:
     #   fp32: weights 4 + gradients 4 + Adam moments 8 = 16, plus framework buffers;
-    #   bf16: bf16 weights 2 + fp32 main gradients 4 + fp32 master weights 4 + Adam 8 = 18.
+    #   bf16 (and fp16): 16-bit weights 2 + fp32 main gradients 4 + fp32 master weights 4 + Adam 8 = 18.
     state_bytes_fp32: float
     state_bytes_bf16: float
     # False: the whole activation crosses one GPU's link (Megatron-DeepSpeed:
@@ -34,6 +34,7 @@ class RuntimeModel:
     allocator_factor: float = 1.10
 
     def state_bytes(self, precision: str) -> float:
+        """Bytes per parameter in `precision` (fp16 keeps what bf16 keeps)."""
         return self.state_bytes_fp32 if precision == "fp32" else self.state_bytes_bf16
 
 

@@ -41,7 +41,6 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from planner.errors import SailorError
-from planner.profiles.estimate import DTYPE_BYTES
 from planner.profiles.store import ProfileStore
 from planner.simulator.memory import inflight_microbatches, memory_parts, replica_memory
 from planner.simulator.network import Endpoint, Network, ring_edges
@@ -51,6 +50,7 @@ from planner.simulator.runtime_model import RuntimeModel, runtime_model
 from planner.specs.hardware import Cluster
 from planner.specs.model import BLOCK, ModelSpec, canonical_name
 from planner.specs.plan import Plan
+from planner.specs.precision import check_precision
 
 GRAD_BYTES = 4  # gradients are all-reduced in fp32
 
@@ -100,7 +100,7 @@ class Simulator:
         self.model = model
         self.cluster = cluster
         self.profiles = profiles
-        self.precision = precision
+        self.precision = check_precision(precision)
         self.network = Network(cluster, profiles.network)
         self._profile_cache: dict = {}
         self._recomputed: dict = {}
@@ -132,6 +132,11 @@ class Simulator:
     # -- the three models --------------------------------------------------
     def simulate(self, plan: Plan, runtime: RuntimeModel | None = None) -> Estimate:
         plan.check(self.model.num_layers, self.cluster)
+        if plan.precision not in (None, self.precision):
+            raise SailorError(f"the plan trains in {plan.precision} but this simulator models {self.precision}; "
+                              f"simulate it with --precision {plan.precision} (or leave --precision out)")
+        check_precision(self.precision, {self.cluster.gpu(r.gpu) for st in plan.stages for r in st.replicas},
+                        "plan")
         rt = runtime or runtime_model(plan.runtime)
         P, D = plan.pp, plan.dp
         nodes = place(plan, self.cluster)
@@ -255,6 +260,10 @@ class Simulator:
                                                Endpoint(reps[s + 1].gpu, reps[s + 1].zone, nodes[s + 1][k], links[1])))
         return F, B, c, k
 
+    def stage_fits(self, plan: Plan, s: int, runtime: RuntimeModel | None = None) -> bool:
+        """Whether every replica of stage s fits in its GPU's memory."""
+        return self._stage_memory(plan, s, runtime or runtime_model(plan.runtime))[2]
+
     def _stage_memory(self, plan: Plan, s: int, rt: RuntimeModel) -> tuple[float, int, bool, dict]:
         """Worst GPU of the stage: (bytes, capacity of its GPU, every replica fits, its terms)."""
         st = plan.stages[s]
@@ -290,8 +299,3 @@ class Simulator:
         out["network"] = "measured fits where available" if fitted else "estimated from the catalog"
         return out
 
-
-def check_precision(precision: str) -> str:
-    if precision not in DTYPE_BYTES:
-        raise SailorError(f"unknown precision {precision!r}: use fp32 or bf16")
-    return precision

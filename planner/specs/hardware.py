@@ -49,31 +49,33 @@ class GPUSpec:
     # fp32 peak of the FP32 units (no tensor cores): what fp32 matmuls get with TF32 off.
     # 0: fp32_tflops (GPUs without TF32).
     fp32_units_tflops: float = 0.0
+    bf16: bool = True  # runs bf16 (V100, T4 and Turing cards have fp16 tensor cores only)
 
     def peak_flops(self, precision: str) -> float:
         """Peak FLOP/s for `precision` (fp32 or bf16/fp16)."""
         return 1e12 * (self.fp32_tflops if precision == "fp32" else self.bf16_tflops)
 
 
-def _gpu(name, mem_gib, fp32, bf16, hbm, intra, per_node, nic, price, spot, overhead_gib=1.5, fp32_units=0.0):
+def _gpu(name, mem_gib, fp32, bf16, hbm, intra, per_node, nic, price, spot, overhead_gib=1.5, fp32_units=0.0,
+         has_bf16=True):
     return GPUSpec(name, int(mem_gib * GIB), fp32, bf16, hbm, intra, per_node, nic, price, spot,
-                   int(overhead_gib * GIB), fp32_units)
+                   int(overhead_gib * GIB), fp32_units, has_bf16)
 
 
 # name, memory GiB, fp32 matmul TFLOP/s (TF32 on Ampere and later), bf16 TFLOP/s, HBM GB/s, intra-node GB/s per GPU,
 # GPUs per node, node NIC GB/s, on-demand $/h, spot $/h [, runtime overhead GiB] [, FP32-unit TFLOP/s]
 CATALOG: dict[str, GPUSpec] = {g.name: g for g in (
-    _gpu("V100-16", 16, 15.7, 125, 900, 150, 4, 4.0, 2.48, 0.74),  # fp16 tensor cores, no bf16
+    _gpu("V100-16", 16, 15.7, 125, 900, 150, 4, 4.0, 2.48, 0.74, has_bf16=False),  # fp16 tensor cores, no bf16
     _gpu("A100-40", 40, 156, 312, 1555, 300, 4, 6.25, 3.67, 1.10, fp32_units=19.5),
     _gpu("A100-80", 80, 156, 312, 2039, 300, 4, 12.5, 5.07, 1.57, fp32_units=19.5),
     _gpu("H100-80", 80, 494, 989, 3350, 450, 8, 25.0, 11.06, 2.25, fp32_units=67),
     _gpu("H200", 141, 494, 989, 4800, 450, 8, 50.0, 10.60, 3.72, fp32_units=67),
     _gpu("GH200-96", 95.58, 494, 989, 4000, 450, 4, 100.0, 11.06, 3.50, overhead_gib=3.5, fp32_units=67),
     _gpu("L4", 24, 60, 121, 300, 16, 8, 12.5, 0.71, 0.22, fp32_units=30.3),
-    _gpu("T4", 16, 8.1, 65, 320, 8, 4, 4.0, 0.35, 0.11),
+    _gpu("T4", 16, 8.1, 65, 320, 8, 4, 4.0, 0.35, 0.11, has_bf16=False),
     _gpu("RTX-3090", 24, 35.6, 71, 936, 16, 8, 0.125, 0.40, 0.20),
-    _gpu("RTX-2080", 11, 13.4, 54, 616, 8, 8, 0.125, 0.20, 0.10),  # RTX 2080 Ti, 11 GB
-    _gpu("Titan-RTX", 24, 16.3, 130, 672, 8, 8, 0.125, 0.30, 0.15),
+    _gpu("RTX-2080", 11, 13.4, 54, 616, 8, 8, 0.125, 0.20, 0.10, has_bf16=False),  # RTX 2080 Ti, 11 GB
+    _gpu("Titan-RTX", 24, 16.3, 130, 672, 8, 8, 0.125, 0.30, 0.15, has_bf16=False),
     # The "GPU" of CPU-only runs (tests, the local example). Numbers are a
     # 2-core VM's; profile it with `sailor profile model --device cpu`.
     _gpu("CPU", 8, 0.05, 0.05, 20, 5, 8, 1.0, 0.0, 0.0, overhead_gib=0.5),
@@ -225,7 +227,7 @@ GPU_NUMBERS = {  # cluster-file field -> (lowest value, highest value, "int" or 
     "spot_price_per_hour": (0, 1e6, "number"), "runtime_overhead_bytes": (0, 1 << 50, "int"),
     "fp32_units_tflops": (0, 1e7, "number"),  # 0: as fp32_tflops (no TF32)
 }
-OPTIONAL_GPU_FIELDS = ("runtime_overhead_bytes", "fp32_units_tflops")  # a new GPU type may leave these out
+OPTIONAL_GPU_FIELDS = ("runtime_overhead_bytes", "fp32_units_tflops", "bf16")  # a new GPU type may leave these out
 CLUSTER_HINT = "see the cluster file format in docs/formats.md"
 RESERVED = "@=,"  # a name with these could not be written in --gpus
 
@@ -233,7 +235,10 @@ RESERVED = "@=,"  # a name with these could not be written in --gpus
 def _gpu_fields(name: str, doc: Doc, base: GPUSpec | None) -> GPUSpec:
     """A catalog GPU with some fields overridden, or a new GPU with every field given."""
     over = {}
-    for key, field_doc in doc.fields(optional=(*GPU_NUMBERS, "memory_gb"), hint=CLUSTER_HINT).items():
+    for key, field_doc in doc.fields(optional=(*GPU_NUMBERS, "memory_gb", "bf16"), hint=CLUSTER_HINT).items():
+        if key == "bf16":  # optional: whether it runs bf16 (default true)
+            over["bf16"] = field_doc.bool()
+            continue
         if key == "memory_gb":
             over["memory_bytes"] = int(field_doc.number(above=0.0, hi=1e6) * GIB)
             continue

@@ -16,14 +16,16 @@ in flight, at the price of a second forward pass.
 
 A plan also names the model it was made for: a preset by name, any other
 model (a config.json's) by its whole description (`model_config`), so the
-commands that read the plan later need nothing else; and the sequence
-length it was made for (`seq_length`). `plan_model` is how every command
-gets the model of a plan.
+commands that read the plan later need nothing else; the sequence
+length it was made for (`seq_length`); and its training precision
+(`precision`: fp32, bf16 or fp16, planner/specs/precision.py), which
+`sailor simulate` simulates and `sailor launch` passes to the runtime.
+`plan_model` is how every command gets the model of a plan.
 
 File format (JSON); `count` repeats an entry:
 
     {"format": "sailor-plan", "version": 1, "model": "opt-350m", "seq_length": 2048,
-     "global_batch_size": 1024, "runtime": "sailor",
+     "global_batch_size": 1024, "runtime": "sailor", "precision": "bf16",
      "stages": [{"layers": [0, 12], "recompute": false,
                  "replicas": [{"gpu": "A100-40", "tp": 2, "zone": "us-central1-a", "count": 32}]},
                 ...],
@@ -32,8 +34,9 @@ File format (JSON); `count` repeats an entry:
 
 Sailor's plan_config format (pipeline_list / layers_per_stage / tmp_per_stage /
 dp / mbs / gbs) is read and written too; written, it also carries the model,
-runtime and sequence length (fields Sailor ignores), so it re-reads as the
-same plan.
+runtime, sequence length and precision (fields Sailor ignores), so it re-reads
+as the same plan. Sailor's own files (no precision field) are fp32: its
+measured runs were.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ from itertools import groupby
 from planner.errors import SailorError
 from planner.inputs import MAX_BATCH, MAX_COUNT, Doc, parse_json, read_text
 from planner.specs.model import ModelSpec, check_seq_length, get_model, is_preset_spec, model_from_dict
+from planner.specs.precision import PRECISIONS
 
 RUNTIMES = ("sailor", "megatron-deepspeed")
 
@@ -90,6 +94,7 @@ class Plan:
     notes: dict = field(default_factory=dict, compare=False, hash=False)  # extra fields kept from files
     seq_length: int | None = None  # tokens per sample it was made for; None: the model's default (older files)
     model_spec: ModelSpec | None = None  # the whole model, when it is not a preset (`model` names it then)
+    precision: str | None = None  # fp32 | bf16 | fp16; None: not recorded (older files), the default rule
 
     @property
     def pp(self) -> int:
@@ -204,6 +209,7 @@ def plan_to_dict(plan: Plan) -> dict:
         **({"seq_length": plan.seq_length} if plan.seq_length is not None else {}),
         "global_batch_size": plan.global_batch_size,
         "runtime": plan.runtime,
+        **({"precision": plan.precision} if plan.precision is not None else {}),
         "stages": [
             {"layers": [s.first, s.last], **({"recompute": True} if s.recompute else {}),
              "replicas": runs(s.replicas, lambda r: {"gpu": r.gpu, "tp": r.tp, "zone": r.zone})}
@@ -228,7 +234,8 @@ def plan_from_dict(d: dict, source: str = "plan") -> Plan:
         return plan_from_sailor(d, source)
     top = Doc(d, source).fields(
         required=("model", "global_batch_size", "stages", "pipelines"),
-        optional=("format", "version", "seq_length", "runtime", "model_config", "notes", *SAILOR_MEASURED),
+        optional=("format", "version", "seq_length", "runtime", "precision", "model_config", "notes",
+                  *SAILOR_MEASURED),
         hint=PLAN_HINT)
     if "format" in top:
         top["format"].str(("sailor-plan",), hint="this reads plans written by `sailor plan`")
@@ -257,7 +264,8 @@ def plan_from_dict(d: dict, source: str = "plan") -> Plan:
     seq_length = top["seq_length"].int(1, 1 << 24) if "seq_length" in top else None
     notes = {k: v.value for k, v in top.items() if k in ("notes", *SAILOR_MEASURED)}
     plan = Plan(top["model"].str(), top["global_batch_size"].int(1, MAX_BATCH), tuple(stages), tuple(pipelines),
-                top["runtime"].str(RUNTIMES) if "runtime" in top else "sailor", notes, seq_length)
+                top["runtime"].str(RUNTIMES) if "runtime" in top else "sailor", notes, seq_length,
+                precision=top["precision"].str(PRECISIONS) if "precision" in top else None)
     if "model_config" not in top:
         return plan
     spec = model_from_dict(d["model_config"], f"{source}: model_config")
@@ -335,7 +343,8 @@ def _sailor_plan(top: dict, gbs_doc, source: str, model: str | None, hint: str) 
     # Sailor's own files ran on Megatron-DeepSpeed; ours say which runtime and model they were made for
     runtime = top["runtime"].str(RUNTIMES) if "runtime" in top else "megatron-deepspeed"
     seq_length = top["seq_length"].int(1, 1 << 24) if "seq_length" in top else None
-    plan = Plan(name, gbs, tuple(stages), pipelines, runtime, measured, seq_length)
+    precision = top["precision"].str(PRECISIONS) if "precision" in top else "fp32"  # Sailor's runs were fp32
+    plan = Plan(name, gbs, tuple(stages), pipelines, runtime, measured, seq_length, precision=precision)
     if "model_config" in top:
         spec = model_from_dict(top["model_config"].value, f"{source}: model_config")
         plan = replace(plan, model=spec.name, seq_length=spec.seq_len, model_spec=spec)
@@ -358,6 +367,7 @@ def plan_to_sailor(plan: Plan) -> dict:
     return {
         "model": plan.model, "runtime": plan.runtime,
         **({"seq_length": plan.seq_length} if plan.seq_length is not None else {}),
+        **({"precision": plan.precision} if plan.precision is not None else {}),
         **({"model_config": plan.model_spec.to_dict()} if plan.model_spec is not None else {}),
         "pipeline_list": [{
             "num_stages": plan.pp,

@@ -97,6 +97,7 @@ def _train_options() -> argparse.ArgumentParser:
     p.add_argument("--save")
     p.add_argument("--load")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--fp16", action="store_true")
     return p
 
 
@@ -146,7 +147,9 @@ def training_args(train_args: list[str], plan, model) -> list[str]:
             out.append(f"{flag} {shlex.quote(str(value))}")
     if a.dist_timeout is not None:
         out.append(f"--distributed-timeout-minutes {max(1, math.ceil(a.dist_timeout / 60))}")
-    if a.bf16:
+    if a.fp16:  # the plan's precision arrives as its flag (planner/specs/precision.launch_flags)
+        out.append("--fp16")
+    elif a.bf16:
         out.append("--bf16")
     if a.eval_interval:  # sailor validates only when asked; Megatron would every 1000 steps
         out += [f"--eval-interval {a.eval_interval}", f"--eval-iters {a.eval_iters or 10}"]

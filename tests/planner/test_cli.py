@@ -100,7 +100,7 @@ def test_plan_in_sailor_format_and_pareto(tmp_path):
     (["--model", "opt-125m", "--gpus", "A100-40=8", "--min-throughput", "1e6"], "fastest plan"),
     (["--model", "opt-125m", "--gpus", "A100-40=8", "--global-batch", "0"], "must be a positive integer"),
     (["--model", "opt-125m", "--gpus", "B300=8"], "unknown GPU type"),
-    (["--model", "llama-3-8b", "--gpus", "A100-80=8", "--global-batch", "64", "--recompute", "never"],
+    (["--model", "llama-3-8b", "--gpus", "A100-40=8", "--global-batch", "64", "--recompute", "never"],  # bf16
      "without recomputing activations; allow it with --recompute auto"),
 ])
 def test_infeasible_plans_say_why(tmp_path, args, message):

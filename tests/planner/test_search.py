@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import replace
-from itertools import combinations
+from itertools import combinations, product
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -84,22 +84,28 @@ def _fits_pools(plan: Plan, c: Cluster) -> bool:
     return all(per_zone[z] <= q for z, q in c.quotas.items())
 
 
-def _simulate(sim: Simulator, plan: Plan, recompute: bool):
-    """The plan's estimate; where it does not fit and `recompute`, that of the plan with every stage
-    recomputing (which is only ever slower when the plan fits as it is)."""
+def _simulate(sim: Simulator, plan: Plan, recompute: bool | str):
+    """The plan's estimate; where it does not fit and `recompute`, the fastest that fits of the plan with
+    every stage recomputing (True) or with any subset of its stages recomputing ("per stage"); recomputing
+    is only ever slower when the plan fits as it is."""
     est = sim.simulate(plan)
-    if not est.fits_in_memory and recompute:
-        est = sim.simulate(replace(plan, stages=tuple(replace(s, recompute=True) for s in plan.stages)))
-    return est
+    if est.fits_in_memory or not recompute:
+        return est
+    subsets = [(True,) * plan.pp] if recompute is True else product((False, True), repeat=plan.pp)
+    tried = [sim.simulate(replace(plan, stages=tuple(replace(s, recompute=r) for s, r in zip(plan.stages, rc))))
+             for rc in subsets]
+    fitting = [e for e in tried if e.fits_in_memory]
+    return min(fitting, key=lambda e: e.iteration_time_s) if fitting else tried[-1]
 
 
-def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recompute: bool = True):
-    """Best score over every plan of the space (see planner.search.planner), by simulation."""
+def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recompute: bool | str = "per stage"):
+    """Best score over every plan of the space (see planner.search.planner), by simulation. The planner's
+    auto mode recomputes per stage in single-pool designs, on all stages or none in the others."""
     c, L = sim.cluster, MODEL.num_layers
     pools = sorted({(p.gpu, p.zone) for p in c.available})
     best = math.inf
 
-    def consider(stages, mbs, D):
+    def consider(stages, mbs, D, recompute=bool(recompute)):
         nonlocal best
         M = gbs // mbs
         q, r = divmod(M, D)
@@ -145,7 +151,7 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                         if left:
                             break  # D pipelines do not fit, nor will more
                         for cut in _splits(L, P):
-                            consider(_stages(L, cut, [[Replica(gpu, tp, z) for z in zs]] * P), mbs, D)
+                            consider(_stages(L, cut, [[Replica(gpu, tp, z) for z in zs]] * P), mbs, D, recompute)
         # two pools: the first one or two stages on pool A, the rest on pool B
         for (ga, za) in pools:
             for (gb, zb) in pools:
@@ -195,7 +201,7 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                                     for cut in _splits(L, P):
                                         plan = Plan(MODEL.name, gbs, _stages(L, cut, [reps] * P),
                                                     tuple(Pipeline(mbs, m) for m in micro))
-                                        est = _simulate(sim, plan, recompute)
+                                        est = _simulate(sim, plan, bool(recompute))
                                         if est.fits_in_memory and _fits_pools(plan, c):
                                             from planner.search.goal import Outcome
 
@@ -271,6 +277,23 @@ def test_recompute_when_memory_is_tight_matches_brute_force():
     assert always[0].recompute and always[1].cost_per_iteration_usd >= auto[1].cost_per_iteration_usd
     with pytest.raises(SailorError, match="unknown recompute mode"):
         Planner(sim, 16, goal, recompute="sometimes")
+
+
+def test_only_the_first_stage_recomputes_and_that_beats_all_or_none():
+    """Three 0.2 GiB GPUs: three stages fit only if the first (3 microbatches in flight under 1F1B, the most)
+    recomputes. The planner finds that mixed plan, brute force over every per-stage choice agrees, and it is
+    faster than the best plan recomputing on all stages or none."""
+    tight = replace(SMALL_A, memory_bytes=int(0.2 * GIB))
+    c = replace(Cluster(gpus={"small-a": tight, "small-b": SMALL_B}), available=(Pool("small-a", "z1", 3),))
+    sim, goal = simulator(c), Goal("throughput")
+    plan, est = Planner(sim, 8, goal, max_stages=6).run(top=1).plans[0]
+    assert [s.recompute for s in plan.stages] == [True, False, False]
+    plain = replace(plan, stages=(replace(plan.stages[0], recompute=False), *plan.stages[1:]))
+    assert not sim.simulate(plain).fits_in_memory  # the first stage must recompute...
+    assert [s.fits for s in sim.simulate(plain).stages] == [False, True, True]  # ...and only it
+    assert est.iteration_time_s == pytest.approx(brute_force(sim, 8, goal), rel=1e-9)
+    all_or_none = brute_force(sim, 8, goal, recompute=True)
+    assert est.iteration_time_s < 0.95 * all_or_none
 
 
 def test_min_throughput_floor_matches_brute_force():
