@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import replace
-from itertools import combinations
+from itertools import combinations, permutations, product
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -146,19 +146,24 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                             break  # D pipelines do not fit, nor will more
                         for cut in _splits(L, P):
                             consider(_stages(L, cut, [[Replica(gpu, tp, z) for z in zs]] * P), mbs, D)
-        # two pools: the first one or two stages on pool A, the rest on pool B
-        for (ga, za) in pools:
-            for (gb, zb) in pools:
-                if (ga, za) == (gb, zb):
-                    continue
-                for ta in (1, 2, 4):
-                    for tb in (1, 2, 4):
-                        for P1 in range(1, FIRST_POOL_STAGES["other type" if ga != gb else "other zone"] + 1):
-                            for P2 in range(1, max_stages - P1 + 1):
-                                for D in range(1, M + 1):
-                                    kinds = [[Replica(ga, ta, za)] * D] * P1 + [[Replica(gb, tb, zb)] * D] * P2
-                                    for cut in _splits(L, P1 + P2):
-                                        consider(_stages(L, cut, kinds), mbs, D)
+        # chains of pools: the first stages on one pool, the next on another, ...; each pool but the last
+        # holds up to FIRST_POOL_STAGES stages (by the type of the pool after it), the last the rest;
+        # each GPU type with one TP degree
+        for k in range(2, len(pools) + 1):
+            for chain in permutations(pools, k):
+                for tps in product((1, 2, 4), repeat=k):
+                    if len({(g, t) for (g, _), t in zip(chain, tps)}) != len({g for g, _ in chain}):
+                        continue  # a GPU type has one TP degree in a chain
+                    for counts in _stage_counts(chain, max_stages):
+                        for D in range(1, M + 1):
+                            kinds = [[Replica(g, t, z)] * D for (g, z), t, n in zip(chain, tps, counts)
+                                     for _ in range(n)]
+                            cuts = list(_splits(L, sum(counts)))
+                            if not cuts or not _fits_pools(Plan(MODEL.name, gbs, _stages(L, cuts[0], kinds),
+                                                                (Pipeline(mbs, 1),) * D), c):
+                                break  # D pipelines do not fit, nor will more
+                            for cut in cuts:
+                                consider(_stages(L, cut, kinds), mbs, D)
         # two GPU types side by side (throughput only): each type's pipelines fill its zones; both use
         # as many pipelines as fit, or share M/P of them; every pipeline runs at least P microbatches
         if goal.objective != "throughput":
@@ -204,6 +209,14 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                                             if goal.admits(o):
                                                 best = min(best, goal.score(o))
     return best
+
+
+def _stage_counts(chain, max_stages):
+    """Stages of each pool of a chain: up to FIRST_POOL_STAGES on each pool but the last."""
+    limits = [FIRST_POOL_STAGES["other type" if a[0] != b[0] else "other zone"] for a, b in zip(chain, chain[1:])]
+    for head in product(*(range(1, n + 1) for n in limits)):
+        for last in range(1, max_stages - sum(head) + 1):
+            yield (*head, last)
 
 
 def _zone_fill(c, gpu, tp, P, L, cut, mbs, gbs, pools) -> list[str]:
@@ -402,10 +415,11 @@ def test_budget_counts_the_egress_of_every_stage(sailor_store):
 
     c = replace(load_cluster(None), available=(Pool("A100-40", "asia-east1-a", 8), Pool("A100-40", "us-west1-b", 8)))
     sim = Simulator(get_model("opt-350m"), c, sailor_store)
-    fastest = Planner(sim, 1024, Goal()).run(top=1).plans[0][1]
+    # without chains of pools (whose rings stay in one zone), the fastest plan's rings cross the ocean
+    fastest = Planner(sim, 1024, Goal(), two_pools=False).run(top=1).plans[0][1]
     assert len({k.split("@")[1] for k in fastest.gpus_used}) == 2 and fastest.cost_per_iteration_usd > 0.7
-    for goal in (Goal(max_cost_per_iteration=0.45), Goal(max_cost_per_hour=90.0)):
-        plan, est = Planner(sim, 1024, goal).run(top=1).plans[0]
+    for goal, chains in product((Goal(max_cost_per_iteration=0.45), Goal(max_cost_per_hour=90.0)), (False, True)):
+        plan, est = Planner(sim, 1024, goal, two_pools=chains).run(top=1).plans[0]
         assert_keeps_every_promise(plan, sim, goal, c, 1024)
 
 
