@@ -42,9 +42,11 @@ class Chains:
         self._zone_chains: list[tuple[Shape, Shape]] = []  # the first two zones of each shape with 3 or more
         by_mbs: dict[int, list[Shape]] = {}
         self._next_zone: dict[int, Shape] = {}  # id(pool) -> the pool of its shape in the next zone of the fill order
+        self._by_shape: dict[int, list[list[Shape]]] = {}  # mbs -> the pools of each shape
         for sh in shapes:
             pools = [replace(sh, zones=[zone], tables=sh.tables) for zone in sh.zones]
             by_mbs.setdefault(sh.mbs, []).extend(pools)
+            self._by_shape.setdefault(sh.mbs, []).append(pools)
             for a, b in zip(pools, pools[1:]):
                 self._next_zone[id(a)] = b
             if len(pools) > 2:
@@ -90,21 +92,24 @@ class Chains:
                 home.append(z)
         return {z: (c[0], r) for c in classes for r, z in enumerate(c)}
 
-    def _chain_starts(self, pools: list[Shape]):
-        """(bound, (chain, grow)) of every chain of two pools (its own designs), and of each shape's
-        zone chain (its first two zones in fill order, to grow)."""
-        for a in pools:
-            if self._canonical((), a):
-                for b in pools:
-                    if self._canonical((a,), b):
-                        bound = self._chain_bound((a, b), False)
-                        if bound < math.inf:
-                            yield bound, ((a, b), False)
+    def _chain_starts(self, mbs: int):
+        """(bound, (kind, what)) of every pair of shapes (kind "pairs": their chains of two pools, any
+        zones) and of each shape's zone chain (kind "grow": its first two zones in fill order)."""
+        shapes = self._by_shape[mbs]
+        for pa in shapes:
+            for pb in shapes:
+                if pa is pb and len(pa) < 2:
+                    continue
+                # any chain of a pool of A then one of B: the largest pools, p2p of at least 0
+                rep = (max(pa, key=lambda p: p.zones[0][1]), max(pb, key=lambda p: p.zones[0][1]))
+                bound = self._chain_bound(rep, False, cross=0.0)
+                if bound < math.inf:
+                    yield bound, ("pairs", (pa, pb))
         for chain in self._zone_chains:
-            if chain[0].mbs == pools[0].mbs:
+            if chain[0].mbs == mbs:
                 bound = self._chain_bound(chain, True)
                 if bound < math.inf:
-                    yield bound, (chain, True)
+                    yield bound, ("grow", chain)
 
     def _canonical(self, chain: tuple, nxt: Shape) -> bool:
         """May a chain of two pools start with `chain` and go on to `nxt`? Each (GPU type, zone) once; a
@@ -118,7 +123,7 @@ class Chains:
         home, rank = self._zone_rank[z]
         return len({p.zones[0][0] for p in chain if self._zone_rank[p.zones[0][0]][0] == home}) == rank
 
-    def _chain_bound(self, chain: tuple, grow: bool) -> float:
+    def _chain_bound(self, chain: tuple, grow: bool, cross: float | None = None) -> float:
         """A lower bound of the objective of every design on `chain` (grow: on a zone chain that extends
         it, whose further pools have the same GPU type and TP degree).
 
@@ -134,7 +139,8 @@ class Chains:
         pools = chain
         if self.goal.objective != "throughput":
             return M * least * min(p.tp * p.prices[p.zones[0][0]] for p in pools)
-        cross = sum(self._cross(a, b) for a, b in zip(chain, chain[1:]))
+        if cross is None:
+            cross = sum(self._cross(a, b) for a, b in zip(chain, chain[1:]))
         groups = [n // p.tp for p in chain for _, n in p.zones]
         d_most, total = min(M, *groups), sum(groups)
         if d_most < 1:
@@ -169,20 +175,30 @@ class Chains:
         return self._front_cache[key]
 
     def _chain_expand(self, args: tuple, cutoff: float):
-        """(bound, step, args) of the chain's families; or (grow) of the zone chain one zone longer: its
-        own designs, and those of longer ones."""
-        chain, grow = args
-        if not grow:
-            for fam in self._chain_families(chain, cutoff):
+        """(bound, step, args) of what a queue entry of chains holds: a pair of shapes, its chains of two
+        pools; a chain, its families; a zone chain to grow, the chain one zone longer (its own
+        designs, and those of longer ones)."""
+        kind, what = args
+        if kind == "pairs":
+            pa, pb = what
+            for a in pa:
+                if self._canonical((), a):
+                    for b in pb:
+                        if self._canonical((a,), b):
+                            bound = self._chain_bound((a, b), False)
+                            if bound < cutoff:
+                                yield bound, "chain", ("chain", (a, b))
+        elif kind == "chain":
+            for fam in self._chain_families(what, cutoff):
                 yield fam[0], "family", fam[1]
-            return
-        nxt = self._next_zone.get(id(chain[-1]))
-        if nxt is not None and len(chain) < min(self.max_stages, self.L):
-            ext = (*chain, nxt)
-            for flag in (False, True):
-                bound = self._chain_bound(ext, flag)
-                if bound < cutoff:
-                    yield bound, "chain", (ext, flag)
+        else:
+            nxt = self._next_zone.get(id(what[-1]))
+            if nxt is not None and len(what) < min(self.max_stages, self.L):
+                ext = (*what, nxt)
+                for sub, flag in (("chain", False), ("grow", True)):
+                    bound = self._chain_bound(ext, flag)
+                    if bound < cutoff:
+                        yield bound, "chain", (sub, ext)
 
     # -- families and configurations ------------------------------------------
     @staticmethod

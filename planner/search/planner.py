@@ -213,8 +213,8 @@ class Planner(SinglePool, Chains, TwoTypes):
                 if fam is not None:
                     heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._single_configs, fam[1]))
         cutoff = -best[0][0] if len(best) == top and not pareto else math.inf  # from an earlier pass
-        for pools in self._chain_pools(shapes).values() if self.two_pools else ():
-            for bound, entry in self._chain_starts(pools):
+        for mbs in self._chain_pools(shapes) if self.two_pools else ():
+            for bound, entry in self._chain_starts(mbs):
                 if bound < cutoff:
                     heapq.heappush(queue, (bound, next(seq), GROUP, self._chain_expand, entry))
         # pipelines of two types side by side: for throughput (for cost, the cheaper type per

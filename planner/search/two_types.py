@@ -88,11 +88,12 @@ class TwoTypes:
         else:
             pairs = [(dx, most - dx) for dx in range(max(1, most - caps[1]), min(caps[0], most - 1) + 1)]
         out = []
+        zone_caps = [[(z, capacity(cnt, sh.per_node, P, sh.tp)) for z, cnt in sh.zones] for sh in (x, y)]
         for dx, dy in pairs:
             ideal = self._balance(M, P, [(dx, *lbs[0]), (dy, *lbs[1])])
             if ideal is None:
                 continue
-            placed = [self._place_zones(sh, P, d) for sh, d in ((x, dx), (y, dy))]
+            placed = [_fill(caps_c, d) for caps_c, d in zip(zone_caps, (dx, dy))]
             usd = sum(k * P * sh.tp * sh.prices[z] for sh, pl in zip((x, y), placed) for z, k in pl)
             if self._could_admit(ideal[0] + upd, usd) and self._within_quotas(x, y, P, placed):
                 out.append((ideal[0] + upd, self._refine_two_class, (x, y, P, dx, dy, placed)))
@@ -101,21 +102,16 @@ class TwoTypes:
     def _refine_two_class(self, x, y, P, dx, dy, placed):
         """What a tighter bound adds: the sync of an average stage over the mixed ring."""
         avg = math.ceil(x.costs.params(0, self.L - 1) / P)
-        key = ("class-ring", x.gpu, x.tp, y.gpu, y.tp, P, tuple(placed[0]), tuple(placed[1]))
+        # the ring's time depends on its distinct edges only: zones in order, and whether a zone's
+        # replicas share a node and span nodes (one ring per such signature, not per placement)
+        sig = tuple(tuple((z, k > -(-k // q), k > q) for z, k in pl)
+                    for pl, q in zip(placed, (self._per_node(x, P), self._per_node(y, P))))
+        key = ("class-sync", x.gpu, x.tp, y.gpu, y.tp, P, avg, dx + dy, sig)
         if key not in self._sync_cache:
-            self._sync_cache[key] = self._class_ring((x, y), P, placed)
-        sync = self.sim.edges_sync(avg, dx + dy, self._sync_cache[key])[0]
+            self._sync_cache[key] = self.sim.edges_sync(avg, dx + dy, self._class_ring((x, y), P, placed))[0]
+        sync = self._sync_cache[key]
         usd = sum(k * P * sh.tp * sh.prices[z] for sh, pl in zip((x, y), placed) for z, k in pl)
         return sync, usd, self._evaluate_two_class, (x, y, P, dx, dy, placed)
-
-    def _place_zones(self, sh: Shape, P: int, D: int) -> list[tuple[str, int]]:
-        placed, left = [], D
-        for z, cnt in sh.zones:
-            k = min(capacity(cnt, sh.per_node, P, sh.tp), left)
-            if k:
-                placed.append((z, k))
-                left -= k
-        return placed
 
     def _within_quotas(self, x: Shape, y: Shape, P: int, placed) -> bool:
         used: dict[str, int] = {}
@@ -136,7 +132,7 @@ class TwoTypes:
             self._front_cache[key] = JointSplitTable([x.costs, y.costs], [max(c.values()) for c in comms],
                                                      [self.max_stages] * 2, self.max_stages)
         splits = self._front_cache[key].frontier(P)
-        edges = self._sync_cache[("class-ring", x.gpu, x.tp, y.gpu, y.tp, P, tuple(placed[0]), tuple(placed[1]))]
+        edges = self._class_ring((x, y), P, placed)
         gpus_per_zone: dict[str, int] = {}
         usd_per_s = 0.0
         for sh, pl in zip(shapes, placed):
@@ -204,3 +200,14 @@ class TwoTypes:
             key = (Endpoint(src[0].gpu, src[1], 0, src[0].tp), Endpoint(dst[0].gpu, dst[1], 1, dst[0].tp))
             counts[key] = counts.get(key, 0) + 1
         return [(a, b, n) for (a, b), n in counts.items()]
+
+
+def _fill(zone_caps: list[tuple[str, int]], D: int) -> list[tuple[str, int]]:
+    """D pipelines over zones in fill order, each zone with as many as it holds: [(zone, pipelines)]."""
+    placed, left = [], D
+    for z, cap in zone_caps:
+        k = min(cap, left)
+        if k:
+            placed.append((z, k))
+            left -= k
+    return placed

@@ -146,24 +146,24 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                             break  # D pipelines do not fit, nor will more
                         for cut in _splits(L, P):
                             consider(_stages(L, cut, [[Replica(gpu, tp, z) for z in zs]] * P), mbs, D)
-        # chains of pools: the first stages on one pool, the next on another, ...; each pool but the last
-        # holds up to FIRST_POOL_STAGES stages (by the type of the pool after it), the last the rest;
-        # each GPU type with one TP degree
-        for k in range(2, len(pools) + 1):
-            for chain in permutations(pools, k):
-                for tps in product((1, 2, 4), repeat=k):
-                    if len({(g, t) for (g, _), t in zip(chain, tps)}) != len({g for g, _ in chain}):
-                        continue  # a GPU type has one TP degree in a chain
-                    for counts in _stage_counts(chain, max_stages):
-                        for D in range(1, M + 1):
-                            kinds = [[Replica(g, t, z)] * D for (g, z), t, n in zip(chain, tps, counts)
-                                     for _ in range(n)]
-                            cuts = list(_splits(L, sum(counts)))
-                            if not cuts or not _fits_pools(Plan(MODEL.name, gbs, _stages(L, cuts[0], kinds),
-                                                                (Pipeline(mbs, 1),) * D), c):
-                                break  # D pipelines do not fit, nor will more
-                            for cut in cuts:
-                                consider(_stages(L, cut, kinds), mbs, D)
+        # chains of two pools: the first stages on pool A (up to FIRST_POOL_STAGES, by B's type), the rest on B
+        chains = [(pair, tps) for pair in permutations(pools, 2) for tps in product((1, 2, 4), repeat=2)]
+        # zone chains: one type and TP over its first k >= 3 zones in fill order (cheapest, then largest)
+        for gpu in sorted({g for g, _ in pools}):
+            zones = sorted(((z, sum(p.count for p in c.available if (p.gpu, p.zone) == (gpu, z))) for g, z in pools
+                            if g == gpu), key=lambda zn: (c.price_per_hour(gpu, zn[0]), -zn[1], zn[0]))
+            chains += [(tuple((gpu, z) for z, _ in zones[:k]), (tp,) * k) for k in range(3, len(zones) + 1)
+                       for tp in (1, 2, 4)]
+        for chain, tps in chains:
+            for counts in _stage_counts(chain, max_stages):
+                for D in range(1, M + 1):
+                    kinds = [[Replica(g, t, z)] * D for (g, z), t, n in zip(chain, tps, counts) for _ in range(n)]
+                    cuts = list(_splits(L, sum(counts)))
+                    if not cuts or not _fits_pools(Plan(MODEL.name, gbs, _stages(L, cuts[0], kinds),
+                                                        (Pipeline(mbs, 1),) * D), c):
+                        break  # D pipelines do not fit, nor will more
+                    for cut in cuts:
+                        consider(_stages(L, cut, kinds), mbs, D)
         # two GPU types side by side (throughput only): each type's pipelines fill its zones; both use
         # as many pipelines as fit, or share M/P of them; every pipeline runs at least P microbatches
         if goal.objective != "throughput":
@@ -248,6 +248,7 @@ CASES = [
     ([("small-b", "z1", 6), ("small-b", "z2", 6), ("small-a", "z1", 4)], None, 32, None),
     ([("small-a", "z1", 2), ("small-b", "z1", 6)], None, 32, 20.0),  # best: both types in one stage
     ([("small-a", "z1", 4), ("small-b", "z2", 8)], None, 32, 20.0),
+    ([("small-a", "z1", 4), ("small-a", "z2", 4), ("small-a", "z3", 4)], None, 32, None),  # zone chains
 ]
 
 
