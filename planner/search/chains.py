@@ -270,8 +270,14 @@ class Chains:
             best = [fb[j] for j in range(L + 1)]  # best[j]: layers 0..j-1 in P stages
             out[1] = best[L]
             for P in range(2, top + 1):
-                best = [math.inf] * P + [min(max(best[i], fb[j] - fb[i]) for i in range(P - 1, j))
-                                         for j in range(P, L + 1)]
+                # the last stage is i..j-1: max(best[i], its F+B) falls then rises in i, and its
+                # lowest point moves right with j (two pointers)
+                nxt, i = [math.inf] * (L + 1), P - 1
+                for j in range(P, L + 1):
+                    while i + 1 < j and max(best[i + 1], fb[j] - fb[i + 1]) <= max(best[i], fb[j] - fb[i]):
+                        i += 1
+                    nxt[j] = max(best[i], fb[j] - fb[i])
+                best = nxt
                 out[P] = best[L]
             self._front_cache[key] = out
         return self._front_cache[key]
