@@ -95,18 +95,19 @@ class Chains:
     def _chain_starts(self, mbs: int):
         """(bound, (kind, what)) of every pair of shapes (kind "pairs": their chains of two pools, any
         zones) and of each shape's zone chain (kind "grow": its first two zones in fill order)."""
-        shapes = self._by_shape[mbs]
+        shapes = [pools for pools in self._by_shape[mbs] if pools]
+        needs = {id(pools): self._recompute_floor_upto(pools[0]) < math.inf for pools in shapes}  # auto's pass 2
         for pa in shapes:
             for pb in shapes:
-                if pa is pb and len(pa) < 2:
-                    continue
+                if (pa is pb and len(pa) < 2) or not (needs[id(pa)] or needs[id(pb)]):
+                    continue  # (recomputing, every stage fits without: the plain chain is as good)
                 # any chain of a pool of A then one of B: the largest pools, p2p of at least 0
                 rep = (max(pa, key=lambda p: p.zones[0][1]), max(pb, key=lambda p: p.zones[0][1]))
                 bound = self._chain_bound(rep, False, cross=0.0)
                 if bound < math.inf:
                     yield bound, ("pairs", (pa, pb))
         for chain in self._zone_chains:
-            if chain[0].mbs == mbs:
+            if chain[0].mbs == mbs and self._recompute_floor_upto(chain[0]) < math.inf:
                 bound = self._chain_bound(chain, True)
                 if bound < math.inf:
                     yield bound, ("grow", chain)

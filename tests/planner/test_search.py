@@ -248,7 +248,10 @@ CASES = [
     ([("small-b", "z1", 6), ("small-b", "z2", 6), ("small-a", "z1", 4)], None, 32, None),
     ([("small-a", "z1", 2), ("small-b", "z1", 6)], None, 32, 20.0),  # best: both types in one stage
     ([("small-a", "z1", 4), ("small-b", "z2", 8)], None, 32, 20.0),
-    ([("small-a", "z1", 4), ("small-a", "z2", 4), ("small-a", "z3", 4)], None, 32, None),  # zone chains
+    # zone chains: three zones of one region, two GPUs each; the fastest plan runs a stage in each zone
+    ([("small-a", "us-central1-a", 2), ("small-a", "us-central1-b", 2), ("small-a", "us-central1-c", 2)], None, 16,
+     None),
+    ([("small-b", "us-central1-a", 4), ("small-b", "us-east1-b", 4), ("small-b", "us-west1-b", 4)], None, 16, None),
 ]
 
 
@@ -267,6 +270,18 @@ def test_planner_matches_brute_force(pools, quotas, gbs, nic, goal):
     plan, est = result.plans[0]
     found = est.iteration_time_s if goal.objective == "throughput" else est.cost_per_iteration_usd
     assert found == pytest.approx(exhaustive, rel=1e-9)
+
+
+@pytest.mark.parametrize("case", [-2, -1])
+def test_fastest_plan_chains_three_pools(case):
+    """Where gradient rings across zones cost more than activations between them, the fastest plan
+    runs each stage in its own zone (a pipeline through three pools), and it is brute force's optimum."""
+    pools, _, gbs, _ = CASES[case]
+    sim = simulator(cluster(pools))
+    plan, est = Planner(sim, gbs, Goal(), max_stages=6).run(top=1).plans[0]
+    assert len({(r.gpu, r.zone) for s in plan.stages for r in s.replicas}) == 3
+    assert all(len({r.zone for r in s.replicas}) == 1 for s in plan.stages)  # every ring inside one zone
+    assert est.iteration_time_s == pytest.approx(brute_force(sim, gbs, Goal()), rel=1e-9)
 
 
 def test_recompute_when_memory_is_tight_matches_brute_force():
