@@ -1,25 +1,31 @@
 """Designs on chains of pools: the first stages on pool 1, the next on pool 2, ..., the last on pool k.
 
 A pool is one GPU type in one zone, with its own TP degree; a chain holds k >= 2
-distinct pools with one microbatch size. Every pool but the last holds up to
+distinct pools with one microbatch size, and all D pipelines are alike, so
+every stage's gradient ring stays inside one pool's zone while a pipeline
+crosses k - 1 pool boundaries. Every pool but the last holds up to
 FIRST_POOL_STAGES stages (four before another type: cheap or memory-light GPUs
-for the embedding end; two before the same type in another zone: pipelines
-that cross zones while every gradient ring stays inside one), the last pool
-the rest. All D pipelines are alike. For a design the simulator's time is
+for the embedding end; two before the same type in another zone), the last
+pool the rest. Chains are
+  * of two pools: any two (GPU type, zone) pools, each with its own TP degree;
+  * zone chains: one GPU type and TP degree over its first k >= 3 zones in the
+    fill order of single_pool.py (cheapest, fastest network, largest).
+For a design the simulator's time is
 
     T = sum_i compute_i + 2 (sum of boundary p2p) + (m - 1) max_s slot_s
         + max_i sync_i(G_i, D) + max_i u_i G_i
 
 with G_i the largest stage of pool i. Each pool's segment has an exact
 (slot, params) frontier for every first and last layer (`_segment`); the
-evaluation walks the chain's pool boundaries left to right over them, pruned
-by the K-th best plan found.
+evaluation goes over the pools left to right, keeping at each pool boundary
+the partial splits no other beats in compute, slot, sync, update and egress.
 
-The search reaches chains best-first: a chain carries a lower bound that holds
-for itself and for every chain that extends it by more pools (`_chain_bound`),
-so a chain is only grown while it could still beat the best plan found. Pools
-in interchangeable zones (one region, the same GPUs, prices, links and egress)
-are taken in one order only.
+The search reaches chains best-first through bounds that hold for everything
+below them: a pair of shapes (GPU type, microbatch size, TP) bounds its chains
+of two pools in any zones, so pools are only paired where that could beat the
+best plan found; a zone chain bounds itself and its longer versions. Chains of
+two pools that differ only by a permutation of interchangeable zones (one
+region, the same GPUs, prices, links and egress) are searched once.
 """
 from __future__ import annotations
 
@@ -162,7 +168,7 @@ class Chains:
 
     def _least_compute(self, chain: tuple) -> float:
         """Least F+B of one microbatch with pool i holding layers q_i..q_{i+1}-1 (each at least one)."""
-        key = ("least", tuple(id(p) for p in chain))
+        key = ("least", tuple(id(p.costs) for p in chain))  # pools of one shape share their costs
         if key not in self._front_cache:
             L = self.L
             best = [0.0] + [math.inf] * L  # best[j]: layers 0..j-1 on the pools so far
@@ -235,7 +241,8 @@ class Chains:
             h_P = sum(head)
             for n in range(1, top - h_P + 1):
                 cap, c, g, price = facts[-1][n]
-                d_cap, comm, per_pipe, usd, P = min(h_cap, cap), h_comm + (n - 1) * c, h_gpus + g, h_usd + price, h_P + n
+                d_cap, comm, per_pipe = min(h_cap, cap), h_comm + (n - 1) * c, h_gpus + g
+                usd, P = h_usd + price, h_P + n
                 Ps = (*head, n)
                 if quotas:
                     by_zone: dict[str, int] = {}
@@ -373,7 +380,8 @@ class Chains:
                     for j in range(i + 1, min(fit[i] + 1, top) + 1):  # this stage is i..j-1
                         busy, prm = costs.compute(i, j - 1) + edge, costs.params(i, j - 1)
                         cell = nxt.setdefault(j, [])
-                        cell += [(s1 if s1 > busy else busy, p1 if p1 > prm else prm, (*b1, i)) for s1, p1, b1 in labels]
+                        cell += [(s1 if s1 > busy else busy, p1 if p1 > prm else prm, (*b1, i))
+                                 for s1, p1, b1 in labels]
                 front = {j: pareto_front(cell) for j, cell in nxt.items()}
             self._front_cache[key] = front
         return self._front_cache[key]
@@ -417,14 +425,15 @@ class Chains:
                 for j, seg in self._segment(p, lo, *seg_args).items():
                     if i == k - 1 and j != L:
                         continue
-                    add, add_ring, rest = costs.compute(lo, j - 1), ring_usd[i] * costs.params(lo, j - 1), fast[L] - fast[j]
+                    add, rest = costs.compute(lo, j - 1), fast[L] - fast[j]  # rest: the later pools' least
+                    add_ring = ring_usd[i] * costs.params(lo, j - 1)
                     cell = nxt.setdefault(j, [])
                     for s1, p1, b1 in seg:
                         sy1, up1 = self._pool_sync(p1, p, n, D)[0], p.u * p1
                         for c0, sl, sy, up, rg, bd in partial:
-                            c0, sl, sy, up = c0 + add, sl if sl > s1 else s1, sy if sy > sy1 else sy1, up if up > up1 else up1
-                            if full and self._bound(c0 + rest + comm + bubbles * sl + max(sy, sync_lb) + max(up, upd_lb),
-                                                    usd_per_s) >= -best[0][0]:
+                            c0, sl, sy, up = c0 + add, max(sl, s1), max(sy, sy1), max(up, up1)
+                            t_lb = c0 + rest + comm + bubbles * sl + max(sy, sync_lb) + max(up, upd_lb)
+                            if full and self._bound(t_lb, usd_per_s) >= -best[0][0]:
                                 continue  # cannot enter the top K
                             cell.append((c0, sl, sy, up, rg + add_ring, (*bd, *b1)))
             labels = {j: _undominated(cell) for j, cell in nxt.items() if cell}

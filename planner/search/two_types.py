@@ -47,22 +47,12 @@ class TwoTypes:
         M = self.gbs // x.mbs
         if min(self._recompute_floor_upto(x, P), self._recompute_floor_upto(y, P)) == math.inf:
             return None  # no stage needs recomputing: the plain family is as good
-        caps = []
-        for sh in (x, y):
-            d = sum(capacity(cnt, sh.per_node, P, sh.tp) for _, cnt in sh.zones)
-            if self.goal.max_gpus is not None:
-                d = min(d, self.goal.max_gpus // (P * sh.tp))
-            caps.append(d)
+        (dx, lx), (dy, ly) = self._class_facts(x, P), self._class_facts(y, P)
+        caps, lbs = [dx, dy], [lx, ly]
         if min(caps) < 1 or caps[0] + caps[1] > M:
             caps = [min(c, M) for c in caps]
         if min(caps) < 1:
             return None
-        lbs = []
-        for sh in (x, y):
-            same = P * sh.tp <= sh.per_node
-            c = min(sh.comm[(z, same)] for z, _ in sh.zones) if P > 1 else 0.0
-            fb = sh.costs.compute(0, self.L - 1)
-            lbs.append((fb + 2 * (P - 1) * c, (fb + 4 * (P - 1) * c) / P))
         upd = min(x.u, y.u) * x.costs.params(0, self.L - 1) / P
         most = M // P  # every pipeline runs at least P microbatches
         if most < 2:
@@ -73,6 +63,20 @@ class TwoTypes:
         price = min(x.prices.values()) * P * x.tp + min(y.prices.values()) * P * y.tp  # one pipeline each
         bound = ideal[0] + upd if self.goal.objective == "throughput" else (ideal[0] + upd) * price
         return bound, (x, y, P, caps, lbs, upd)
+
+    def _class_facts(self, sh: Shape, P: int) -> tuple:
+        """(pipelines of P stages the type's zones hold, (fill, slot) lower bounds of one): a type
+        takes part in many pairs, so once per type and P."""
+        key = ("class", id(sh), P)
+        if key not in sh.tables:
+            d = sum(capacity(cnt, sh.per_node, P, sh.tp) for _, cnt in sh.zones)
+            if self.goal.max_gpus is not None:
+                d = min(d, self.goal.max_gpus // (P * sh.tp))
+            same = P * sh.tp <= sh.per_node
+            c = min(sh.comm[(z, same)] for z, _ in sh.zones) if P > 1 else 0.0
+            fb = sh.costs.compute(0, self.L - 1)
+            sh.tables[key] = (d, (fb + 2 * (P - 1) * c, (fb + 4 * (P - 1) * c) / P))
+        return sh.tables[key]
 
     def _two_class_configs(self, x, y, P, caps, lbs, upd):
         """Configurations (D_X, D_Y), in bound order: each class runs as many pipelines as its GPUs
