@@ -233,7 +233,9 @@ class Chains:
                                     p.comm[(z, n * p.tp <= p.per_node)] if n > 1 else 0.0,
                                     n * p.tp, n * p.tp * p.prices[z]) for n in range(1, top + 1)])
         limits = [self._stage_limit(a, b) for a, b in zip(chain, chain[1:])]
-        for head in product(*(range(1, n + 1) for n in limits)):
+        for head in product(*(range(1, min(n, top) + 1) for n in limits)):
+            if sum(head) >= top:
+                continue  # no stage left for the last pool
             h_cap, h_comm, h_gpus, h_usd = M, sum(crosses), 0, 0.0
             for f, n in zip(facts, head):
                 cap, c, g, price = f[n]
@@ -248,7 +250,9 @@ class Chains:
                     by_zone: dict[str, int] = {}
                     for p, k in zip(chain, Ps):
                         by_zone[p.zones[0][0]] = by_zone.get(p.zones[0][0], 0) + k * p.tp
-                    d_cap = min(d_cap, *(quotas[z] // g for z, g in by_zone.items() if z in quotas))
+                    for z, used in by_zone.items():
+                        if z in quotas:
+                            d_cap = min(d_cap, quotas[z] // used)
                 if max_gpus is not None:
                     d_cap = min(d_cap, max_gpus // per_pipe)
                 if d_cap < 1:

@@ -431,11 +431,10 @@ def test_budget_counts_the_egress_of_every_stage(sailor_store):
 
     c = replace(load_cluster(None), available=(Pool("A100-40", "asia-east1-a", 8), Pool("A100-40", "us-west1-b", 8)))
     sim = Simulator(get_model("opt-350m"), c, sailor_store)
-    # without chains of pools (whose rings stay in one zone), the fastest plan's rings cross the ocean
-    fastest = Planner(sim, 1024, Goal(), two_pools=False).run(top=1).plans[0][1]
+    fastest = Planner(sim, 1024, Goal()).run(top=1).plans[0][1]
     assert len({k.split("@")[1] for k in fastest.gpus_used}) == 2 and fastest.cost_per_iteration_usd > 0.7
-    for goal, chains in product((Goal(max_cost_per_iteration=0.45), Goal(max_cost_per_hour=90.0)), (False, True)):
-        plan, est = Planner(sim, 1024, goal, two_pools=chains).run(top=1).plans[0]
+    for goal in (Goal(max_cost_per_iteration=0.45), Goal(max_cost_per_hour=90.0)):
+        plan, est = Planner(sim, 1024, goal).run(top=1).plans[0]
         assert_keeps_every_promise(plan, sim, goal, c, 1024)
 
 
