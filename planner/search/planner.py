@@ -35,11 +35,11 @@ from dataclasses import dataclass, field, replace
 
 from planner.errors import SailorError
 from planner.profiles.profile import Profile
+from planner.search.chains import Chains
 from planner.search.goal import Goal, Outcome
 from planner.search.partition import StageCosts
 from planner.search.single_pool import SinglePool
 from planner.search.space import ClassDesign, Design, Segment, Shape, ring_edges_of, spread
-from planner.search.two_pools import TwoPools
 from planner.search.two_types import TwoTypes
 from planner.search.verify import check_promises
 from planner.simulator.network import Endpoint
@@ -67,7 +67,7 @@ class Result:
     pareto: list[tuple[Plan, Estimate]] = field(default_factory=list)
 
 
-class Planner(SinglePool, TwoPools, TwoTypes):
+class Planner(SinglePool, Chains, TwoTypes):
     def __init__(self, sim: Simulator, global_batch: int, goal: Goal, runtime: str = "sailor",
                  max_stages: int | None = None, microbatch_sizes: list[int] | None = None, two_pools: bool = True,
                  two_classes: bool = True, max_tp: int | None = None, recompute: str = "auto"):
@@ -83,7 +83,7 @@ class Planner(SinglePool, TwoPools, TwoTypes):
         self.max_stages = min(max_stages or self.L, self.L)
         self.mbs_filter = set(microbatch_sizes) if microbatch_sizes else None
         self.max_tp = max_tp  # e.g. what an elastic job's vocabulary padding allows
-        self.two_pools = two_pools  # also search designs whose first stages run on another pool
+        self.two_pools = two_pools  # also search designs that chain pools (types or zones) in a pipeline
         self.two_classes = two_classes  # also search plans with pipelines of two GPU types
         if recompute not in RECOMPUTE_MODES:
             raise SailorError(f"unknown recompute mode {recompute!r}: use one of {', '.join(RECOMPUTE_MODES)}")
@@ -218,10 +218,10 @@ class Planner(SinglePool, TwoPools, TwoTypes):
                 if fam is not None:
                     heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._single_configs, fam[1]))
         cutoff = -best[0][0] if len(best) == top and not pareto else math.inf  # from an earlier pass
-        for a, b in self._pool_pairs(shapes) if self.two_pools else ():
-            bound = self._two_pool_bound(a, b, cutoff)
-            if bound < math.inf:
-                heapq.heappush(queue, (bound, next(seq), GROUP, self._two_pool_families, (a, b)))
+        for mbs in self._chain_pools(shapes) if self.two_pools else ():
+            for bound, entry in self._chain_starts(mbs):
+                if bound < cutoff:
+                    heapq.heappush(queue, (bound, next(seq), GROUP, self._chain_expand, entry))
         # pipelines of two types side by side: for throughput (for cost, the cheaper type per
         # microbatch alone is as cheap up to fill and sync; see docs/planner.md)
         classes = self.two_classes and self.goal.objective == "throughput"
@@ -234,10 +234,11 @@ class Planner(SinglePool, TwoPools, TwoTypes):
             bound, _, step, fn, args = heapq.heappop(queue)
             if not pareto and len(best) == top and bound >= -best[0][0]:
                 break  # nothing left can enter the top K
-            if step == GROUP:  # expand into families
-                for fam_bound, fam in fn(*args):
-                    if pareto or len(best) < top or fam_bound < -best[0][0]:
-                        heapq.heappush(queue, (fam_bound, next(seq), FAMILY, self._two_pool_configs, fam))
+            if step == GROUP:  # a chain of pools: expand into its families and into longer chains
+                for sub_bound, kind, sub in fn(args, -best[0][0] if len(best) == top and not pareto else math.inf):
+                    if pareto or len(best) < top or sub_bound < -best[0][0]:
+                        heapq.heappush(queue, (sub_bound, next(seq), *((FAMILY, self._chain_configs, sub) if
+                                                                        kind == "family" else (GROUP, fn, sub))))
             elif step == FAMILY:  # expand into configurations, bounded cheaply
                 configs = fn(*args)  # throughput bounds grow with m: already in order
                 if self.goal.objective != "throughput":

@@ -8,8 +8,9 @@ A plan is built from
   * a design, one of three kinds (one module each):
       single_pool.py  every stage on one GPU type with one TP degree; pipelines fill
                       the type's zones (cheapest, then fastest network, then largest);
-      two_pools.py    the first stages on another pool (another GPU type, or the same
-                      type in another zone), each pool with its own TP degree;
+      chains.py       a pipeline through a chain of pools (GPU type x zone): the first
+                      stages on one pool, the next on another, ...; each pool with its
+                      own TP degree (pairs of any pools, and one type over 3+ zones);
       two_types.py    pipelines of two GPU types side by side, each type with its own
                       TP degree and microbatch count (throughput objective);
   * the number of pipelines D;
@@ -85,8 +86,8 @@ class Shape:
     tables: dict = field(default_factory=dict)
 
 
-# Two-pool designs put up to this many first stages on the first pool: another GPU type
-# (cheap or memory-light GPUs for the first stages), or the same type in another zone.
+# Chains put up to this many stages on a pool that another follows: before another GPU type
+# (cheap or memory-light GPUs for the first stages), or before the same type in another zone.
 FIRST_POOL_STAGES = {"other type": 4, "other zone": 2}
 
 

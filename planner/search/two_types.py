@@ -47,22 +47,12 @@ class TwoTypes:
         M = self.gbs // x.mbs
         if min(self._recompute_floor_upto(x, P), self._recompute_floor_upto(y, P)) == math.inf:
             return None  # no stage needs recomputing: the plain family is as good
-        caps = []
-        for sh in (x, y):
-            d = sum(capacity(cnt, sh.per_node, P, sh.tp) for _, cnt in sh.zones)
-            if self.goal.max_gpus is not None:
-                d = min(d, self.goal.max_gpus // (P * sh.tp))
-            caps.append(d)
+        (dx, lx), (dy, ly) = self._class_facts(x, P), self._class_facts(y, P)
+        caps, lbs = [dx, dy], [lx, ly]
         if min(caps) < 1 or caps[0] + caps[1] > M:
             caps = [min(c, M) for c in caps]
         if min(caps) < 1:
             return None
-        lbs = []
-        for sh in (x, y):
-            same = P * sh.tp <= sh.per_node
-            c = min(sh.comm[(z, same)] for z, _ in sh.zones) if P > 1 else 0.0
-            fb = sh.costs.compute(0, self.L - 1)
-            lbs.append((fb + 2 * (P - 1) * c, (fb + 4 * (P - 1) * c) / P))
         upd = min(x.u, y.u) * x.costs.params(0, self.L - 1) / P
         most = M // P  # every pipeline runs at least P microbatches
         if most < 2:
@@ -74,48 +64,109 @@ class TwoTypes:
         bound = ideal[0] + upd if self.goal.objective == "throughput" else (ideal[0] + upd) * price
         return bound, (x, y, P, caps, lbs, upd)
 
+    def _class_facts(self, sh: Shape, P: int) -> tuple:
+        """(pipelines of P stages the type's zones hold, (fill, slot) lower bounds of one): a type
+        takes part in many pairs, so once per type and P."""
+        key = ("class", id(sh), P)
+        if key not in sh.tables:
+            d = sum(capacity(cnt, sh.per_node, P, sh.tp) for _, cnt in sh.zones)
+            if self.goal.max_gpus is not None:
+                d = min(d, self.goal.max_gpus // (P * sh.tp))
+            same = P * sh.tp <= sh.per_node
+            c = min(sh.comm[(z, same)] for z, _ in sh.zones) if P > 1 else 0.0
+            fb = sh.costs.compute(0, self.L - 1)
+            sh.tables[key] = (d, (fb + 2 * (P - 1) * c, (fb + 4 * (P - 1) * c) / P))
+        return sh.tables[key]
+
     def _two_class_configs(self, x, y, P, caps, lbs, upd):
         """Configurations (D_X, D_Y), in bound order: each class runs as many pipelines as its GPUs
         hold, unless that exceeds M/P pipelines in all (each must run at least P microbatches);
-        then every way to share the M/P pipelines between the classes."""
+        then every way to share the M/P pipelines between the classes. Those ways come in blocks of
+        consecutive D_X, each bounded first by a relaxation (`_relaxed_time`) and only worked out
+        if the search gets to it; a configuration's key is also at most the next block's bound."""
         M = self.gbs // x.mbs
         flights = range(1, min(P, M) + 1)
         if min(self._recompute_floor(x, flights), self._recompute_floor(y, flights)) == math.inf:
             return  # no stage needs recomputing: the plain family is as good
         most = M // P
+        zone_caps = [[(z, capacity(cnt, sh.per_node, P, sh.tp)) for z, cnt in sh.zones] for sh in (x, y)]
+
+        def configs(dxs):
+            out = []
+            for dx in dxs:
+                dy = most - dx if caps[0] + caps[1] > most else caps[1]
+                ideal = self._balance(M, P, [(dx, *lbs[0]), (dy, *lbs[1])])
+                if ideal is None:
+                    continue
+                placed = [_fill(caps_c, d) for caps_c, d in zip(zone_caps, (dx, dy))]
+                usd = sum(k * P * sh.tp * sh.prices[z] for sh, pl in zip((x, y), placed) for z, k in pl)
+                if self._could_admit(ideal[0] + upd, usd) and self._within_quotas(x, y, P, placed):
+                    out.append((ideal[0] + upd, self._refine_two_class, (x, y, P, dx, dy, placed, 0.0)))
+            return sorted(out, key=lambda c: c[0])
+
         if caps[0] + caps[1] <= most:
-            pairs = [(caps[0], caps[1])]
-        else:
-            pairs = [(dx, most - dx) for dx in range(max(1, most - caps[1]), min(caps[0], most - 1) + 1)]
-        out = []
-        for dx, dy in pairs:
-            ideal = self._balance(M, P, [(dx, *lbs[0]), (dy, *lbs[1])])
-            if ideal is None:
-                continue
-            placed = [self._place_zones(sh, P, d) for sh, d in ((x, dx), (y, dy))]
-            usd = sum(k * P * sh.tp * sh.prices[z] for sh, pl in zip((x, y), placed) for z, k in pl)
-            if self._could_admit(ideal[0] + upd, usd) and self._within_quotas(x, y, P, placed):
-                out.append((ideal[0] + upd, self._refine_two_class, (x, y, P, dx, dy, placed)))
-        yield from sorted(out, key=lambda c: c[0])
-
-    def _refine_two_class(self, x, y, P, dx, dy, placed):
-        """What a tighter bound adds: the sync of an average stage over the mixed ring."""
+            yield from configs([caps[0]])
+            return
+        lo, hi = max(1, most - caps[1]), min(caps[0], most - 1)
+        size = max(1, math.isqrt(hi - lo + 1))
         avg = math.ceil(x.costs.params(0, self.L - 1) / P)
-        key = ("class-ring", x.gpu, x.tp, y.gpu, y.tp, P, tuple(placed[0]), tuple(placed[1]))
-        if key not in self._sync_cache:
-            self._sync_cache[key] = self._class_ring((x, y), P, placed)
-        sync = self.sim.edges_sync(avg, dx + dy, self._sync_cache[key])[0]
-        usd = sum(k * P * sh.tp * sh.prices[z] for sh, pl in zip((x, y), placed) for z, k in pl)
-        return sync, usd, self._evaluate_two_class, (x, y, P, dx, dy, placed)
+        blocks = []
+        for a in range(lo, hi + 1, size):
+            b = min(a + size - 1, hi)
+            t = min(_relaxed_time(M, a, most - a, *lbs[0], *lbs[1]), _relaxed_time(M, b, most - b, *lbs[0], *lbs[1]))
+            # every ring of the block crosses at least the zones its classes fill at its ends
+            spans = ((_zones_used(zone_caps[0], a), _zones_used(zone_caps[0], b)),
+                     (_zones_used(zone_caps[1], most - b), _zones_used(zone_caps[1], most - a)))
+            blocks.append((t + upd + self._mixed_ring_floor(x, y, P, avg, most, zone_caps, spans), a, b))
+        blocks.sort()
+        for k, (block_bound, a, b) in enumerate(blocks):
+            later = blocks[k + 1][0] if k + 1 < len(blocks) else math.inf
+            for bound, refine, cfg in configs(range(a, b + 1)):
+                key = min(max(bound, block_bound), later)
+                yield key, refine, (*cfg[:-1], key - bound)
 
-    def _place_zones(self, sh: Shape, P: int, D: int) -> list[tuple[str, int]]:
-        placed, left = [], D
-        for z, cnt in sh.zones:
-            k = min(capacity(cnt, sh.per_node, P, sh.tp), left)
-            if k:
-                placed.append((z, k))
-                left -= k
-        return placed
+    def _mixed_ring_floor(self, x: Shape, y: Shape, P: int, avg: int, members: int, zone_caps, spans) -> float:
+        """Least sync seconds of any mixed ring in which class c fills between spans[c] = (least, most)
+        of its zones (those it can hold pipelines in, in fill order). A ring takes as long as its
+        slowest distinct edge (and largest latency), so each edge it surely has bounds it: from each
+        filled zone but its last to the next, between the nodes of a zone it fills wholly, and from
+        each class's last zone (one of its possible ones) to the other's first."""
+        key = ("mixed-floor", x.gpu, x.tp, y.gpu, y.tp, P, avg, members, spans)
+        if key not in self._sync_cache:
+            shapes, used = (x, y), [[z for z, cap in zc if cap > 0] for zc in zone_caps]
+            sure = []
+            for sh, zc, zs, (least, _) in zip(shapes, zone_caps, used, spans):
+                q = self._per_node(sh, P)
+                full = [cap for _, cap in zc if cap > 0]
+                sure += [(Endpoint(sh.gpu, zs[i], 0, sh.tp), Endpoint(sh.gpu, zs[i + 1], 1, sh.tp), 1)
+                         for i in range(least - 1)]
+                sure += [(Endpoint(sh.gpu, zs[i], 0, sh.tp), Endpoint(sh.gpu, zs[i], 1, sh.tp), 1)
+                         for i in range(least - 1) if full[i] > q]
+            floor = self.sim.edges_sync(avg, members, sure)[0] if sure else 0.0
+            for c in (0, 1):  # class c's last zone to the other class's first
+                src, dst = shapes[c], shapes[1 - c]
+                least, most = spans[c]
+                first = Endpoint(dst.gpu, used[1 - c][0], 1, dst.tp)
+                floor = max(floor, min(self.sim.edges_sync(avg, members, [(Endpoint(src.gpu, used[c][i], 0, src.tp),
+                                                                            first, 1)])[0]
+                                       for i in range(max(least, 1) - 1, max(most, 1))))
+            self._sync_cache[key] = floor
+        return self._sync_cache[key]
+
+    def _refine_two_class(self, x, y, P, dx, dy, placed, counted=0.0):
+        """What a tighter bound adds: the sync of an average stage over the mixed ring (less what the
+        configuration's bound already counted of it)."""
+        avg = math.ceil(x.costs.params(0, self.L - 1) / P)
+        # the ring's time depends on its distinct edges only: zones in order, and whether a zone's
+        # replicas share a node and span nodes (one ring per such signature, not per placement)
+        sig = tuple(tuple((z, k > -(-k // q), k > q) for z, k in pl)
+                    for pl, q in zip(placed, (self._per_node(x, P), self._per_node(y, P))))
+        key = ("class-sync", x.gpu, x.tp, y.gpu, y.tp, P, avg, dx + dy, sig)
+        if key not in self._sync_cache:
+            self._sync_cache[key] = self.sim.edges_sync(avg, dx + dy, self._class_ring((x, y), P, placed))[0]
+        sync = self._sync_cache[key]
+        usd = sum(k * P * sh.tp * sh.prices[z] for sh, pl in zip((x, y), placed) for z, k in pl)
+        return max(0.0, sync - counted), usd, self._evaluate_two_class, (x, y, P, dx, dy, placed)
 
     def _within_quotas(self, x: Shape, y: Shape, P: int, placed) -> bool:
         used: dict[str, int] = {}
@@ -136,7 +187,7 @@ class TwoTypes:
             self._front_cache[key] = JointSplitTable([x.costs, y.costs], [max(c.values()) for c in comms],
                                                      [self.max_stages] * 2, self.max_stages)
         splits = self._front_cache[key].frontier(P)
-        edges = self._sync_cache[("class-ring", x.gpu, x.tp, y.gpu, y.tp, P, tuple(placed[0]), tuple(placed[1]))]
+        edges = self._class_ring((x, y), P, placed)
         gpus_per_zone: dict[str, int] = {}
         usd_per_s = 0.0
         for sh, pl in zip(shapes, placed):
@@ -204,3 +255,39 @@ class TwoTypes:
             key = (Endpoint(src[0].gpu, src[1], 0, src[0].tp), Endpoint(dst[0].gpu, dst[1], 1, dst[0].tp))
             counts[key] = counts.get(key, 0) + 1
         return [(a, b, n) for (a, b), n in counts.items()]
+
+
+def _fill(zone_caps: list[tuple[str, int]], D: int) -> list[tuple[str, int]]:
+    """D pipelines over zones in fill order, each zone with as many as it holds: [(zone, pipelines)]."""
+    placed, left = [], D
+    for z, cap in zone_caps:
+        k = min(cap, left)
+        if k:
+            placed.append((z, k))
+            left -= k
+    return placed
+
+
+def _relaxed_time(M: int, dx: int, dy: int, fx: float, sx: float, fy: float, sy: float) -> float:
+    """A lower bound of _balance's time: the least t at which dx pipelines of (fill fx, slot sx) and dy of
+    (fy, sy) hold M microbatches, each pipeline (t - f)/s + 1 of them (no rounding, no minimum).
+    For a fixed t what they hold is linear in dx, so over dx in [a, b] (dx + dy fixed) the least
+    such t is at a or at b."""
+    rate, const, terms = 0.0, 0.0, sorted(((fx - sx, dx, sx), (fy - sy, dy, sy)))
+    for k, (start, d, s) in enumerate(terms):  # from t = start on, a class holds d (t - start) / s
+        rate, const = rate + d / s, const + d * start / s
+        t = (M + const) / rate
+        if k + 1 == len(terms) or t <= terms[k + 1][0]:
+            return max(t, start)
+    return math.inf
+
+
+def _zones_used(zone_caps: list[tuple[str, int]], D: int) -> int:
+    """How many zones (of those that hold any), in fill order, D pipelines take."""
+    n, held = 0, 0
+    for _, cap in zone_caps:
+        if held >= D:
+            break
+        if cap > 0:
+            n, held = n + 1, held + cap
+    return n

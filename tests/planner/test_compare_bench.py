@@ -45,3 +45,18 @@ def test_cells_mark_out_of_memory_plans(bench):
     assert bench._cell({"throughput_iters_per_s": 0.1234, "cost_per_iteration_usd": 0.5,
                         "fits_in_memory": False}) == "OOM [0.123 ($0.50)]"
     assert bench._cell({"error": "x"}) == "no plan"
+
+
+def test_worst_ratio_names_the_rival_that_beats_us(bench):
+    def row(case, ours, **rivals):
+        planners = {"sailor": {"throughput_iters_per_s": ours, "fits_in_memory": True}}
+        planners.update({k: {"throughput_iters_per_s": v, "fits_in_memory": True} for k, v in rivals.items()})
+        return {"case": case, "planners": planners}
+
+    results = {"geo": [row("a", 1.0, amp=0.5), row("b", 1.0, metis=1.02, amp=0.9)],
+               "homogeneous": [row("c", 2.0, varuna=1.0)]}
+    results["homogeneous"][0]["planners"]["dtfm"] = {"throughput_iters_per_s": 9.0, "fits_in_memory": False}
+    worst = bench.worst_ratio(results)
+    assert worst["case"] == "b" and worst["planner"] == "metis" and worst["beaten"]
+    assert worst["ratio"] == pytest.approx(1 / 1.02)
+    assert not bench.worst_ratio({"geo": [row("a", 1.0, amp=0.5)]})["beaten"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import replace
-from itertools import combinations, product
+from itertools import combinations, permutations, product
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -152,19 +152,24 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                             break  # D pipelines do not fit, nor will more
                         for cut in _splits(L, P):
                             consider(_stages(L, cut, [[Replica(gpu, tp, z) for z in zs]] * P), mbs, D, recompute)
-        # two pools: the first one or two stages on pool A, the rest on pool B
-        for (ga, za) in pools:
-            for (gb, zb) in pools:
-                if (ga, za) == (gb, zb):
-                    continue
-                for ta in (1, 2, 4):
-                    for tb in (1, 2, 4):
-                        for P1 in range(1, FIRST_POOL_STAGES["other type" if ga != gb else "other zone"] + 1):
-                            for P2 in range(1, max_stages - P1 + 1):
-                                for D in range(1, M + 1):
-                                    kinds = [[Replica(ga, ta, za)] * D] * P1 + [[Replica(gb, tb, zb)] * D] * P2
-                                    for cut in _splits(L, P1 + P2):
-                                        consider(_stages(L, cut, kinds), mbs, D)
+        # chains of two pools: the first stages on pool A (up to FIRST_POOL_STAGES, by B's type), the rest on B
+        chains = [(pair, tps) for pair in permutations(pools, 2) for tps in product((1, 2, 4), repeat=2)]
+        # zone chains: one type and TP over its first k >= 3 zones in fill order (cheapest, then largest)
+        for gpu in sorted({g for g, _ in pools}):
+            zones = sorted(((z, sum(p.count for p in c.available if (p.gpu, p.zone) == (gpu, z))) for g, z in pools
+                            if g == gpu), key=lambda zn: (c.price_per_hour(gpu, zn[0]), -zn[1], zn[0]))
+            chains += [(tuple((gpu, z) for z, _ in zones[:k]), (tp,) * k) for k in range(3, len(zones) + 1)
+                       for tp in (1, 2, 4)]
+        for chain, tps in chains:
+            for counts in _stage_counts(chain, max_stages):
+                for D in range(1, M + 1):
+                    kinds = [[Replica(g, t, z)] * D for (g, z), t, n in zip(chain, tps, counts) for _ in range(n)]
+                    cuts = list(_splits(L, sum(counts)))
+                    if not cuts or not _fits_pools(Plan(MODEL.name, gbs, _stages(L, cuts[0], kinds),
+                                                        (Pipeline(mbs, 1),) * D), c):
+                        break  # D pipelines do not fit, nor will more
+                    for cut in cuts:
+                        consider(_stages(L, cut, kinds), mbs, D)
         # two GPU types side by side (throughput only): each type's pipelines fill its zones; both use
         # as many pipelines as fit, or share M/P of them; every pipeline runs at least P microbatches
         if goal.objective != "throughput":
@@ -212,6 +217,14 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
     return best
 
 
+def _stage_counts(chain, max_stages):
+    """Stages of each pool of a chain: up to FIRST_POOL_STAGES on each pool but the last."""
+    limits = [FIRST_POOL_STAGES["other type" if a[0] != b[0] else "other zone"] for a, b in zip(chain, chain[1:])]
+    for head in product(*(range(1, n + 1) for n in limits)):
+        for last in range(1, max_stages - sum(head) + 1):
+            yield (*head, last)
+
+
 def _zone_fill(c, gpu, tp, P, L, cut, mbs, gbs, pools) -> list[str]:
     """The zone of each pipeline a type can hold: fill its zones in order, each with as many as fit."""
     zones = sorted(((z, sum(p.count for p in c.available if (p.gpu, p.zone) == (gpu, z))) for g, z in pools
@@ -241,6 +254,10 @@ CASES = [
     ([("small-b", "z1", 6), ("small-b", "z2", 6), ("small-a", "z1", 4)], None, 32, None),
     ([("small-a", "z1", 2), ("small-b", "z1", 6)], None, 32, 20.0),  # best: both types in one stage
     ([("small-a", "z1", 4), ("small-b", "z2", 8)], None, 32, 20.0),
+    # zone chains: three zones of one region, two GPUs each; the fastest plan runs a stage in each zone
+    ([("small-a", "us-central1-a", 2), ("small-a", "us-central1-b", 2), ("small-a", "us-central1-c", 2)], None, 16,
+     None),
+    ([("small-b", "us-central1-a", 4), ("small-b", "us-east1-b", 4), ("small-b", "us-west1-b", 4)], None, 16, None),
 ]
 
 
@@ -259,6 +276,18 @@ def test_planner_matches_brute_force(pools, quotas, gbs, nic, goal):
     plan, est = result.plans[0]
     found = est.iteration_time_s if goal.objective == "throughput" else est.cost_per_iteration_usd
     assert found == pytest.approx(exhaustive, rel=1e-9)
+
+
+@pytest.mark.parametrize("case", [-2, -1])
+def test_fastest_plan_chains_three_pools(case):
+    """Where gradient rings across zones cost more than activations between them, the fastest plan
+    runs each stage in its own zone (a pipeline through three pools), and it is brute force's optimum."""
+    pools, _, gbs, _ = CASES[case]
+    sim = simulator(cluster(pools))
+    plan, est = Planner(sim, gbs, Goal(), max_stages=6).run(top=1).plans[0]
+    assert len({(r.gpu, r.zone) for s in plan.stages for r in s.replicas}) == 3
+    assert all(len({r.zone for r in s.replicas}) == 1 for s in plan.stages)  # every ring inside one zone
+    assert est.iteration_time_s == pytest.approx(brute_force(sim, gbs, Goal()), rel=1e-9)
 
 
 def test_recompute_when_memory_is_tight_matches_brute_force():

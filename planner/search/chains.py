@@ -1,0 +1,457 @@
+"""Designs on chains of pools: the first stages on pool 1, the next on pool 2, ..., the last on pool k.
+
+A pool is one GPU type in one zone, with its own TP degree; a chain holds k >= 2
+distinct pools with one microbatch size, and all D pipelines are alike, so
+every stage's gradient ring stays inside one pool's zone while a pipeline
+crosses k - 1 pool boundaries. Every pool but the last holds up to
+FIRST_POOL_STAGES stages (four before another type: cheap or memory-light GPUs
+for the embedding end; two before the same type in another zone), the last
+pool the rest. Chains are
+  * of two pools: any two (GPU type, zone) pools, each with its own TP degree;
+  * zone chains: one GPU type and TP degree over its first k >= 3 zones in the
+    fill order of single_pool.py (cheapest, fastest network, largest).
+For a design the simulator's time is
+
+    T = sum_i compute_i + 2 (sum of boundary p2p) + (m - 1) max_s slot_s
+        + max_i sync_i(G_i, D) + max_i u_i G_i
+
+with G_i the largest stage of pool i. Each pool's segment has an exact
+(slot, params) frontier for every first and last layer (`_segment`); the
+evaluation goes over the pools left to right, keeping at each pool boundary
+the partial splits no other beats in compute, slot, sync, update and egress.
+
+The search reaches chains best-first through bounds that hold for everything
+below them: a pair of shapes (GPU type, microbatch size, TP) bounds its chains
+of two pools in any zones, so pools are only paired where that could beat the
+best plan found; a zone chain bounds itself and its longer versions. Chains of
+two pools that differ only by a permutation of interchangeable zones (one
+region, the same GPUs, prices, links and egress) are searched once.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from itertools import product
+
+from planner.search.goal import Outcome
+from planner.search.partition import pareto as pareto_front
+from planner.search.space import FIRST_POOL_STAGES, Shape, capacity, spread
+from planner.simulator.network import Endpoint
+
+
+class Chains:
+    """Methods of Planner; see planner.py for the search loop that calls them."""
+
+    # -- which chains -------------------------------------------------------
+    def _chain_pools(self, shapes: list[Shape]) -> dict[int, list[Shape]]:
+        """Pool shapes (one zone each) by microbatch size; sorts zones into classes of interchangeable ones."""
+        self._zone_chains: list[tuple[Shape, Shape]] = []  # the first two zones of each shape with 3 or more
+        by_mbs: dict[int, list[Shape]] = {}
+        self._next_zone: dict[int, Shape] = {}  # id(pool) -> the pool of its shape in the next zone of the fill order
+        self._by_shape: dict[int, list[list[Shape]]] = {}  # mbs -> the pools of each shape
+        for sh in shapes:
+            pools = [replace(sh, zones=[zone], tables=sh.tables) for zone in sh.zones]
+            by_mbs.setdefault(sh.mbs, []).extend(pools)
+            self._by_shape.setdefault(sh.mbs, []).append(pools)
+            for a, b in zip(pools, pools[1:]):
+                self._next_zone[id(a)] = b
+            if len(pools) > 2:
+                self._zone_chains.append((pools[0], pools[1]))
+        self._by_mbs = by_mbs
+        self._zone_rank = self._zone_classes({p.zones[0][0] for pools in by_mbs.values() for p in pools})
+        self._fastest: dict[int, tuple] = {}  # mbs -> prefix sums of each layer's least F+B over its pools
+        for mbs, pools in by_mbs.items():
+            prefix = [0.0]
+            for j in range(self.L):
+                prefix.append(prefix[-1] + min(p.costs.fb[j + 1] - p.costs.fb[j] for p in pools))
+            self._fastest[mbs] = tuple(prefix)
+        return by_mbs
+
+    def _zone_classes(self, zones: set[str]) -> dict[str, tuple[str, int]]:
+        """zone -> (its class, its rank there). Zones of a class are interchangeable: one region, the same
+        GPUs at the same prices, no quota, the same egress and the same measured links to every zone, so
+        swapping two of them everywhere in a chain changes neither its time nor its cost."""
+        cl, fits = self.sim.cluster, self.sim.network.fits.inter
+        have = {z: sorted((p.gpu, p.count, p.spot, cl.price_per_hour(p.gpu, z, cl.is_spot(p.gpu, z)))
+                          for p in cl.available if p.zone == z) for z in zones}
+
+        def alike(a: str, b: str) -> bool:
+            if cl.zone(a).region != cl.zone(b).region or have[a] != have[b] or a in cl.quotas or b in cl.quotas:
+                return False
+            swap = {a: b, b: a}
+            if any(cl.egress_per_gb(a, z) != cl.egress_per_gb(b, swap.get(z, z)) or
+                   cl.egress_per_gb(z, a) != cl.egress_per_gb(swap.get(z, z), b) for z in zones):
+                return False
+            for k, fit in fits.items():
+                if a in (k[0], k[3]) or b in (k[0], k[3]):
+                    twin = (swap.get(k[0], k[0]), *k[1:3], swap.get(k[3], k[3]), *k[4:])
+                    if fits.get(twin) != fit:
+                        return False
+            return True
+
+        classes: list[list[str]] = []
+        for z in sorted(zones):
+            home = next((c for c in classes if all(alike(y, z) for y in c)), None)
+            if home is None:
+                classes.append([z])
+            else:
+                home.append(z)
+        return {z: (c[0], r) for c in classes for r, z in enumerate(c)}
+
+    def _chain_starts(self, mbs: int):
+        """(bound, (kind, what)) of every pair of shapes (kind "pairs": their chains of two pools, any
+        zones) and of each shape's zone chain (kind "grow": its first two zones in fill order)."""
+        shapes = [pools for pools in self._by_shape[mbs] if pools]
+        needs = {id(pools): self._recompute_floor_upto(pools[0]) < math.inf for pools in shapes}  # auto's pass 2
+        for pa in shapes:
+            for pb in shapes:
+                if (pa is pb and len(pa) < 2) or not (needs[id(pa)] or needs[id(pb)]):
+                    continue  # (recomputing, every stage fits without: the plain chain is as good)
+                # any chain of a pool of A then one of B: the largest pools, p2p of at least 0
+                rep = (max(pa, key=lambda p: p.zones[0][1]), max(pb, key=lambda p: p.zones[0][1]))
+                bound = self._chain_bound(rep, False, cross=0.0)
+                if bound < math.inf:
+                    yield bound, ("pairs", (pa, pb))
+        for chain in self._zone_chains:
+            if chain[0].mbs == mbs and self._recompute_floor_upto(chain[0]) < math.inf:
+                bound = self._chain_bound(chain, True)
+                if bound < math.inf:
+                    yield bound, ("grow", chain)
+
+    def _canonical(self, chain: tuple, nxt: Shape) -> bool:
+        """May a chain of two pools start with `chain` and go on to `nxt`? Each (GPU type, zone) once; a
+        zone new to the chain is the lowest-ranked of its class not in it yet (of chains that differ by
+        a permutation of interchangeable zones, one is searched)."""
+        z = nxt.zones[0][0]
+        if any(p.gpu == nxt.gpu and p.zones[0][0] == z for p in chain):
+            return False
+        if any(p.zones[0][0] == z for p in chain):
+            return True
+        home, rank = self._zone_rank[z]
+        return len({p.zones[0][0] for p in chain if self._zone_rank[p.zones[0][0]][0] == home}) == rank
+
+    def _chain_bound(self, chain: tuple, grow: bool, cross: float | None = None) -> float:
+        """A lower bound of the objective of every design on `chain` (grow: on a zone chain that extends
+        it, whose further pools have the same GPU type and TP degree).
+
+        Any pipeline computes at least `least` seconds per microbatch (each pool of the chain holds
+        at least one layer, in order) and crosses each pool boundary twice per microbatch. With P
+        stages the bottleneck is at least the average stage and the least largest stage of a split
+        of the fastest layers (`_minmax_stage`); D pipelines need P_i tp-groups of each pool i, so
+        D <= n_i / tp_i and D P <= sum_i n_i / tp_i (this chain only). For cost, every microbatch
+        runs `least` seconds on GPUs at the cheapest price.
+        """
+        M, top, L = self.gbs // chain[0].mbs, min(self.max_stages, self.L), self.L
+        least = self._least_compute(chain)
+        pools = chain
+        if self.goal.objective != "throughput":
+            return M * least * min(p.tp * p.prices[p.zones[0][0]] for p in pools)
+        if cross is None:
+            cross = sum(self._cross(a, b) for a, b in zip(chain, chain[1:]))
+        groups = [n // p.tp for p in chain for _, n in p.zones]
+        d_most, total = min(M, *groups), sum(groups)
+        if d_most < 1:
+            return math.inf
+        minmax = self._minmax_stage(pools)
+        u = min(p.u for p in pools) * chain[0].costs.params(0, L - 1)
+        best = math.inf
+        lim = sum(self._stage_limit(a, b) for a, b in zip(chain, chain[1:]))
+        last, (_, n_last) = chain[-1], chain[-1].zones[0]
+        for P in range(len(chain) + grow, top + 1):
+            # this chain: its last pool holds the stages the others cannot
+            d = d_most if grow else min(d_most, total // P, capacity(n_last, last.per_node, max(1, P - lim), last.tp))
+            if d < 1:
+                continue
+            slot = max((least + 4 * cross) / P, minmax[P])
+            best = min(best, (math.ceil(M / d) - 1) * slot + u / P)
+        return least + 2 * cross + best
+
+    def _least_compute(self, chain: tuple) -> float:
+        """Least F+B of one microbatch with pool i holding layers q_i..q_{i+1}-1 (each at least one)."""
+        key = ("least", tuple(id(p.costs) for p in chain))  # pools of one shape share their costs
+        if key not in self._front_cache:
+            L = self.L
+            best = [0.0] + [math.inf] * L  # best[j]: layers 0..j-1 on the pools so far
+            for i, p in enumerate(chain):
+                fb, nxt, run = p.costs.fb, [math.inf] * (L + 1), math.inf
+                for j in range(i + 1, L + 1):  # pool i ends at layer j-1: min over its first layer
+                    run = min(run, best[j - 1] - fb[j - 1])
+                    nxt[j] = run + fb[j]
+                best = nxt
+            self._front_cache[key] = best[L]
+        return self._front_cache[key]
+
+    def _chain_expand(self, args: tuple, cutoff: float):
+        """(bound, step, args) of what a queue entry of chains holds: a pair of shapes, its chains of two
+        pools; a chain, its families; a zone chain to grow, the chain one zone longer (its own
+        designs, and those of longer ones)."""
+        kind, what = args
+        if kind == "pairs":
+            pa, pb = what
+            for a in pa:
+                if self._canonical((), a):
+                    for b in pb:
+                        if self._canonical((a,), b):
+                            bound = self._chain_bound((a, b), False)
+                            if bound < cutoff:
+                                yield bound, "chain", ("chain", (a, b))
+        elif kind == "chain":
+            for fam in self._chain_families(what, cutoff):
+                yield fam[0], "family", fam[1]
+        else:
+            nxt = self._next_zone.get(id(what[-1]))
+            if nxt is not None and len(what) < min(self.max_stages, self.L):
+                ext = (*what, nxt)
+                for sub, flag in (("chain", False), ("grow", True)):
+                    bound = self._chain_bound(ext, flag)
+                    if bound < cutoff:
+                        yield bound, "chain", (sub, ext)
+
+    # -- families and configurations ------------------------------------------
+    @staticmethod
+    def _stage_limit(a: Shape, b: Shape) -> int:
+        return FIRST_POOL_STAGES["other type" if a.gpu != b.gpu else "other zone"]
+
+    def _chain_families(self, chain: tuple, cutoff: float = math.inf):
+        """(bound, args) of every stage-count vector (P_1, ..., P_k) of the chain whose bound is below
+        `cutoff`: pools but the last within their limit (FIRST_POOL_STAGES), P <= max_stages."""
+        L, M = self.L, self.gbs // chain[0].mbs
+        least = self._least_compute(chain)
+        params_total = chain[0].costs.params(0, L - 1)
+        u = min(p.u for p in chain) * params_total
+        crosses = tuple(self._cross(a, b) for a, b in zip(chain, chain[1:]))
+        throughput = self.goal.objective == "throughput"
+        floor = min(self._recompute_floor_upto(p) for p in chain)  # 0 unless recomputing
+        quotas, max_gpus = self.sim.cluster.quotas, self.goal.max_gpus
+        top = min(self.max_stages, L)
+        minmax = self._minmax_stage(chain)
+        # per pool and stage count n: (pipelines it holds, p2p between its stages, GPUs, USD per second)
+        facts = []
+        for p in chain:
+            z, cnt = p.zones[0]
+            facts.append([None] + [(capacity(cnt, p.per_node, n, p.tp),
+                                    p.comm[(z, n * p.tp <= p.per_node)] if n > 1 else 0.0,
+                                    n * p.tp, n * p.tp * p.prices[z]) for n in range(1, top + 1)])
+        limits = [self._stage_limit(a, b) for a, b in zip(chain, chain[1:])]
+        for head in product(*(range(1, min(n, top) + 1) for n in limits)):
+            if sum(head) >= top:
+                continue  # no stage left for the last pool
+            h_cap, h_comm, h_gpus, h_usd = M, sum(crosses), 0, 0.0
+            for f, n in zip(facts, head):
+                cap, c, g, price = f[n]
+                h_cap, h_comm, h_gpus, h_usd = min(h_cap, cap), h_comm + (n - 1) * c, h_gpus + g, h_usd + price
+            h_P = sum(head)
+            for n in range(1, top - h_P + 1):
+                cap, c, g, price = facts[-1][n]
+                d_cap, comm, per_pipe = min(h_cap, cap), h_comm + (n - 1) * c, h_gpus + g
+                usd, P = h_usd + price, h_P + n
+                Ps = (*head, n)
+                if quotas:
+                    by_zone: dict[str, int] = {}
+                    for p, k in zip(chain, Ps):
+                        by_zone[p.zones[0][0]] = by_zone.get(p.zones[0][0], 0) + k * p.tp
+                    for z, used in by_zone.items():
+                        if z in quotas:
+                            d_cap = min(d_cap, quotas[z] // used)
+                if max_gpus is not None:
+                    d_cap = min(d_cap, max_gpus // per_pipe)
+                if d_cap < 1:
+                    continue
+                fill, upd = least + 2 * comm, u / P
+                slot_lb = max((least + 4 * comm) / P, floor, minmax[P])
+                m_min = -(-M // d_cap)
+                t_lb = fill + (m_min - 1) * slot_lb + upd
+                if throughput:
+                    bound = t_lb
+                else:
+                    bound = min((fill + (m - 1) * slot_lb + upd) * usd * -(-M // m) for m in (m_min, M))
+                if bound < cutoff and self._could_admit(t_lb, 0.0):
+                    yield bound, (chain, Ps, d_cap, tuple(f[k][1] for f, k in zip(facts, Ps)), crosses, fill,
+                                  slot_lb, upd, usd)
+
+    def _minmax_stage(self, chain: tuple) -> list[float]:
+        """[P]: the least largest stage, in F+B of one microbatch, of any split into P stages when every
+        layer runs as fast as on the chain's fastest pool for it (memory and p2p left out)."""
+        key = ("minmax", chain[0].mbs, frozenset((p.gpu, p.tp) for p in chain))  # chain: any pools
+        if key not in self._front_cache:
+            L, top = self.L, min(self.max_stages, self.L)
+            fb = [0.0]
+            for j in range(L):
+                fb.append(fb[-1] + min(p.costs.fb[j + 1] - p.costs.fb[j] for p in chain))
+            out = [math.inf] * (top + 1)
+            best = [fb[j] for j in range(L + 1)]  # best[j]: layers 0..j-1 in P stages
+            out[1] = best[L]
+            for P in range(2, top + 1):
+                # the last stage is i..j-1: max(best[i], its F+B) falls then rises in i, and its
+                # lowest point moves right with j (two pointers)
+                nxt, i = [math.inf] * (L + 1), P - 1
+                for j in range(P, L + 1):
+                    while i + 1 < j and max(best[i + 1], fb[j] - fb[i + 1]) <= max(best[i], fb[j] - fb[i]):
+                        i += 1
+                    nxt[j] = max(best[i], fb[j] - fb[i])
+                best = nxt
+                out[P] = best[L]
+            self._front_cache[key] = out
+        return self._front_cache[key]
+
+    def _cross(self, a: Shape, b: Shape) -> float:
+        """p2p seconds of the boundary between two pools (never on one node)."""
+        key = ("cross", a.gpu, a.tp, a.zones[0][0], b.gpu, b.tp, b.zones[0][0], a.mbs)
+        if key not in self._front_cache:
+            x = a.mbs * self.sim.profile(a.gpu).layer_memory(1).output_bytes[1]
+            la, lb = (a.tp, b.tp) if self.rt.p2p_split_over_tp else (1, 1)
+            self._front_cache[key] = self.sim.network.p2p_time(x, Endpoint(a.gpu, a.zones[0][0], 0, la),
+                                                               Endpoint(b.gpu, b.zones[0][0], 1, lb))
+        return self._front_cache[key]
+
+    def _chain_configs(self, chain, Ps, d_cap, intra, crosses, fill, slot_lb, upd, usd):
+        """Configurations (m, D), m growing: their bounds grow too (the least bottleneck of a split that
+        fits can only grow with the in-flight counts)."""
+        M, P = self.gbs // chain[0].mbs, sum(Ps)
+        after = P
+        floors = []
+        for p, n in zip(chain, Ps):  # the in-flight counts a pool's stages can have
+            floors.append(self._recompute_floor(p, range(1, min(after, M) + 1)))
+            after -= n
+        floor = min(floors)
+        if floor == math.inf:
+            return  # no stage needs recomputing: the plain family is as good
+        for m, D in self._microbatch_counts(M, d_cap):
+            slot = max(slot_lb, floor, self._least_slot(chain, Ps, m, intra, crosses))
+            if slot == math.inf:
+                continue  # no split fits in memory
+            t_lb = fill + (m - 1) * slot + upd
+            if self._could_admit(t_lb, usd * D):
+                yield self._bound(t_lb, usd * D), self._refine_chain, (chain, Ps, D, m, intra, crosses)
+
+    def _refine_chain(self, chain, Ps, D, m, intra, crosses):
+        """A tighter bound: some stage, on some pool, holds at least the average number of parameters."""
+        avg = -(-chain[0].costs.params(0, self.L - 1) // sum(Ps))
+        sync = min(self._pool_sync(avg, p, n, D)[0] for p, n in zip(chain, Ps))
+        usd = D * sum(n * p.tp * p.prices[p.zones[0][0]] for p, n in zip(chain, Ps))
+        return self._bound(sync, usd), usd, self._evaluate_chain, (chain, Ps, D, m, intra, crosses, sync)
+
+    def _least_slot(self, chain, Ps, m, intra, crosses) -> float:
+        """The least 1F1B bottleneck (F+B and p2p of a stage) over every split of the chain whose stages
+        fit in memory: a min-max dynamic program over layers."""
+        L, P, k = self.L, sum(Ps), len(chain)
+        key = ("least-slot", tuple(id(p) for p in chain), Ps, min(m, P), intra, crosses)
+        if key not in self._front_cache:
+            inf = math.inf
+            best, g = [0.0] + [inf] * L, 0  # best[j]: layers 0..j-1 in the stages so far
+            for i, (p, n) in enumerate(zip(chain, Ps)):
+                fb = p.costs.fb
+                left, c, right = crosses[i - 1] if i else 0.0, intra[i], crosses[i] if i < k - 1 else 0.0
+                for s in range(n):
+                    fit = p.costs.last_fit(min(P - g, m))
+                    edge = 2 * ((left if s == 0 else c) + (c if s < n - 1 else right))
+                    top = L - (P - 1 - g)  # a layer for every stage after this one
+                    nxt = [inf] * (L + 1)
+                    for i0 in range(g, L):
+                        v = best[i0]
+                        if v == inf:
+                            continue
+                        base = fb[i0] - edge
+                        for j in range(i0 + 1, min(fit[i0] + 1, top) + 1):
+                            w = fb[j] - base
+                            if v > w:
+                                w = v
+                            if w < nxt[j]:
+                                nxt[j] = w
+                    best, g = nxt, g + 1
+            self._front_cache[key] = best[L]
+        return self._front_cache[key]
+
+    def _pool_sync(self, params: int, shape: Shape, stages: int, D: int) -> tuple:
+        return self._sync(params, D, shape.gpu, shape.tp, ((shape.zones[0][0], D),), self._per_node(shape, stages))
+
+    # -- exact evaluation -------------------------------------------------------------
+    def _segment(self, pool: Shape, lo: int, n: int, left: float, c: float, right: float, room: int,
+                 inflights: tuple[int, ...]) -> dict:
+        """For each end j (pool holds layers lo..j-1, j <= L - room): the (slot, params, first layers)
+        frontier of its splits into n stages. Its first stage has a boundary costing `left` before it
+        (0: the pipeline's first stage), its stages `c` between them, its last `right` after it."""
+        key = ("seg", id(pool.costs), lo, n, left, c, right, room, inflights)
+        if key not in self._front_cache:
+            costs, L = pool.costs, self.L
+            front = {lo: [(0.0, 0, ())]}
+            for s in range(n):
+                fit = costs.last_fit(inflights[s])
+                edge = 2 * ((left if s == 0 else c) + (c if s < n - 1 else right))
+                top = L - room - (n - 1 - s)  # leave a layer for every stage after this one
+                nxt: dict = {}
+                for i, labels in front.items():
+                    for j in range(i + 1, min(fit[i] + 1, top) + 1):  # this stage is i..j-1
+                        busy, prm = costs.compute(i, j - 1) + edge, costs.params(i, j - 1)
+                        cell = nxt.setdefault(j, [])
+                        cell += [(s1 if s1 > busy else busy, p1 if p1 > prm else prm, (*b1, i))
+                                 for s1, p1, b1 in labels]
+                front = {j: pareto_front(cell) for j, cell in nxt.items()}
+            self._front_cache[key] = front
+        return self._front_cache[key]
+
+    def _evaluate_chain(self, chain, Ps, D, m, intra, crosses, sync_lb, best, front, top, pareto) -> None:
+        L, P, k = self.L, sum(Ps), len(chain)
+        micro = spread(self.gbs // chain[0].mbs, D)
+        bubbles = micro[0] - 1
+        zones = [p.zones[0][0] for p in chain]
+        cl = self.sim.cluster
+        x = chain[0].mbs * self.sim.profile(chain[0].gpu).layer_memory(1).output_bytes[1]
+        egress = sum(self.gbs // chain[0].mbs * x * (cl.egress_per_gb(a, b) + cl.egress_per_gb(b, a)) / 1e9
+                     for a, b in zip(zones, zones[1:]) if a != b)
+        usd_per_s = D * sum(n * p.tp * p.prices[z] for p, n, z in zip(chain, Ps, zones))
+        used: dict[str, int] = {}
+        for p, n, z in zip(chain, Ps, zones):
+            used[z] = used.get(z, 0) + D * n * p.tp
+        gpus_per_zone, gpus = tuple(used.items()), sum(used.values())
+        comm = 2 * (sum((n - 1) * c for n, c in zip(Ps, intra)) + sum(crosses))
+        upd_lb = min(p.u for p in chain) * chain[0].costs.params(0, L - 1) / P
+        # a pool is one zone, so its rings cross none (0 USD), but counted as the simulator does:
+        # egress is linear in the parameters, so per parameter, times those of all the pool's stages
+        ring_usd = [self._pool_sync(1, p, n, D)[1] for p, n in zip(chain, Ps)]
+        starts, s0 = [], 0
+        for n in Ps:
+            starts.append(s0)
+            s0 += n
+        fast = self._fastest[chain[0].mbs]
+        segments = (chain[0].mbs, tuple((p.gpu, p.tp, n, z) for p, n, z in zip(chain, Ps, zones)))
+
+        full = not pareto and len(best) == top
+        # left to right over the pools: at each pool boundary j, the undominated partial splits
+        # (compute, slot, sync, update, ring USD, first layers) of layers 0..j-1
+        labels: dict = {0: [(0.0, 0.0, 0.0, 0.0, 0.0, ())]}
+        for i, (p, n) in enumerate(zip(chain, Ps)):
+            room = P - starts[i] - n
+            seg_args = (n, crosses[i - 1] if i else 0.0, intra[i], crosses[i] if i < k - 1 else 0.0, room,
+                        tuple(min(P - starts[i] - s, m) for s in range(n)))
+            costs, nxt = p.costs, {}
+            for lo, partial in labels.items():
+                for j, seg in self._segment(p, lo, *seg_args).items():
+                    if i == k - 1 and j != L:
+                        continue
+                    add, rest = costs.compute(lo, j - 1), fast[L] - fast[j]  # rest: the later pools' least
+                    add_ring = ring_usd[i] * costs.params(lo, j - 1)
+                    cell = nxt.setdefault(j, [])
+                    for s1, p1, b1 in seg:
+                        sy1, up1 = self._pool_sync(p1, p, n, D)[0], p.u * p1
+                        for c0, sl, sy, up, rg, bd in partial:
+                            c0, sl, sy, up = c0 + add, max(sl, s1), max(sy, sy1), max(up, up1)
+                            t_lb = c0 + rest + comm + bubbles * sl + max(sy, sync_lb) + max(up, upd_lb)
+                            if full and self._bound(t_lb, usd_per_s) >= -best[0][0]:
+                                continue  # cannot enter the top K
+                            cell.append((c0, sl, sy, up, rg + add_ring, (*bd, *b1)))
+            labels = {j: _undominated(cell) for j, cell in nxt.items() if cell}
+        for c0, sl, sy, up, rg, bd in labels.get(L, ()):
+            T = c0 + comm + bubbles * sl + sy + up
+            self._consider(Outcome(T, T * usd_per_s + egress + rg, gpus, gpus_per_zone), (*segments, bd[1:], D),
+                           best, front, top, pareto)
+
+
+def _undominated(labels: list) -> list:
+    """The labels no other label matches or beats in every number (all but the last field)."""
+    labels.sort()
+    out: list = []
+    for x in labels:
+        if not any(y[1] <= x[1] and y[2] <= x[2] and y[3] <= x[3] and y[4] <= x[4] for y in out):
+            out.append(x)
+    return out
