@@ -29,7 +29,8 @@ def cmd_export(args) -> int:
 
     source, out = Path(args.checkpoint).resolve(), Path(args.to_hf).resolve()
     if not source.is_dir():
-        raise SailorError(f"checkpoint {args.checkpoint} is not a directory; give a --save directory or one of its "
+        what = "is not a directory" if source.exists() else "does not exist"
+        raise SailorError(f"checkpoint {args.checkpoint} {what}; give a --save directory or one of its "
                           "iter_NNNNNNN directories")
     if out == source or source in out.parents or out in source.parents:
         raise SailorError(f"--to-hf {args.to_hf} overlaps the checkpoint {args.checkpoint}; write the export to a "

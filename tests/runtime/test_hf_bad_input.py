@@ -101,7 +101,7 @@ def test_export_refuses_with_one_line(case, tmp_path):
     ckpt = tmp_path / "ckpt"
     if case == "missing":
         done = _export(ckpt, "--to-hf", tmp_path / "out")
-        needle = "no checkpoint in"
+        needle = "ckpt does not exist"
     else:
         ckpt.mkdir()
         if case == "overlap":
