@@ -26,7 +26,6 @@ import copy
 import hashlib
 import io
 import json
-import math
 import os
 import shutil
 import subprocess

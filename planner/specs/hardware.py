@@ -197,7 +197,7 @@ def canonical_gpu(name: str, gpus: Mapping[str, GPUSpec] = CATALOG) -> str | Non
 
 def parse_gpus(spec: str, cluster: Cluster, flag: str = "--gpus") -> tuple[Pool, ...]:
     """Parse the quick form `TYPE@ZONE=COUNT,...` (zone optional: us-central1-a)."""
-    form = f"write TYPE@ZONE=COUNT,..., e.g. A100-40@us-central1-a=64 (`sailor list gpus`, `sailor list zones`)"
+    form = "write TYPE@ZONE=COUNT,..., e.g. A100-40@us-central1-a=64 (`sailor list gpus`, `sailor list zones`)"
     if not spec.strip():
         raise SailorError(f"{flag} is empty; {form}")
     pools = []
