@@ -172,7 +172,7 @@ def _step(name: str) -> int:
 
 def claimed(load_dir: str) -> tuple[str, int] | None:
     """(name, step) of the newest checkpoint the directory claims, unverified (cheap): what
-    `latest` names, else the newest iter_* directory; None if there is none."""
+    `latest` names, else the newest iter_* directory with a meta.json; None if there is none."""
     storage = Storage(load_dir)
     try:
         m = _LATEST.match(storage.get("latest").decode(errors="replace"))
@@ -180,8 +180,8 @@ def claimed(load_dir: str) -> tuple[str, int] | None:
         m = None
     if m:
         return m.group(1), _step(m.group(1))
-    names = _iterations(storage)
-    return (names[0], _step(names[0])) if names else None
+    done = [n for n in _iterations(storage) if "meta.json" in storage.children(n)]
+    return (done[0], _step(done[0])) if done else None
 
 
 def read_meta(storage: Storage, name: str) -> tuple[dict, bytes]:
@@ -264,6 +264,8 @@ def choose(load_dir: str, known_bad: tuple[tuple[str, str], ...] = ()) -> Choice
             skipped.append((where, str(e)))
             continue
         return Choice(root, name, meta["step"], tuple(skipped))
+    if not skipped:
+        raise SailorError(f"no committed checkpoint in {load_dir}; give the --save directory of a previous run")
     details = "; ".join(f"{what}: {why}" for what, why in skipped)
     raise SailorError(f"every checkpoint in {load_dir} is damaged ({details}); nothing safe to resume from")
 

@@ -64,16 +64,21 @@ class Storage:
                 return f.read(-1 if stop is None else stop - (start or 0))
         return self.fs.cat_file(path, start=start, end=stop)
 
+    def _fresh(self, path: str) -> str:
+        """`path`, forgetting what fsspec cached of it: another node may have written since."""
+        if not self.local:
+            self.fs.invalidate_cache(path)
+        return path
+
     def size(self, rel: str) -> int:
-        return int(self.fs.size(self._path(rel)))
+        return int(self.fs.size(self._fresh(self._path(rel))))
 
     def exists(self, rel: str = "") -> bool:
-        return self.fs.exists(self._path(rel) if rel else self.root)
+        return self.fs.exists(self._fresh(self._path(rel) if rel else self.root))
 
     def children(self, rel: str = "") -> list[str]:
         """Names directly below `rel` (objects and 'directories'); [] if there is none."""
-        path = self._path(rel) if rel else self.root
-        self.fs.invalidate_cache(path)  # another node may have written since we last looked
+        path = self._fresh(self._path(rel) if rel else self.root)
         try:
             entries = self.fs.ls(path, detail=False)
         except (FileNotFoundError, NotADirectoryError):
