@@ -304,12 +304,12 @@ class Checkpoint:
         for d in rec["shape"]:
             numel *= d
         nbytes = numel * dtype.itemsize
-        data = bytearray(self.storage.get(path, rec["offset"], rec["offset"] + nbytes))
-        if len(data) != nbytes or _sha(data) != rec["sha256"]:
+        out = torch.empty(rec["shape"], dtype=dtype)
+        raw = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+        if self.storage.read_into(path, rec["offset"], raw) != nbytes or _sha(raw) != rec["sha256"]:
             raise Damaged(f"{file} fails its SHA-256 checksum (bytes {rec['offset']}..{rec['offset'] + nbytes}: "
                           f"{piece['name']} {key})")
-        out = devices.as_host(torch.frombuffer(data, dtype=dtype).reshape(rec["shape"]) if nbytes else
-                              torch.empty(rec["shape"], dtype=dtype))
+        out = devices.as_host(out)
         self._read[(file, rec["offset"])] = out
         return out
 
