@@ -285,7 +285,10 @@ def main() -> int:
             freezes.append(freeze(Path(tmp) / f"freeze{i}"))
             print(f"freeze {i}: -> first step {freezes[-1]['total']:.2f} s", file=sys.stderr, flush=True)
     if not kills:
-        print(json.dumps({"resume": resume}, indent=1))
+        text = json.dumps({"resume": resume}, indent=1)
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
         return 0
     kill_median = summarize(kills, (*PHASES, "total"))
     in_place = [k for k in kills if not k["fallback_restart"]]

@@ -190,6 +190,14 @@ def read_meta(storage: Storage, name: str) -> tuple[dict, bytes]:
         data = storage.get(f"{name}/meta.json")
     except FileNotFoundError:
         raise Damaged("no meta.json") from None
+    if not data.startswith(_SEAL_HEAD):
+        try:
+            old = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            old = None
+        if isinstance(old, dict) and old.get("format") == FORMAT and old.get("version") != VERSION:
+            raise SailorError(f"checkpoint {storage.where(name)} has format version {old.get('version')}; this "
+                              f"sailor reads version {VERSION}: resume it with the sailor that wrote it")
     return unseal(data), data
 
 

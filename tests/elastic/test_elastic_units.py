@@ -141,6 +141,20 @@ def test_every_checkpoint_damaged_is_one_clear_error(tmp_path):
         C.read_logical(str(save))
 
 
+def test_a_checkpoint_of_the_previous_format_is_one_clear_error(tmp_path):
+    import json
+
+    from planner.errors import SailorError
+    from sailor_ext import checkpoint as C
+
+    old = tmp_path / "ckpt" / "iter_0000002"
+    old.mkdir(parents=True)
+    (old / "meta.json").write_text(json.dumps({"format": C.FORMAT, "version": 2, "step": 2, "files": {}}))
+    (old.parent / "latest").write_text("iter_0000002\n")
+    with pytest.raises(SailorError, match="has format version 2; this sailor reads version 3"):
+        C.choose(str(old.parent))
+
+
 # -- resharding from memory -------------------------------------------------------------------
 def test_reshard_schedule_covers_every_need_from_the_newest_common_step():
     from sailor_ext.elastic.reshard import Held, Need, StepInfo, plan_transfers
