@@ -210,10 +210,17 @@ def resume_cost(workdir: Path, gigabytes: float, saved_by: int = 4, loaded_by: i
     state_bytes = tensors * len(keys) * rows * cols * 4
 
     def hashed(rank: int) -> int:
-        """Bytes of the saved pieces that overlap this rank's rows: it reads and hashes them whole."""
+        """Bytes this rank reads and hashes: the hash blocks (checkpoint.BLOCK_BYTES of rows) holding its rows."""
         lo, hi = rank * rows // loaded_by, (rank + 1) * rows // loaded_by
-        overlap = [r for r in range(saved_by) if r * rows // saved_by < hi and lo < (r + 1) * rows // saved_by]
-        return sum(state_bytes // saved_by for _ in overlap)
+        index = checkpoint.open_choice(checkpoint.choose(str(workdir / "now"))).meta["files"].values()
+        total = 0
+        for piece in (p for f in index for p in f["pieces"]):
+            a, b = max(lo, piece["start"]) - piece["start"], min(hi, piece["stop"]) - piece["start"]
+            for rec in piece["tensors"].values() if a < b else ():
+                per = rec["block_rows"]
+                read = min(-(-b // per) * per, piece["stop"] - piece["start"]) - a // per * per
+                total += read * cols * 4
+        return total
 
     def load(ckpt, rank: int) -> float:
         lo, hi = rank * rows // loaded_by, (rank + 1) * rows // loaded_by

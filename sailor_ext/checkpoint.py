@@ -54,6 +54,9 @@ from sailor_ext.storage import Storage
 
 FORMAT = "sailor-checkpoint"
 VERSION = 3  # 3: raw tensor files, a SHA-256 per tensor, a sealed meta.json and `latest` (2: torch.save files)
+# A tensor is hashed in blocks of whole rows (dim 0) of about this size, so a rank that needs
+# some rows of a piece reads and hashes only the blocks that hold them.
+BLOCK_BYTES = 4 << 20
 _ITER = re.compile(r"^iter_(\d{7})$")
 _LATEST = re.compile(r"^(iter_\d{7}) ([0-9a-f]{64})\n$")
 _SEAL_HEAD, _SEAL_MID, _SEAL_TAIL = b'{"sha256": "', b'", "meta": ', b"}\n"
@@ -82,6 +85,15 @@ class FileRecord:
     #                                             sha256}}}]
 
 
+def _rows(shape, itemsize: int) -> tuple[int, int]:
+    """(rows, bytes per row) of a tensor stored row-major: rows along dim 0 (a scalar is one row)."""
+    rows = shape[0] if len(shape) else 1
+    numel = 1
+    for d in shape:
+        numel *= d
+    return rows, (numel // rows * itemsize) if rows else 0
+
+
 def iteration_name(step: int) -> str:
     return f"iter_{step:07d}"
 
@@ -98,9 +110,13 @@ def write_pieces(storage: Storage, step: int, rank: int, pieces: list[Piece]) ->
         entry = {"name": p.name, "dim": p.dim, "start": p.start, "stop": p.stop, "tensors": {}}
         for key, tensor in p.tensors.items():
             t = devices.plain(tensor).detach().cpu().contiguous()
-            raw = t.reshape(-1).view(torch.uint8).numpy()
+            raw = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+            rows, row_bytes = _rows(t.shape, t.dtype.itemsize)
+            per = max(1, BLOCK_BYTES // row_bytes) if row_bytes else max(rows, 1)  # whole rows, ~BLOCK_BYTES
+            block = per * row_bytes or 1
             entry["tensors"][key] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                                     "offset": buffer.tell(), "sha256": _sha(raw)}
+                                     "offset": buffer.tell(), "block_rows": per,
+                                     "sha256": [_sha(raw[i:i + block]) for i in range(0, max(len(raw), 1), block)]}
             buffer.write(raw)
         index.append(entry)
     name = f"rank{rank:05d}-{uuid.uuid4().hex[:8]}.bin"
@@ -285,7 +301,7 @@ class Checkpoint:
     name: str
     meta: dict
     pieces: dict[str, list[dict]]  # logical name -> index entries (+ "file")
-    _read: dict = field(default_factory=dict)  # (file, offset) -> verified tensor
+    _read: dict = field(default_factory=dict)  # (id of a tensor's entry, first block, end block) -> rows
     _sizes: set = field(default_factory=set)  # files whose size was checked
 
     @property
@@ -293,10 +309,13 @@ class Checkpoint:
         return self.storage.where(self.name)
 
     def tensor(self, piece: dict, key: str) -> torch.Tensor:
-        """One stored tensor, read and checked against its SHA-256 (Damaged if it fails)."""
+        """One stored tensor, read and checked against its SHA-256s (Damaged if one fails)."""
+        rows, _ = _rows(piece["tensors"][key]["shape"], 1)
+        return self.rows(piece, key, 0, rows).reshape(piece["tensors"][key]["shape"])
+
+    def rows(self, piece: dict, key: str, lo: int, hi: int) -> torch.Tensor:
+        """Rows [lo, hi) (dim 0) of one stored tensor; only the blocks holding them are read and checked."""
         file, rec = piece["file"], piece["tensors"][key]
-        if (file, rec["offset"]) in self._read:
-            return self._read[(file, rec["offset"])]
         path = f"{self.name}/{file}"
         if file not in self._sizes:
             want = self.meta["files"][file]["bytes"]
@@ -307,19 +326,25 @@ class Checkpoint:
             if size != want:
                 raise Damaged(f"{file} has {size} bytes, expected {want} (truncated or overwritten)")
             self._sizes.add(file)
-        dtype = getattr(torch, rec["dtype"])
-        numel = 1
-        for d in rec["shape"]:
-            numel *= d
-        nbytes = numel * dtype.itemsize
-        out = torch.empty(rec["shape"], dtype=dtype)
-        raw = memoryview(out.reshape(-1).view(torch.uint8).numpy())
-        if self.storage.read_into(path, rec["offset"], raw) != nbytes or _sha(raw) != rec["sha256"]:
-            raise Damaged(f"{file} fails its SHA-256 checksum (bytes {rec['offset']}..{rec['offset'] + nbytes}: "
-                          f"{piece['name']} {key})")
-        out = devices.as_host(out)
-        self._read[(file, rec["offset"])] = out
-        return out
+        dtype, shape, per = getattr(torch, rec["dtype"]), rec["shape"], rec["block_rows"]
+        rows, row_bytes = _rows(shape, dtype.itemsize)
+        b0, b1 = lo // per, max(-(-hi // per), lo // per + 1)
+        first, last = b0 * per, min(b1 * per, rows)
+        cached = self._read.get((id(rec), b0, b1))  # rec: this tensor's entry in self.meta
+        if cached is None:
+            cached = torch.empty((last - first, *shape[1:]) if shape else (), dtype=dtype)
+            raw = memoryview(cached.reshape(-1).view(torch.uint8).numpy())
+            start = rec["offset"] + first * row_bytes
+            got = self.storage.read_into(path, start, raw)
+            for i, b in enumerate(range(b0, b1)):
+                part = raw[i * per * row_bytes:(i + 1) * per * row_bytes]
+                if got < len(raw) or _sha(part) != rec["sha256"][b]:
+                    at = start + i * per * row_bytes
+                    raise Damaged(f"{file} fails its SHA-256 checksum (bytes {at}..{at + len(part)}: "
+                                  f"{piece['name']} {key})")
+            cached = devices.as_host(cached)
+            self._read[(id(rec), b0, b1)] = cached
+        return cached.narrow(0, lo - first, hi - lo) if shape else cached
 
     def assemble(self, name: str, key: str, dim: int | None, start: int, stop: int,
                  shape: tuple[int, ...]) -> torch.Tensor:
@@ -339,7 +364,10 @@ class Checkpoint:
             lo, hi = max(start, piece["start"]), min(stop, piece["stop"])
             if lo >= hi:
                 continue
-            src = self.tensor(piece, key).narrow(dim, lo - piece["start"], hi - lo)
+            if dim == 0:  # only the rows needed
+                src = self.rows(piece, key, lo - piece["start"], hi - piece["start"])
+            else:
+                src = self.tensor(piece, key).narrow(dim, lo - piece["start"], hi - lo)
             out.narrow(dim, lo - start, hi - lo).copy_(src)
             filled += hi - lo
         if filled != stop - start:

@@ -89,17 +89,24 @@ def _positions(rel: str, data: bytes) -> list[int]:
     return sorted(at)
 
 
-def test_any_flipped_byte_of_the_newest_checkpoint_is_caught(tmp_path):
+def test_any_flipped_byte_of_the_newest_checkpoint_is_caught(tmp_path, monkeypatch):
     """Bytes of every file of the newest checkpoint, and of `latest`, flipped in turn (one bit, or all
     bits): the data or meta.json damaged -> the previous checkpoint loads and one line says why;
-    `latest` damaged -> the newest checkpoint (intact) still loads, and one line says so."""
+    `latest` damaged -> the newest checkpoint (intact) still loads, and one line says so. Hash blocks
+    of 24 bytes (two rows of w), so that tensors span several."""
     from sailor_ext import checkpoint as C
+
+    monkeypatch.setattr(C, "BLOCK_BYTES", 24)
 
     root = str(tmp_path / "ckpt")
     _save(root, 2)
     _save(root, 4)
     choice, meta, ref = C.load_logical(root)
     assert (choice.step, meta["consumed_samples"], choice.notes()) == (4, 48, [])
+    assert len(meta["files"][min(meta["files"])]["pieces"][0]["tensors"]["param"]["sha256"]) == 2  # w: 4 rows
+    ckpt = C.open_choice(choice)  # a rank that needs rows 2..3 of w reads and checks their block alone
+    assert torch.equal(ckpt.assemble("w", "param", 0, 2, 4, (2, 3)), torch.full((2, 3), 4.0))
+    assert [k[1:] for k in ckpt._read] == [(1, 2)]
     files = _newest_files(root)
     assert len(files) == 4  # latest, meta.json and the two rank files
     checked = 0
