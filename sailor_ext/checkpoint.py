@@ -5,7 +5,8 @@ Layout below SAVE (a local directory, s3://bucket/prefix, gs://..., storage.py):
     latest                              "iter_0000010 <SHA-256 of its meta.json>"
     iter_0000010/meta.json              sealed: {"sha256": <of the body's bytes>, "meta": <body>}; the body has
                                         step, consumed samples, optimizer steps, the RNG rule and the index
-                                        of every rank file: where each tensor lies and its SHA-256
+                                        of every rank file: where each tensor lies, and the SHA-256 of
+                                        each block of its rows (BLOCK_BYTES)
     iter_0000010/rank00003-1f2e3d4c.bin the raw bytes of the pieces rank 3 is the designated owner of
 
 A piece is a slice [start, stop) along one dimension (or the whole) of one
@@ -15,7 +16,7 @@ bf16 run resumes exactly and a checkpoint resumes under any precision. Each
 unique chunk is written once, by its designated owner (sharding.py), so no
 rank gathers whole tensors. Loading under any other plan (stages, TP degrees,
 replica counts, microbatch sizes, GPU types) reassembles each local slice from
-the pieces that overlap it, reading only those byte ranges.
+the pieces that overlap it, reading only the blocks of rows that hold it.
 
 Commit, with nothing but atomic whole-object writes (no rename, which an
 object store lacks): every rank writes its file under a name of its own
@@ -25,10 +26,10 @@ and, last, `latest`. A directory without meta.json is an unfinished save,
 which loading ignores and a later commit deletes.
 
 Damage: every byte is covered. Rank files hold nothing but tensor bytes, each
-tensor with its SHA-256 in meta.json, and every file its size; meta.json
+block of rows with its SHA-256 in meta.json, and every file its size; meta.json
 carries the SHA-256 of its own body, byte for byte; `latest` carries the
 SHA-256 of the meta.json it names. Verification is incremental: rank 0 checks
-only meta.json and `latest` (kilobytes), and each rank checks the tensors it
+only meta.json and `latest` (kilobytes), and each rank checks the blocks it
 reads, which it has to read anyway; no rank re-hashes the whole checkpoint.
 The ranks agree on the outcome (Trainer.load); a damaged checkpoint makes all
 of them fall back to the newest older one that verifies, and rank 0 says so in
@@ -53,7 +54,7 @@ from sailor_ext.sharding import ParamShard
 from sailor_ext.storage import Storage
 
 FORMAT = "sailor-checkpoint"
-VERSION = 3  # 3: raw tensor files, a SHA-256 per tensor, a sealed meta.json and `latest` (2: torch.save files)
+VERSION = 3  # 3: raw tensor files, SHA-256 per block of rows, a sealed meta.json and `latest` (2: torch.save)
 # A tensor is hashed in blocks of whole rows (dim 0) of about this size, so a rank that needs
 # some rows of a piece reads and hashes only the blocks that hold them.
 BLOCK_BYTES = 4 << 20
@@ -104,7 +105,7 @@ def _sha(data) -> str:
 
 # -- writing --------------------------------------------------------------------------
 def write_pieces(storage: Storage, step: int, rank: int, pieces: list[Piece]) -> FileRecord:
-    """One rank's file of raw tensor bytes, each tensor hashed, written whole (atomically)."""
+    """One rank's file of raw tensor bytes, hashed in blocks of rows, written whole (atomically)."""
     buffer, index = io.BytesIO(), []
     for p in pieces:
         entry = {"name": p.name, "dim": p.dim, "start": p.start, "stop": p.stop, "tensors": {}}

@@ -9,7 +9,7 @@ Taking a checkpoint has two parts:
      step count and the fp16 loss scaler's state;
   2. persist (a background thread, while training goes on): cut the snapshot
      into the chunks this rank is the designated owner of, write them
-     (checkpoint.write_pieces: a SHA-256 per tensor, one atomic write to a
+     (checkpoint.write_pieces: SHA-256 per block of rows, one atomic write to a
      local directory or an object store), and report the file's index through
      a key-value store; rank 0 waits for every rank's report and commits
      (checkpoint.commit).
