@@ -326,7 +326,7 @@ class Trainer:
     def load(self, load_dir: str, choice: checkpoint.Choice | None = None) -> None:
         """Resume from the newest checkpoint that verifies (default choice: choose_checkpoint).
 
-        Collective. Each rank checks the SHA-256 of every tensor it reads, and
+        Collective. Each rank checks the SHA-256 of every block it reads, and
         nothing else; if any rank finds one damaged, every rank falls back to the
         next older checkpoint. Rank 0 says in one line what it skipped."""
         bad: list[tuple[str, str]] = []

@@ -161,3 +161,24 @@ def test_checkpoints_on_s3(s3_root):
         assert choice.step == 2 and "iter_0000004 is damaged" in choice.notes()[0], rel
     choice, _, _ = _flip_and_resume(root, "latest", 20, 0x01)
     assert choice.step == 4 and "latest is damaged" in choice.notes()[0]
+
+
+@pytest.mark.slow
+def test_every_checkpoint_damaged_stops_every_rank_with_one_line(tmp_path):
+    """Ranks started as torchrun starts them; both checkpoints of a run damaged: rank 0 alone prints
+    one line naming them, every rank exits 2, no traceback anywhere."""
+    plan = plan_dict([((0, 5), [1, 1])], [(6, 1), (6, 1)])
+    first = run_plan(tmp_path / "a", plan, 2, ["--train-iters", "2", "--save", "ckpt", "--save-interval", "1", *ARGS])
+    assert_ok(first)
+    ckpt = tmp_path / "a" / "ckpt"
+    for name in ("iter_0000001", "iter_0000002"):
+        victim = max((ckpt / name).glob("rank*.bin"), key=lambda p: p.stat().st_size)
+        data = bytearray(victim.read_bytes())
+        data[-1] ^= 0x01
+        victim.write_bytes(bytes(data))
+    second = run_plan(tmp_path / "b", plan, 2, ["--train-iters", "4", "--load", str(ckpt), *ARGS])
+    assert second.returncodes == [2, 2], second.logs
+    lines = [line for log in second.logs for line in log.splitlines() if line.startswith("sailor: error:")]
+    assert len(lines) == 1 and f"every checkpoint in {ckpt} is damaged" in lines[0], second.logs
+    assert "iter_0000002: rank" in lines[0] and "iter_0000001: rank" in lines[0]
+    assert not any("Traceback" in log for log in second.logs) and second.metrics == []
