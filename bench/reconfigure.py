@@ -26,6 +26,16 @@ Each trial starts `sailor run` with three local node agents of 2 CPU "GPUs"
 Also: the median step time and how long a checkpoint (snapshot into host
 memory, bytes written in the background) blocks its step, against writing
 the same bytes synchronously.
+
+And resume (--resume-gb, default 1): a logical state of that many GB (fp32
+weights and both AdamW moments of 16 tensors) saved by 4 ranks, resumed by
+8 ranks (each needs an eighth of every tensor), side by side in the format before this
+change (checkpoint.py of commit BEFORE, read from git: rank 0 re-hashes every
+file, then each rank memory-maps its slices) and now (rank 0 checks
+meta.json and `latest`, each rank hashes the tensors it reads). The ranks
+load one after another here (2 shared cores); resume_s is the critical path
+of parallel ranks: rank 0's check plus the slowest rank's load (median of 3
+interleaved trials).
 """
 from __future__ import annotations
 
@@ -132,27 +142,125 @@ def freeze(workdir: Path) -> dict:
 
 def save_cost(metrics: list[dict], ckpt: Path) -> dict:
     """Blocking time of checkpoints vs the step, and the synchronous write they avoid."""
-    import torch
-
     from sailor_ext import checkpoint
+    from sailor_ext.storage import Storage
 
     steps = [m["step_time_s"] for m in metrics]
     blocked = [m["save_blocked_s"] for m in metrics if "save_blocked_s" in m]
-    directory = checkpoint.choose(ckpt).directory
+    choice = checkpoint.choose(str(ckpt))
+    ckpt_files = checkpoint.open_choice(choice).meta["files"]
     writes = []
-    for rank_file in sorted(directory.glob("rank*.pt")):
+    for name in ckpt_files:
+        whole = checkpoint.open_choice(choice)
         pieces = [checkpoint.Piece(p["name"], p["dim"], p["start"], p["stop"],
-                                   {k: v.clone() for k, v in p.items() if isinstance(v, torch.Tensor)})
-                  for p in torch.load(rank_file, weights_only=True)]
+                                   {k: whole.tensor({**p, "file": name}, k).clone() for k in p["tensors"]})
+                  for p in ckpt_files[name]["pieces"]]
         with tempfile.TemporaryDirectory() as tmp:
             t = time.perf_counter()
-            checkpoint.write_pieces(Path(tmp), 0, pieces)
+            checkpoint.write_pieces(Storage(tmp), 0, 0, pieces)
             writes.append(time.perf_counter() - t)
     step, block = statistics.median(steps), statistics.median(blocked)
     return {"step_s_median": step, "save_blocked_s_median": block, "save_blocked_s_max": max(blocked),
             "blocked_fraction_of_step": block / step, "checkpoints": len(blocked),
             "sync_write_s_slowest_rank": max(writes), "sync_write_fraction_of_step": max(writes) / step,
-            "bytes_per_checkpoint": sum(f.stat().st_size for f in directory.glob("rank*.pt"))}
+            "bytes_per_checkpoint": sum(f["bytes"] for f in ckpt_files.values())}
+
+
+BEFORE = "7e9487a"  # the last commit with the v2 format (torch.save files, whole-file SHA-256 on rank 0)
+
+
+def _old_checkpoint_module():
+    """checkpoint.py as it was at BEFORE, loaded from git under another name."""
+    import importlib.util
+    import subprocess
+
+    source = subprocess.run(["git", "show", f"{BEFORE}:sailor_ext/checkpoint.py"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout
+    spec = importlib.util.spec_from_loader("sailor_checkpoint_before", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    exec(compile(source, "sailor_checkpoint_before.py", "exec"), module.__dict__)
+    return module
+
+
+def resume_cost(workdir: Path, gigabytes: float, saved_by: int = 4, loaded_by: int = 8, trials: int = 3) -> dict:
+    """Resume of a `gigabytes` state, before vs now (see the module's docstring)."""
+    import torch
+
+    from sailor_ext import checkpoint
+    from sailor_ext.storage import Storage
+
+    old = _old_checkpoint_module()
+    keys = ("param", "exp_avg", "exp_avg_sq")
+    tensors, cols = 16, 1024
+    rows = int(gigabytes * 2**30 / (tensors * len(keys) * cols * 4)) // (saved_by * loaded_by) * saved_by * loaded_by
+    meta = {"consumed_samples": 0, "optimizer_steps": 1, "optimizer_state": list(keys[1:])}
+    gen = torch.Generator().manual_seed(0)
+    files_old, files_new = [], []
+    for r in range(saved_by):  # each saving rank owns a quarter of the rows of every tensor
+        lo, hi = r * rows // saved_by, (r + 1) * rows // saved_by
+        parts = [(f"t{t}", {k: torch.randn(hi - lo, cols, generator=gen) for k in keys}) for t in range(tensors)]
+        files_old.append(old.write_pieces(old.staging_dir(workdir / "before", 1, 0), r,
+                                          [old.Piece(name, 0, lo, hi, ts) for name, ts in parts]))
+        files_new.append(checkpoint.write_pieces(Storage(workdir / "now"), 1, r,
+                                                 [checkpoint.Piece(name, 0, lo, hi, ts) for name, ts in parts]))
+        del parts
+    old.commit(workdir / "before", 1, 0, files_old, meta)
+    checkpoint.commit(Storage(workdir / "now"), 1, files_new, meta)
+    state_bytes = tensors * len(keys) * rows * cols * 4
+
+    def hashed(rank: int) -> int:
+        """Bytes this rank reads and hashes: the hash blocks (checkpoint.BLOCK_BYTES of rows) holding its rows."""
+        lo, hi = rank * rows // loaded_by, (rank + 1) * rows // loaded_by
+        index = checkpoint.open_choice(checkpoint.choose(str(workdir / "now"))).meta["files"].values()
+        total = 0
+        for piece in (p for f in index for p in f["pieces"]):
+            a, b = max(lo, piece["start"]) - piece["start"], min(hi, piece["stop"]) - piece["start"]
+            for rec in piece["tensors"].values() if a < b else ():
+                per = rec["block_rows"]
+                read = min(-(-b // per) * per, piece["stop"] - piece["start"]) - a // per * per
+                total += read * cols * 4
+        return total
+
+    def load(ckpt, rank: int) -> float:
+        lo, hi = rank * rows // loaded_by, (rank + 1) * rows // loaded_by
+        t = time.perf_counter()
+        for i in range(tensors):
+            for k in keys:
+                ckpt.assemble(f"t{i}", k, 0, lo, hi, (hi - lo, cols))
+        return time.perf_counter() - t
+
+    def before() -> tuple[float, list[float]]:
+        t = time.perf_counter()
+        directory = old.choose(workdir / "before").directory  # rank 0 re-hashes every file
+        check = time.perf_counter() - t
+        return check, [load(old.open_directory(directory), r) for r in range(loaded_by)]
+
+    def now() -> tuple[float, list[float]]:
+        t = time.perf_counter()
+        choice = checkpoint.choose(str(workdir / "now"))  # rank 0: meta.json and `latest`
+        check = time.perf_counter() - t
+        return check, [load(checkpoint.open_choice(choice), r) for r in range(loaded_by)]
+
+    runs = {"before": [], "now": []}
+    for _ in range(trials):  # interleaved: both see the same machine load
+        runs["before"].append(before())
+        runs["now"].append(now())
+
+    def summary(name: str) -> dict:
+        checks = [c for c, _ in runs[name]]
+        critical = [c + max(loads) for c, loads in runs[name]]
+        i = critical.index(statistics.median(critical)) if trials % 2 else 0
+        return {"rank0_check_s_median": round(statistics.median(checks), 4),
+                "load_s_per_rank": [round(x, 3) for x in runs[name][i][1]],
+                "resume_s_median": round(statistics.median(critical), 3),
+                "resume_s_trials": [round(x, 3) for x in critical]}
+
+    meta_bytes = len(Storage(workdir / "now").get("iter_0000001/meta.json"))
+    return {"state_gb": round(state_bytes / 2**30, 3), "saved_by_ranks": saved_by, "loaded_by_ranks": loaded_by,
+            "trials": trials, "before": {**summary("before"), "rank0_bytes_hashed": state_bytes},
+            "now": {**summary("now"), "rank0_bytes_hashed": meta_bytes,
+                    "bytes_hashed_per_rank": [hashed(r) for r in range(loaded_by)]}}
 
 
 def summarize(trials: list[dict], keys) -> dict:
@@ -164,9 +272,15 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=5, help="kill + join trials (default 5)")
     ap.add_argument("--freeze-trials", type=int, default=3)
     ap.add_argument("--out", help="also write the JSON here")
+    ap.add_argument("--resume-gb", type=float, default=1.0, help="state size of the resume comparison (0: skip)")
     args = ap.parse_args()
     kills, joins, freezes, saves = [], [], [], []
+    resume = None
     with tempfile.TemporaryDirectory(prefix="sailor-reconfigure-") as tmp:
+        if args.resume_gb > 0:
+            resume = resume_cost(Path(tmp) / "resume", args.resume_gb)
+            print(f"resume of {resume['state_gb']} GB: {resume['before']['resume_s_median']} s before, "
+                  f"{resume['now']['resume_s_median']} s now", file=sys.stderr, flush=True)
         for i in range(args.trials):
             kill, join, metrics = kill_and_join(Path(tmp) / f"kill{i}")
             kills.append(kill)
@@ -177,6 +291,12 @@ def main() -> int:
         for i in range(args.freeze_trials):
             freezes.append(freeze(Path(tmp) / f"freeze{i}"))
             print(f"freeze {i}: -> first step {freezes[-1]['total']:.2f} s", file=sys.stderr, flush=True)
+    if not kills:
+        text = json.dumps({"resume": resume}, indent=1)
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        return 0
     kill_median = summarize(kills, (*PHASES, "total"))
     in_place = [k for k in kills if not k["fallback_restart"]]
     out = {
@@ -190,6 +310,7 @@ def main() -> int:
         "node_join": {"median_s": summarize(joins, ("workers_ready", "decide", "drain", "restart", "load",
                                                      "first_step", "stall")), "trials": joins},
         "checkpoint": {k: round(statistics.median(s[k] for s in saves), 6) for k in saves[0]} if saves else {},
+        "resume": resume,
     }
     if freezes:
         fm = summarize(freezes, (*PHASES, "total"))

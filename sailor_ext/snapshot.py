@@ -9,9 +9,10 @@ Taking a checkpoint has two parts:
      step count and the fp16 loss scaler's state;
   2. persist (a background thread, while training goes on): cut the snapshot
      into the chunks this rank is the designated owner of, write them
-     (checkpoint.write_pieces: checksummed, fsynced, renamed), and report the
-     file through a key-value store; rank 0 waits for every rank's report and
-     commits (checkpoint.commit).
+     (checkpoint.write_pieces: SHA-256 per block of rows, one atomic write to a
+     local directory or an object store), and report the file's index through
+     a key-value store; rank 0 waits for every rank's report and commits
+     (checkpoint.commit).
 
 The newest two snapshots stay in memory. After a reconfiguration the ranks
 of the new plan rebuild their shards from the survivors' snapshots
@@ -21,8 +22,8 @@ every rank has finished step k.
 
 The store reports need no collective, so the background thread never
 touches a process group (which an elastic reconfiguration may tear down
-under it); a commit that cannot complete because a rank died leaves only a
-.tmp directory.
+under it); a commit that cannot complete because a rank died leaves only files no
+meta.json names.
 """
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -39,6 +39,7 @@ import torch
 from sailor_ext import checkpoint, devices
 from sailor_ext.checkpoint import FileRecord, Piece
 from sailor_ext.sharding import ParamShard
+from sailor_ext.storage import Storage
 
 IN_MEMORY = 2
 
@@ -147,10 +148,10 @@ class StoreBoard:
 class PersistTarget:
     """Where and under which world this rank's snapshots go."""
 
-    save_dir: str
+    save_dir: str  # a local directory or an fsspec URL (storage.py)
     rank: int
     world: int
-    epoch: int = 0
+    epoch: int = 0  # the elastic epoch (or torchrun restart) that writes
     keep: int = 0  # committed checkpoints to keep (0: all)
     timeout_s: float = 300.0  # how long rank 0 waits for the others' files
 
@@ -161,6 +162,7 @@ class Persister:
     def __init__(self, target: PersistTarget, board: StoreBoard, meta: dict,
                  log: Callable[[str], None] = lambda line: None):
         self.target, self.board, self.meta, self.log = target, board, meta, log
+        self.storage = Storage(target.save_dir)
         self.queue: queue.Queue = queue.Queue()
         self.cancelled = threading.Event()
         self.committed: list[int] = []  # steps rank 0 committed
@@ -204,8 +206,7 @@ class Persister:
 
     def _persist(self, snap: Snapshot) -> None:
         t = self.target
-        directory = checkpoint.staging_dir(t.save_dir, snap.step, t.epoch)
-        record = checkpoint.write_pieces(directory, t.rank, snap.pieces())
+        record = checkpoint.write_pieces(self.storage, snap.step, t.rank, snap.pieces())
         self.board.report(snap.step, t.rank, record)
         if t.rank != 0:
             return
@@ -218,5 +219,5 @@ class Persister:
         meta = {"consumed_samples": snap.consumed, "optimizer_steps": snap.optimizer_steps,
                 "optimizer_state": list(snap.state_keys), "world_size": t.world, **self.meta,
                 **({"loss_scaler": snap.loss_scaler} if snap.loss_scaler is not None else {})}
-        checkpoint.commit(Path(t.save_dir), snap.step, t.epoch, files, meta, t.keep)
+        checkpoint.commit(self.storage, snap.step, files, meta, t.keep)
         self.committed.append(snap.step)

@@ -90,12 +90,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"validation batches of the global batch size per evaluation (default {EVAL_ITERS} with "
                    "--eval-interval; without it: one evaluation, after the last step)")
     g = p.add_argument_group("checkpoints and logging")
-    g.add_argument("--save", help="checkpoint directory")
+    g.add_argument("--save", help="checkpoint directory, or an fsspec URL (s3://bucket/prefix, gs://...) that every "
+                   "node reaches: no shared filesystem needed")
     g.add_argument("--save-interval", type=int, default=0, help="save every N steps (and at the end)")
     g.add_argument("--keep-checkpoints", type=int, default=3,
                    help="committed checkpoints to keep on disk (0: all); older ones are the fallback when the "
                    "newest is damaged")
-    g.add_argument("--load", help="resume from the latest checkpoint in this directory")
+    g.add_argument("--load", help="resume from the newest checkpoint that verifies in this directory or URL")
     g.add_argument("--load-hf", metavar="DIR", help="start from a Hugging Face model directory's safetensors "
                    "weights (sharded or not), cut to the plan; a checkpoint in --load, if any, wins")
     g.add_argument("--metrics-file", help="append one JSON line per step (rank 0)")

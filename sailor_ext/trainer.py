@@ -214,7 +214,7 @@ class Trainer:
                 StoreBoard(dist.distributed_c10d._get_default_store(), "sailor/ckpt/"), self.checkpoint_meta(),
                 log if rank == 0 else (lambda line: None))
         load_hf = getattr(args, "load_hf", None)
-        if args.load and not (load_hf and checkpoint.find_latest(args.load) is None):
+        if args.load and not (load_hf and checkpoint.claimed(args.load) is None):
             self.load(args.load)  # resuming wins over --load-hf: the same command line restarts a run
         elif load_hf:
             agreed(lambda: self.load_hf(load_hf), rank, topology.world_group)
@@ -334,28 +334,47 @@ class Trainer:
             self.persister.submit(snap)
         return time.perf_counter() - start
 
-    def choose_checkpoint(self, load_dir: str) -> checkpoint.Choice:
-        """The newest checkpoint in `load_dir` that verifies (collective: rank 0
-        checks the checksums, says which it skipped, and tells the others)."""
+    def choose_checkpoint(self, load_dir: str, known_bad: tuple = ()) -> checkpoint.Choice:
+        """The newest checkpoint in `load_dir` whose meta.json and `latest` verify, skipping
+        `known_bad` (collective: rank 0 reads the few kilobytes and tells the others)."""
         choice = [None]
         if self.rank == 0:
             try:
-                choice = [checkpoint.choose(load_dir)]
+                choice = [checkpoint.choose(load_dir, known_bad)]
             except Exception as e:  # every rank must leave the broadcast
                 choice = [e]
         dist.broadcast_object_list(choice, src=0, group=self.topology.world_group)
+        if isinstance(choice[0], SailorError):
+            choice[0].agreed = True  # rank 0 alone reports it
         if isinstance(choice[0], Exception):
             raise choice[0]
-        if self.rank == 0:
-            for note in choice[0].notes():
-                log(note)
         return choice[0]
 
     def load(self, load_dir: str, choice: checkpoint.Choice | None = None) -> None:
-        """Resume from a checkpoint (default: the newest in `load_dir` that verifies)."""
-        choice = choice or self.choose_checkpoint(load_dir)
-        meta = checkpoint.load_into(checkpoint.open_directory(choice.directory), self.params, self.optimizer,
-                                    self.model.shards)
+        """Resume from the newest checkpoint that verifies (default choice: choose_checkpoint).
+
+        Collective. Each rank checks the SHA-256 of every block it reads, and
+        nothing else; if any rank finds one damaged, every rank falls back to the
+        next older checkpoint. Rank 0 says in one line what it skipped."""
+        bad: list[tuple[str, str]] = []
+        while True:
+            choice = choice or self.choose_checkpoint(load_dir, tuple(bad))
+            problem = None
+            try:
+                meta = checkpoint.load_into(checkpoint.open_choice(choice), self.params, self.optimizer,
+                                            self.model.shards)
+            except checkpoint.Damaged as e:
+                problem = str(e)
+            problems: list = [None] * dist.get_world_size(self.topology.world_group)
+            dist.all_gather_object(problems, problem, group=self.topology.world_group)
+            found = next((p for p in problems if p), None)
+            if found is None:
+                break
+            bad.append((choice.name, found))
+            choice = None
+        if self.rank == 0:
+            for note in choice.notes():
+                log(note)
         self.resume_at(meta["step"], meta["consumed_samples"], meta.get("loss_scaler"))
 
     def resume_at(self, step: int, consumed: int, loss_scaler: dict | None = None) -> None:

@@ -33,3 +33,34 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords and not selected:
             item.add_marker(pytest.mark.skip(reason="GPU suite: run it with `pytest -m cuda` (tools/gpu_check.sh)"))
+
+
+@pytest.fixture(scope="session")
+def s3_root():
+    """An S3 bucket on a local S3-compatible server (moto's server mode, a free port), reached through
+    s3fs as any s3:// URL is; the environment points every process the test starts at it."""
+    pytest.importorskip("s3fs")
+    from moto.server import ThreadedMotoServer
+
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    import fsspec
+
+    fsspec.filesystem("s3").mkdir("sailor-test")
+    try:
+        yield "s3://sailor-test"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()

@@ -551,14 +551,18 @@ def job_vocabulary(vocab: int, divisor: int, max_tp: int, load: str | None) -> t
     padded = math.ceil(vocab / step) * step
     if not load:
         return padded, max_tp
-    root = Path(load)
-    latest = root / "latest"
-    if not latest.exists() and not (root / "meta.json").exists():
+    import fsspec  # a local directory or an object store's URL (s3://...)
+
+    fs, root = fsspec.core.url_to_fs(load)
+    latest = f"{root}/latest"
+    if not fs.exists(latest) and not fs.exists(f"{root}/meta.json"):
         raise SailorError(f"no checkpoint in {load} (no 'latest' file); give the --save directory of a previous run")
-    meta_path = (root / latest.read_text().strip() / "meta.json") if latest.exists() else root / "meta.json"
     try:
-        saved = json.loads(meta_path.read_text()).get("padded_vocab")
-    except (OSError, json.JSONDecodeError):
+        meta_path = f"{root}/{fs.cat_file(latest).decode().split()[0]}/meta.json" if fs.exists(latest) \
+            else f"{root}/meta.json"
+        meta = json.loads(fs.cat_file(meta_path))
+        saved = meta.get("meta", meta).get("padded_vocab")  # meta.json: {"sha256": ..., "meta": {...}}
+    except (OSError, ValueError, IndexError, AttributeError):
         return padded, max_tp  # the workers check the checkpoint and say what is wrong with it
     if not saved:
         return padded, max_tp
@@ -582,7 +586,7 @@ def run(args) -> int:
     cluster = load_cluster(args.cluster)
     if args.max_tp & (args.max_tp - 1):
         raise SailorError(f"--max-tp {args.max_tp} must be a power of two (1, 2, 4, 8...)")
-    if args.load and not Path(args.load).is_dir():
+    if args.load and "://" not in args.load and not Path(args.load).is_dir():
         raise SailorError(f"no checkpoint in {args.load}: it is not a directory; give --load the --save directory of "
                           "a previous run")
     for flag, path in (("--events-file", args.events_file), ("--address-file", args.address_file)):

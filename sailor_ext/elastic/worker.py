@@ -306,8 +306,8 @@ class Worker:
         disk = [None, -1]
         if rank == 0:
             for d in (self.args.save, a.load):
-                if d and (latest := checkpoint.find_latest(d)) is not None and latest.exists():
-                    disk = [d, int(latest.name.split("_")[1])]
+                if d and (claim := checkpoint.claimed(d)) is not None:
+                    disk = [d, claim[1]]
                     break
         dist.broadcast_object_list(disk, src=0)
         nodes = [a.node_index(r) for r in range(a.world_size)]
@@ -324,13 +324,13 @@ class Worker:
             dist.broadcast_object_list(choice, src=0)
             if isinstance(choice[0], Exception):
                 raise choice[0]
-            if rank == 0:
-                for note in choice[0].notes():
-                    say(note)
             if choice[0].step < disk[1]:
                 info = reshard.exchange(self.ring, *target, nodes, device, min_step=choice[0].step)
+                if info is not None and rank == 0:
+                    for note in choice[0].notes():
+                        say(note)
             if info is None and trainer is not None:
-                trainer.load(disk[0], choice[0])
+                trainer.load(disk[0], choice[0])  # says what it skipped
             source = "disk" if info is None else source
         if trainer is None:
             return source

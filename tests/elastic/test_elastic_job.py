@@ -203,10 +203,11 @@ def test_a_checkpoint_of_another_model_ends_the_job_in_one_line(tmp_path):
     import torch
 
     from sailor_ext import checkpoint as C
+    from sailor_ext.storage import Storage
 
     other = tmp_path / "other"
-    record = C.write_pieces(C.staging_dir(other, 5, 0), 0, [C.Piece("w", None, 0, 0, {"param": torch.ones(3)})])
-    C.commit(other, 5, 0, [record], {"consumed_samples": 60, "optimizer_steps": 5, "optimizer_state": []})
+    record = C.write_pieces(Storage(other), 5, 0, [C.Piece("w", None, 0, 0, {"param": torch.ones(3)})])
+    C.commit(Storage(other), 5, [record], {"consumed_samples": 60, "optimizer_steps": 5, "optimizer_state": []})
     job = Job(tmp_path / "job", ["--train-iters", "10", "--dist-timeout", "30"], min_gpus=2,
               controller_args=["--load", str(other)])
     try:

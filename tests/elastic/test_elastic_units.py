@@ -71,30 +71,34 @@ def test_planner_side_never_imports_torch():
 
 
 # -- checkpoints on disk --------------------------------------------------------------------
-def _write_checkpoint(save: Path, step: int, value: float) -> None:
+def _write_checkpoint(save, step: int, value: float) -> None:
     import torch
 
     from sailor_ext import checkpoint as C
+    from sailor_ext.storage import Storage
 
+    storage = Storage(save)
     pieces = [C.Piece("w", 0, 0, 4, {"param": torch.full((4, 3), value)}),
               C.Piece("b", None, 0, 0, {"param": torch.full((3,), value)})]
-    record = C.write_pieces(C.staging_dir(save, step, 0), 0, pieces)
-    C.commit(save, step, 0, [record], {"consumed_samples": step * 12, "optimizer_steps": step,
+    record = C.write_pieces(storage, step, 0, pieces)
+    C.commit(storage, step, [record], {"consumed_samples": step * 12, "optimizer_steps": step,
                                        "optimizer_state": []}, keep=3)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "no-meta", "missing-file"])
+@pytest.mark.parametrize("damage", ["truncate", "append", "flip", "no-meta", "missing-file"])
 def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, damage):
     from sailor_ext import checkpoint as C
 
     save = tmp_path / "ckpt"
     for step in (2, 4, 6):
         _write_checkpoint(save, step, float(step))
-    assert [d.name for d in C.committed(save)] == ["iter_0000006", "iter_0000004", "iter_0000002"]
+    assert sorted(p.name for p in save.iterdir()) == ["iter_0000002", "iter_0000004", "iter_0000006", "latest"]
     newest = save / "iter_0000006"
-    rank_file = newest / "rank00000.pt"
+    rank_file = next(newest.glob("rank00000-*.bin"))
     if damage == "truncate":
-        rank_file.write_bytes(rank_file.read_bytes()[:-100])
+        rank_file.write_bytes(rank_file.read_bytes()[:-10])
+    elif damage == "append":
+        rank_file.write_bytes(rank_file.read_bytes() + b"\0")
     elif damage == "flip":
         data = bytearray(rank_file.read_bytes())
         data[len(data) // 2] ^= 0xFF
@@ -103,28 +107,27 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, dama
         (newest / "meta.json").unlink()
     else:
         rank_file.unlink()
-    assert C.verify(save / "iter_0000004") is None
-    problem = C.verify(newest)
-    assert problem, damage
-    choice = C.choose(save)
-    assert choice.directory.name == "iter_0000004" and choice.step == 4
+    choice, meta, params = C.load_logical(str(save))
+    assert choice.name == "iter_0000004" and meta["step"] == 4 and float(params["w"][0, 0]) == 4.0
     note = choice.notes()[0]
     assert "iter_0000006 is damaged" in note and "resuming from" in note and "(step 4)" in note
-    meta, params = C.read_logical(save)
-    assert meta["step"] == 4 and float(params["w"][0, 0]) == 4.0
 
 
 def test_a_checkpoint_becomes_visible_only_when_committed(tmp_path):
+    import torch
+
     from sailor_ext import checkpoint as C
+    from sailor_ext.storage import Storage
 
     save = tmp_path / "ckpt"
     _write_checkpoint(save, 2, 2.0)
-    import torch
-
-    C.write_pieces(C.staging_dir(save, 4, 1), 0, [C.Piece("w", 0, 0, 4, {"param": torch.zeros(4, 3)})])
-    assert C.choose(save).step == 2  # the staged step 4 was never committed
-    _write_checkpoint(save, 4, 4.0)  # a later epoch commits step 4: the leftover staging dir goes
-    assert C.choose(save).step == 4 and not list(save.glob("*.tmp"))
+    C.write_pieces(Storage(save), 4, 0, [C.Piece("w", 0, 0, 4, {"param": torch.zeros(4, 3)})])
+    C.write_pieces(Storage(save), 3, 0, [C.Piece("w", 0, 0, 4, {"param": torch.zeros(4, 3)})])
+    choice = C.choose(str(save))
+    assert choice.step == 2 and choice.notes() == []  # the unfinished saves of steps 3 and 4 are no damage
+    _write_checkpoint(save, 4, 4.0)  # a later epoch commits step 4: its leftover file and the unfinished step 3 go
+    assert C.choose(str(save)).step == 4 and not (save / "iter_0000003").exists()
+    assert len(list((save / "iter_0000004").glob("*.bin"))) == 1
 
 
 def test_every_checkpoint_damaged_is_one_clear_error(tmp_path):
@@ -133,9 +136,23 @@ def test_every_checkpoint_damaged_is_one_clear_error(tmp_path):
 
     save = tmp_path / "ckpt"
     _write_checkpoint(save, 2, 2.0)
-    (save / "iter_0000002" / "rank00000.pt").write_bytes(b"junk")
+    next((save / "iter_0000002").glob("rank*.bin")).write_bytes(b"junk")
     with pytest.raises(SailorError, match="every checkpoint in .* is damaged"):
-        C.choose(save)
+        C.read_logical(str(save))
+
+
+def test_a_checkpoint_of_the_previous_format_is_one_clear_error(tmp_path):
+    import json
+
+    from planner.errors import SailorError
+    from sailor_ext import checkpoint as C
+
+    old = tmp_path / "ckpt" / "iter_0000002"
+    old.mkdir(parents=True)
+    (old / "meta.json").write_text(json.dumps({"format": C.FORMAT, "version": 2, "step": 2, "files": {}}))
+    (old.parent / "latest").write_text("iter_0000002\n")
+    with pytest.raises(SailorError, match="has format version 2; this sailor reads version 3"):
+        C.choose(str(old.parent))
 
 
 # -- resharding from memory -------------------------------------------------------------------

@@ -64,7 +64,7 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_one_before_and_says_so(bas
     run, _ = base
     ckpt = tmp_path / "ckpt"
     shutil.copytree(run.workdir / "ckpt", ckpt)
-    victim = max((ckpt / "iter_0000004").glob("rank*.pt"), key=lambda p: p.stat().st_size)
+    victim = max((ckpt / "iter_0000004").glob("rank*.bin"), key=lambda p: p.stat().st_size)
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01  # one flipped bit
     victim.write_bytes(bytes(data))

@@ -1,7 +1,7 @@
 """Checkpoints are plan-independent: save under one plan, resume under another."""
 from __future__ import annotations
 
-import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,26 +38,147 @@ def test_resume_under_another_plan_continues_the_same_run(tmp_path):
         torch.testing.assert_close(mine[name], theirs[name], rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
 
 
-def test_unfinished_checkpoint_is_never_loaded(tmp_path):
-    """A save interrupted before its commit leaves iter_X.tmp; `latest` still
-    names the previous complete checkpoint, which is what loads."""
-    from sailor_ext.checkpoint import FORMAT, find_latest, open_checkpoint
+def _save(root: str, step: int) -> None:
+    """A checkpoint of two "ranks": one holds rows 0..3 of w (with its Adam moments) and b, the other rows 4..5."""
+    from sailor_ext import checkpoint as C
+    from sailor_ext.storage import Storage
 
-    save = tmp_path / "ckpt"
-    done = save / "iter_0000002"
-    done.mkdir(parents=True)
-    (done / "meta.json").write_text(f'{{"format": "{FORMAT}", "step": 2, "consumed_samples": 8, '
-                                    '"optimizer_steps": 2}')
-    torch.save([{"name": "w", "dim": None, "start": 0, "stop": 0, "param": torch.ones(3)}], done / "rank00000.pt")
-    (save / "latest").write_text("iter_0000002\n")
-    broken = save / "iter_0000003.tmp"
-    broken.mkdir()
-    (broken / "rank00000.pt.tmp").write_bytes(b"half a file")
-    assert find_latest(str(save)) == done
-    ckpt = open_checkpoint(str(save))
-    assert ckpt.meta["step"] == 2 and torch.equal(ckpt.assemble("w", "param", None, 0, 0, (3,)), torch.ones(3))
-    shutil.rmtree(done)
+    storage, v = Storage(root), float(step)
+    mine = [C.Piece("w", 0, 0, 4, {"param": torch.full((4, 3), v), "exp_avg": torch.full((4, 3), -v)}),
+            C.Piece("b", None, 0, 0, {"param": torch.arange(3.0) + v, "exp_avg": torch.zeros(3)})]
+    theirs = [C.Piece("w", 0, 4, 6, {"param": torch.full((2, 3), v), "exp_avg": torch.full((2, 3), -v)})]
+    files = [C.write_pieces(storage, step, 0, mine), C.write_pieces(storage, step, 1, theirs)]
+    C.commit(storage, step, files, {"consumed_samples": 12 * step, "optimizer_steps": step,
+                                    "optimizer_state": ["exp_avg"]}, keep=3)
+
+
+def _newest_files(root: str) -> list[str]:
+    from sailor_ext.storage import Storage
+
+    storage = Storage(root)
+    return ["latest"] + [f"iter_0000004/{n}" for n in storage.children("iter_0000004")]
+
+
+def _flip_and_resume(root: str, rel: str, at: int, mask: int):
+    """Flip byte `at` of `rel` with `mask`, resume as every rank together would, put the byte back."""
+    from sailor_ext import checkpoint as C
+    from sailor_ext.storage import Storage
+
+    storage = Storage(root)
+    good = storage.get(rel)
+    bad = bytearray(good)
+    bad[at] ^= mask
+    storage.put(rel, bad)
+    try:
+        return C.load_logical(root)
+    finally:
+        storage.put(rel, good)
+
+
+def _positions(rel: str, data: bytes) -> list[int]:
+    """Where to flip: the first and last byte, 60 more spread at random (fixed seed), and in meta.json
+    every byte of the step, consumed samples and optimizer steps (a change there would resume at the
+    wrong step, data position or optimizer state)."""
+    import random
+    import re
+
+    at = {0, len(data) - 1, *random.Random(rel).sample(range(len(data)), min(len(data), 60))}
+    if rel.endswith("meta.json"):
+        for m in re.finditer(rb'"(step|consumed_samples|optimizer_steps)": (\d+)', data):
+            at.update(range(m.start(2), m.end(2)))
+    return sorted(at)
+
+
+def test_any_flipped_byte_of_the_newest_checkpoint_is_caught(tmp_path, monkeypatch):
+    """Bytes of every file of the newest checkpoint, and of `latest`, flipped in turn (one bit, or all
+    bits): the data or meta.json damaged -> the previous checkpoint loads and one line says why;
+    `latest` damaged -> the newest checkpoint (intact) still loads, and one line says so. Hash blocks
+    of 24 bytes (two rows of w), so that tensors span several."""
+    from sailor_ext import checkpoint as C
+
+    monkeypatch.setattr(C, "BLOCK_BYTES", 24)
+
+    root = str(tmp_path / "ckpt")
+    _save(root, 2)
+    _save(root, 4)
+    choice, meta, ref = C.load_logical(root)
+    assert (choice.step, meta["consumed_samples"], choice.notes()) == (4, 48, [])
+    assert len(meta["files"][min(meta["files"])]["pieces"][0]["tensors"]["param"]["sha256"]) == 2  # w: 4 rows
+    ckpt = C.open_choice(choice)  # a rank that needs rows 2..3 of w reads and checks their block alone
+    assert torch.equal(ckpt.assemble("w", "param", 0, 2, 4, (2, 3)), torch.full((2, 3), 4.0))
+    assert [k[1:] for k in ckpt._read] == [(1, 2)]
+    files = _newest_files(root)
+    assert len(files) == 4  # latest, meta.json and the two rank files
+    checked = 0
+    for rel in files:
+        for i, at in enumerate(_positions(rel, Path(root, rel).read_bytes())):
+            for mask in ((0x01, 0xFF)[i % 2],):
+                choice, meta, params = _flip_and_resume(root, rel, at, mask)
+                notes = choice.notes()
+                assert len(notes) == 1, (rel, at, mask)
+                if rel == "latest":
+                    assert choice.step == 4 and f"{root}/latest is damaged" in notes[0], (at, notes)
+                else:
+                    assert choice.step == 2 and meta["step"] == 2 and meta["optimizer_steps"] == 2, (rel, at)
+                    assert f"{root}/iter_0000004 is damaged" in notes[0] and "(step 2)" in notes[0], notes
+                    assert float(params["w"][5, 0]) == 2.0
+                checked += 1
+    assert checked > 200
+    assert torch.equal(C.read_logical(root)[1]["w"], ref["w"])  # every byte put back
+
+
+def test_every_checkpoint_damaged_is_one_line(tmp_path):
     from planner.errors import SailorError
+    from sailor_ext import checkpoint as C
+    from sailor_ext.storage import Storage
 
-    with pytest.raises(SailorError):
-        open_checkpoint(str(save))
+    root = str(tmp_path / "ckpt")
+    _save(root, 2)
+    _save(root, 4)
+    storage = Storage(root)
+    for name in ("iter_0000002", "iter_0000004"):
+        rel = f"{name}/{next(n for n in storage.children(name) if n.startswith('rank00001'))}"
+        storage.put(rel, storage.get(rel)[:-4])
+    with pytest.raises(SailorError) as caught:
+        C.read_logical(root)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"every checkpoint in {root} is damaged")
+    assert "iter_0000004" in message and "iter_0000002" in message and "truncated" in message
+
+
+def test_checkpoints_on_s3(s3_root):
+    """The same checkpoint through s3fs on a local S3 server: committed, listed, resumed, damage caught."""
+    from sailor_ext import checkpoint as C
+
+    root = f"{s3_root}/unit"
+    _save(root, 2)
+    _save(root, 4)
+    choice, meta, params = C.load_logical(root)
+    assert (choice.step, meta["consumed_samples"]) == (4, 48) and float(params["w"][5, 0]) == 4.0
+    assert C.claimed(root) == ("iter_0000004", 4)
+    for rel in _newest_files(root)[1:]:
+        choice, meta, _ = _flip_and_resume(root, rel, 10, 0x01)
+        assert choice.step == 2 and "iter_0000004 is damaged" in choice.notes()[0], rel
+    choice, _, _ = _flip_and_resume(root, "latest", 20, 0x01)
+    assert choice.step == 4 and "latest is damaged" in choice.notes()[0]
+
+
+@pytest.mark.slow
+def test_every_checkpoint_damaged_stops_every_rank_with_one_line(tmp_path):
+    """Ranks started as torchrun starts them; both checkpoints of a run damaged: rank 0 alone prints
+    one line naming them, every rank exits 2, no traceback anywhere."""
+    plan = plan_dict([((0, 5), [1, 1])], [(6, 1), (6, 1)])
+    first = run_plan(tmp_path / "a", plan, 2, ["--train-iters", "2", "--save", "ckpt", "--save-interval", "1", *ARGS])
+    assert_ok(first)
+    ckpt = tmp_path / "a" / "ckpt"
+    for name in ("iter_0000001", "iter_0000002"):
+        victim = max((ckpt / name).glob("rank*.bin"), key=lambda p: p.stat().st_size)
+        data = bytearray(victim.read_bytes())
+        data[-1] ^= 0x01
+        victim.write_bytes(bytes(data))
+    second = run_plan(tmp_path / "b", plan, 2, ["--train-iters", "4", "--load", str(ckpt), *ARGS])
+    assert second.returncodes == [2, 2], second.logs
+    lines = [line for log in second.logs for line in log.splitlines() if line.startswith("sailor: error:")]
+    assert len(lines) == 1 and f"every checkpoint in {ckpt} is damaged" in lines[0], second.logs
+    assert "iter_0000002: rank" in lines[0] and "iter_0000001: rank" in lines[0]
+    assert not any("Traceback" in log for log in second.logs) and second.metrics == []
