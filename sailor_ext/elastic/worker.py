@@ -18,9 +18,17 @@ reconfiguration. Then, epoch after epoch:
      gone) also makes pending collectives fail at once (abort.py);
   5. destroy the process groups and go back to 1.
 
-It exits when the job is done, when its node is fenced, or when the
-controller's store is gone. Started by an agent, it dies with it (the kernel
-sends SIGKILL when the agent exits, PR_SET_PDEATHSIG).
+It exits when the job is done or when its node is fenced. When the
+controller dies it trains on: nothing in a step touches the store (rank 0's
+reports go through a background thread), every connection is re-established
+with backoff, and a new controller re-adopts the epoch. Started by an agent,
+it dies with it (the kernel sends SIGKILL when the agent exits,
+PR_SET_PDEATHSIG).
+
+A thread of its own heartbeats (wb/<node>/<i>): a frozen process stops
+beating and the controller has its agent restart it. The same thread
+reports a training thread that makes no progress for the job's stall limit
+(failed/<e>/<rank>), which ends the epoch long before a collective timeout.
 
     python -m sailor_ext.elastic.worker --store HOST:PORT --node ID --index I
 """
@@ -130,6 +138,51 @@ class StopWatcher:
                 os._exit(EXIT_WEDGED)
 
 
+class Beat:
+    """The worker's own heartbeat, rank 0's reports to the controller, and the stall check, on one
+    background thread and connection, so that the training thread never waits for the store."""
+
+    def __init__(self, client: StoreClient, node: str, index: int):
+        self.client, self.node, self.index = client, node, index
+        liveness = json.loads(client.get(P.LIVENESS, 60.0))
+        self.period, self.stall_s = float(liveness["beat_s"]), float(liveness["stall_s"])
+        self.lock = threading.Lock()
+        self.pending: dict[str, str] = {}  # key -> newest value, sent in order of first posting
+        self.wake = threading.Event()
+        self.training: tuple[int, int] | None = None  # (epoch, rank) while the training loop runs
+        self.progress_at = time.monotonic()
+        self.slowest = 0.0  # seconds of the slowest step seen
+        self.reported: int | None = None  # the epoch whose stall was reported
+        threading.Thread(target=self._run, name="beat", daemon=True).start()
+
+    def post(self, key: str, value: str) -> None:
+        with self.lock:
+            self.pending[key] = value
+        self.wake.set()
+
+    def progressed(self, step_s: float = 0.0) -> None:
+        self.progress_at = time.monotonic()
+        self.slowest = max(self.slowest, step_s)
+
+    def _run(self) -> None:
+        beats = 0
+        while True:
+            beats += 1
+            self.wake.clear()
+            with self.lock:
+                pending, self.pending = self.pending, {}
+            for key, value in pending.items():
+                self.client.set(key, value)
+            self.client.set(P.worker_beat_key(self.node, self.index), str(beats))
+            training, limit = self.training, max(self.stall_s, 10 * self.slowest)
+            idle = time.monotonic() - self.progress_at
+            if training is not None and idle > limit and self.reported != training[0]:
+                self.reported = training[0]
+                log(f"rank {training[1]} (epoch {training[0]}): no training progress for {idle:.1f} s; reporting it")
+                self.client.set(P.failed_key(*training), f"no training progress for {idle:.1f} s (limit {limit:g} s)")
+            self.wake.wait(self.period)
+
+
 @dataclass
 class EpochResult:
     outcome: str  # finished | stopped | failed
@@ -138,9 +191,16 @@ class EpochResult:
 
 
 class Worker:
-    def __init__(self, host: str, port: int, node: str, index: int):
-        self.host, self.port, self.node, self.index = host, port, node, index
-        client = StoreClient(host, port, P.worker_identity(node, index))
+    def __init__(self, store: str, node: str, index: int, controller_wait_s: float = 0.0):
+        from planner.elastic.state import locator
+
+        self.store_spec, self.node, self.index = store, node, index
+        locate = locator(store)
+
+        def connect(identity: str = "", say=None) -> StoreClient:
+            return StoreClient("", 0, identity, locate=locate, say=say, give_up_s=controller_wait_s)
+
+        client = connect(P.worker_identity(node, index), say=lambda line: log(f"worker {node}/{index}: {line}"))
         args_json = client.get(P.JOB_ARGS, 60.0)
         from sailor_ext.train import parse_args
 
@@ -159,10 +219,10 @@ class Worker:
 
         self.store = ControllerStore(client, self.args.dist_timeout)
         self.client = client
-        self.watch_client = StoreClient(host, port)
-        self.board_client = StoreClient(host, port)
-        keep = {c.sock.fileno() for c in (client, self.watch_client, self.board_client)}
-        self.watcher = StopWatcher(self.watch_client, keep)
+        self.watch_client, self.board_client, beat_client = connect(), connect(), connect()
+        self.watcher = StopWatcher(self.watch_client, _StoreSockets((client, self.watch_client, self.board_client,
+                                                                     beat_client)))
+        self.beat = Beat(beat_client, node, index)
         self.ring = SnapshotRing()
         self.data = None  # the training data, opened (and its vocabulary checked) in the first epoch
         self.ended_at = self.left_at = 0.0  # when the last epoch failed or stopped, and when it was torn down
@@ -200,7 +260,7 @@ class Worker:
                 if result.outcome == "failed" and not result.requested:
                     self.client.set(P.failed_key(epoch, rank), result.detail[:500])
         except StoreClosed:
-            log(f"worker {self.node}/{self.index}: lost the controller's store at {self.host}:{self.port}; exiting")
+            log(f"worker {self.node}/{self.index}: no controller at {self.store_spec}; exiting")
             return EXIT_LOST_CONTROLLER
 
     # -- one epoch ------------------------------------------------------------------
@@ -360,12 +420,21 @@ class Worker:
         return EpochResult("stopped")
 
     def train(self, trainer, a: P.Assignment, rank: int, report: dict) -> EpochResult:
+        self.beat.progressed()
+        self.beat.training = (a.epoch, rank)  # from here on, a step that takes too long is a stall
+        try:
+            return self._train(trainer, a, rank, report)
+        finally:
+            self.beat.training = None
+
+    def _train(self, trainer, a: P.Assignment, rank: int, report: dict) -> EpochResult:
         args, watcher = self.args, self.watcher
         samples = [p.samples for p in trainer.plan.pipelines]
         tokens = trainer.plan.global_batch_size * trainer.model_spec.seq_len
         first = True
         while trainer.step < args.train_iters:
             r = trainer.train_step(stop=watcher.stop.is_set())
+            self.beat.progressed(r.seconds)
             watcher.grace = max(watcher.grace, 2 * r.seconds)
             record = {**r.record(), "tokens": tokens, "samples_per_replica": samples, "epoch": a.epoch,
                       "time": time.time()}
@@ -380,11 +449,11 @@ class Worker:
             if rank == 0 and args.log_interval and r.step % args.log_interval == 0:
                 print(f"step {r.step}/{args.train_iters} | {r.line()} | {r.seconds:.3f} s | epoch {a.epoch}",
                       flush=True)
-            if rank == 0:
+            if rank == 0:  # through the beat thread: a step never waits for the controller
                 if first:
-                    self.client.set(P.report_key(a.epoch), json.dumps(
+                    self.beat.post(P.report_key(a.epoch), json.dumps(
                         {**report, "t_first_step": time.time(), "first_step_s": r.seconds}))
-                self.client.set(f"progress/{a.epoch}", str(r.step))
+                self.beat.post(f"progress/{a.epoch}", str(r.step))
             first = False
             if r.stop and not last:
                 if self.client.get(P.stop_key(a.epoch), 5.0).decode() == P.FINISH:
@@ -400,6 +469,17 @@ class Worker:
         return EpochResult("finished")
 
 
+class _StoreSockets:
+    """The file descriptors of the store connections, which an abort must not sever; read when
+    needed, since a reconnection replaces a socket."""
+
+    def __init__(self, clients):
+        self.clients = clients
+
+    def __contains__(self, fd: int) -> bool:
+        return any(c.sock.fileno() == fd for c in self.clients)
+
+
 def replace_ns(ns: argparse.Namespace, **changes) -> argparse.Namespace:
     out = argparse.Namespace(**vars(ns))
     for k, v in changes.items():
@@ -413,15 +493,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node", required=True)
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--parent", type=int, default=0, help="the agent's pid: exit if it is already gone")
+    p.add_argument("--controller-wait-s", type=float, default=0.0,
+                   help="exit after this long without a controller (0: wait on)")
     opts = p.parse_args(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: where is it stuck?
     if opts.parent:
         die_with_parent()
         if os.getppid() != opts.parent:
             return EXIT_LOST_CONTROLLER  # the agent died before we could tie ourselves to it
-    host, _, port = opts.store.rpartition(":")
     try:
-        worker = Worker(host, int(port), opts.node, opts.index)
+        worker = Worker(opts.store, opts.node, opts.index, opts.controller_wait_s)
         return worker.run()
     except StoreClosed as e:
         log(f"worker {opts.node}/{opts.index}: {e}; exiting")

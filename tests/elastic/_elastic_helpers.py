@@ -31,14 +31,21 @@ class Job:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.events_path, self.metrics_path = workdir / "events.jsonl", workdir / "metrics.jsonl"
-        address = workdir / "address"
-        cmd = [PYTHON, "-m", "planner.cli", "run", "--model", model, "--global-batch", str(global_batch),
-               "--address-file", str(address), "--events-file", str(self.events_path),
+        self.cmd = [PYTHON, "-m", "planner.cli", "run", "--model", model, "--global-batch", str(global_batch),
+               "--address-file", str(workdir / "address"), "--events-file", str(self.events_path),
                *(["--gpus", f"CPU@local={min_gpus}"] if min_gpus else []), *(controller_args or []),
                "--", *train_args, "--metrics-file", str(self.metrics_path), "--log-interval", "0"]
-        self.controller = subprocess.Popen(cmd, cwd=workdir, env=env(), stdout=open(workdir / "controller.log", "w"),
-                                           stderr=subprocess.STDOUT)
         self.agents: dict[str, subprocess.Popen] = {}
+        self.start_controller()
+        self.store = self.address  # what agents are given (etcd://... for a job whose state is in etcd)
+
+    def start_controller(self, extra: list[str] = ()) -> None:
+        """Start `sailor run` (again: a controller that takes over the job from its --state)."""
+        address = self.workdir / "address"
+        address.unlink(missing_ok=True)
+        cmd = self.cmd[:self.cmd.index("--")] + list(extra) + self.cmd[self.cmd.index("--"):]
+        self.controller = subprocess.Popen(cmd, cwd=self.workdir, env=env(), stderr=subprocess.STDOUT,
+                                           stdout=open(self.workdir / "controller.log", "a"))
         deadline = time.monotonic() + 60
         while not address.exists():
             if self.controller.poll() is not None or time.monotonic() > deadline:
@@ -48,7 +55,7 @@ class Job:
 
     # -- nodes ------------------------------------------------------------------------
     def add_agent(self, name: str, gpus: int = 2, detach: bool = False) -> subprocess.Popen:
-        cmd = [PYTHON, "-m", "planner.elastic.agent", "--store", self.address, "--gpus", f"CPU@local={gpus}",
+        cmd = [PYTHON, "-m", "planner.elastic.agent", "--store", self.store, "--gpus", f"CPU@local={gpus}",
                "--node-id", name, "--heartbeat-s", "0.25", *(["--detach-workers"] if detach else [])]
         self.agents[name] = subprocess.Popen(cmd, cwd=self.workdir, env=env(),
                                              stdout=open(self.workdir / f"agent-{name}.log", "w"),
