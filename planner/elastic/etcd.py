@@ -115,6 +115,7 @@ class EtcdState:
                     raise SailorError(f"another controller ({holder}) leads job {self.job!r} in etcd {self.endpoint}; "
                                       "stop it first, or give --state another job name")
                 time.sleep(0.1)
+                self._post("/v3/lease/keepalive", {"ID": self.lease})  # ours must outlive the wait
         except EtcdError as e:
             raise SailorError(f"cannot use the job's state: {e}; start etcd or fix --state") from None
         threading.Thread(target=self._keep_alive, name="etcd-lease", daemon=True).start()

@@ -160,22 +160,24 @@ def test_etcd_a_controller_on_another_port_takes_over(tmp_path, etcd):
     """The job's state in etcd; agents find the controller through it. SIGKILL the controller; a new
     one, serving on another port (as on another machine), takes the job over once the old lease
     expires. A second controller while one leads is refused with one line."""
-    iters = 24
+    iters = 60
     job = Job(tmp_path, train_args(iters), global_batch=12, min_gpus=2, controller_args=["--state", etcd])
     try:
         job.store = etcd
         job.add_agent("a")
         pids = job.worker_pids("a")
         job.wait_step(5)
-        refused = second_controller(job)
         old = job.address
         job.controller.kill()
         job.controller.wait()
+        at_kill = max(m["step"] for m in job.metrics())
         job.start_controller()
         assert job.address != old
+        refused = second_controller(job)
         assert job.wait(180) == 0, job.log()
     finally:
         job.close()
+    assert at_kill < iters, "the kill came after the last step"
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert "another controller" in lines[0] and "leads job 'job'" in lines[0]
