@@ -258,3 +258,31 @@ def test_journal_survives_a_torn_tail_and_locks(tmp_path):
     assert last.load() == {b"epoch": b"1", b"fence/n": b"lost", b"x": b"y"}
     last.close()
     assert Path(path).exists()
+
+
+def test_a_stalled_training_thread_is_reported_and_a_live_one_is_not():
+    """The worker's beat thread beats on its own; when the training thread makes no progress for the
+    job's stall limit it reports the rank failed (which ends the epoch), once per epoch."""
+    import json
+
+    from planner.elastic import protocol as P
+    from planner.elastic.store import StoreClient, StoreServer
+    from sailor_ext.elastic.worker import Beat
+
+    server = StoreServer()
+    server.set(P.LIVENESS, json.dumps({"beat_s": 0.05, "stall_s": 0.5}))
+    beat = Beat(StoreClient(*server.address), "n", 0)
+    beat.training = (3, 1)
+    for _ in range(15):  # a live training thread: progress every 0.1 s, for 1.5 s
+        beat.progressed(0.01)
+        time.sleep(0.1)
+    assert server.get(P.failed_key(3, 1)) is None
+    beats = int(server.get(P.worker_beat_key("n", 0)))
+    assert beats >= 10
+    t0 = time.monotonic()
+    while server.get(P.failed_key(3, 1)) is None and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert 0.4 <= time.monotonic() - t0 <= 1.5
+    assert server.get(P.failed_key(3, 1)).decode().startswith("no training progress for")
+    assert int(server.get(P.worker_beat_key("n", 0))) > beats, "it goes on beating"
+    server.close()
