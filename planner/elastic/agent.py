@@ -176,8 +176,11 @@ def run(args) -> int:
     if "/" in node_id:
         raise SailorError(f"--node-id {node_id!r} may not contain '/'")
     info = P.NodeInfo(node_id, pool.gpu, pool.zone, pool.count, args.host or socket.gethostname(), os.getpid())
-    return Agent(args.store, info, args.heartbeat_s, args.detach_workers, args.max_restarts,
-                 controller_wait_s=args.controller_wait_s).run()
+    try:
+        return Agent(args.store, info, args.heartbeat_s, args.detach_workers, args.max_restarts,
+                     controller_wait_s=args.controller_wait_s).run()
+    except StoreClosed as e:
+        raise SailorError(f"{e}; is `sailor run` running? (--store {args.store})") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -708,8 +708,8 @@ def run(args) -> int:
     controller.server.set("ctl/address", f"{host}:{port}")
     state.publish_address(f"{host}:{port}")
     adopted = controller.adopt()
-    controller.server.set(P.JOB_ARGS, json.dumps(train_args))
     controller.server.set(P.LIVENESS, json.dumps({"beat_s": args.heartbeat_s, "stall_s": args.worker_stall_s}))
+    controller.server.set(P.JOB_ARGS, json.dumps(train_args))  # workers read it first, then the above
     if args.address_file:
         tmp = Path(args.address_file + ".tmp")
         tmp.write_text(f"{host}:{port}\n")

@@ -269,7 +269,8 @@ class StoreClient:
                 break
             except OSError as e:
                 if time.monotonic() > deadline:
-                    raise StoreClosed(f"cannot reach the job's store at {self.host}:{self.port} ({e})") from None
+                    where = f" at {self.host}:{self.port}" if self.port else ""
+                    raise StoreClosed(f"cannot reach the job's store{where} ({e})") from None
                 time.sleep(0.05)
         self._lock = threading.Lock()
         if identity:

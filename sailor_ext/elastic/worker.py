@@ -144,7 +144,7 @@ class Beat:
 
     def __init__(self, client: StoreClient, node: str, index: int):
         self.client, self.node, self.index = client, node, index
-        liveness = json.loads(client.get(P.LIVENESS, 60.0))
+        liveness = json.loads(client.try_get(P.LIVENESS) or '{"beat_s": 0.5, "stall_s": 30}')  # the defaults
         self.period, self.stall_s = float(liveness["beat_s"]), float(liveness["stall_s"])
         self.lock = threading.Lock()
         self.pending: dict[str, str] = {}  # key -> newest value, sent in order of first posting
