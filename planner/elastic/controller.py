@@ -27,7 +27,11 @@ the planner's plan with it saves more time over the remaining steps than a
 reconfiguration costs.
 
 Every decision goes to --events-file as one JSON line (time, event, details).
-Torch-free.
+
+The controller may die: every write to the store is also made durable
+(--state: a journal file, or etcd; state.py), the workers train on without
+it, and a controller started again with the same --state re-adopts the
+running job (adopt). Only one leads a job at a time. Torch-free.
 """
 from __future__ import annotations
 

@@ -5,7 +5,10 @@ current plan and its epoch, which checkpoints exist, and the bootstrap of the
 workers' process groups (the worker side wraps `StoreClient` as a
 `torch.distributed.Store`, see sailor_ext/elastic/store.py). Because it lives
 in the controller process, losing any training node never loses the store,
-unlike torchrun's c10d store on the head node.
+unlike torchrun's c10d store on the head node; and because every write also
+goes to the job's durable state (state.py) before it is answered, losing the
+controller does not lose it either: a new controller serves it again, and
+clients given `locate` reconnect to it.
 
 It is a plain threaded TCP server (one thread per connection; jobs have tens
 of connections) speaking a small length-prefixed protocol, so the controller
