@@ -197,8 +197,8 @@ class Worker:
         self.store_spec, self.node, self.index = store, node, index
         locate = locator(store)
 
-        def connect(identity: str = "", say=None) -> StoreClient:
-            return StoreClient("", 0, identity, locate=locate, say=say, give_up_s=controller_wait_s)
+        def connect(identity: str = "", say=None, give_up_s: float = controller_wait_s) -> StoreClient:
+            return StoreClient("", 0, identity, locate=locate, say=say, give_up_s=give_up_s)
 
         client = connect(P.worker_identity(node, index), say=lambda line: log(f"worker {node}/{index}: {line}"))
         args_json = client.get(P.JOB_ARGS, 60.0)
@@ -219,7 +219,8 @@ class Worker:
 
         self.store = ControllerStore(client, self.args.dist_timeout)
         self.client = client
-        self.watch_client, self.board_client, beat_client = connect(), connect(), connect()
+        # the board's collection gives up after BOARD_GIVE_UP_S without a controller (see OutageBoard)
+        self.watch_client, self.board_client, beat_client = connect(), connect(give_up_s=BOARD_GIVE_UP_S), connect()
         self.watcher = StopWatcher(self.watch_client, _StoreSockets((client, self.watch_client, self.board_client,
                                                                      beat_client)))
         self.beat = Beat(beat_client, node, index)
@@ -271,7 +272,7 @@ class Worker:
         from planner.specs.hardware import load_cluster
         from planner.specs.plan import plan_from_dict, plan_model
         from sailor_ext import compat, devices
-        from sailor_ext.snapshot import Persister, PersistTarget, StoreBoard
+        from sailor_ext.snapshot import Persister, PersistTarget
         from sailor_ext.data import open_training_data
         from sailor_ext.trainer import Trainer
 
@@ -308,7 +309,8 @@ class Worker:
             if args.save:
                 persister = Persister(
                     PersistTarget(args.save, rank, a.plan_world, e, args.keep_checkpoints, args.dist_timeout),
-                    StoreBoard(self.board_client, f"ckpt/{e}/"), {}, log if rank == 0 else (lambda line: None))
+                    outage_board(self.beat, self.board_client, f"ckpt/{e}/", log if rank == 0 else (lambda line: None)),
+                    {}, log if rank == 0 else (lambda line: None))
             if self.data is None:
                 self.data = open_training_data(args, model)
             trainer = Trainer(replace_ns(args, load=None, load_hf=None), plan, model, layout, rank, device, self.ring,
@@ -467,6 +469,33 @@ class Worker:
         if rank == 0:
             self.client.set(P.finished_key(a.epoch), str(trainer.step))
         return EpochResult("finished")
+
+
+BOARD_GIVE_UP_S = 1.0
+
+
+def outage_board(beat: Beat, client: StoreClient, prefix: str, say):
+    """The checkpoint board (snapshot.StoreBoard) for a job whose controller may be away.
+
+    A rank's report goes through the beat thread, so writing a checkpoint never waits for the store;
+    rank 0's collection of the reports gives up when no controller answers for BOARD_GIVE_UP_S. A
+    checkpoint taken during an outage is then written but not committed, and the in-memory ring
+    (two snapshots) never holds training up waiting for a controller; the first checkpoint after a
+    controller is back commits as usual."""
+    from sailor_ext.snapshot import StoreBoard
+
+    class OutageBoard(StoreBoard):
+        def report(self, step, rank, record) -> None:
+            beat.post(self._key(step, rank), json.dumps(record.__dict__))
+
+        def collect(self, step, world, deadline, cancelled):
+            try:
+                return super().collect(step, world, deadline, cancelled)
+            except StoreClosed:
+                say(f"checkpoint of step {step} not committed: no controller answers (its files are written)")
+                return None
+
+    return OutageBoard(client, prefix)
 
 
 class _StoreSockets:

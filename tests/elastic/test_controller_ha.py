@@ -94,8 +94,9 @@ def test_controller_killed_and_restarted_from_its_journal(tmp_path):
 @pytest.mark.timeout(240)
 def test_workers_train_on_through_a_30_s_controller_outage(tmp_path):
     """Nothing but the controller is gone for 30 s: the workers keep stepping the whole time (the
-    reconnection has no time limit), and a new controller takes the job over where it is."""
-    job = Job(tmp_path, train_args(100_000, save_interval=0), global_batch=12, min_gpus=2)
+    reconnection has no time limit), checkpoints every 4 steps included (written, not committed, so
+    they never hold training up), and a new controller takes the job over where it is."""
+    job = Job(tmp_path, train_args(100_000), global_batch=12, min_gpus=2)
     try:
         job.add_agent("a")
         pids = job.worker_pids("a")
@@ -114,6 +115,7 @@ def test_workers_train_on_through_a_30_s_controller_outage(tmp_path):
         job.close()
     assert during and during[-1]["time"] - t_kill > 28.0, "the workers stopped training without a controller"
     assert len(during) >= 20
+    assert "not committed: no controller answers" in job.agent_log("a")
     metrics = assert_one_epoch_no_restart(job, max(m["step"] for m in job.metrics()), pids)
     from sailor_ext.checkpoint import read_logical
 
