@@ -244,20 +244,18 @@ def main() -> int:
             outages.append(controller_outage(Path(tmp) / f"controller{i}", args.outage_s))
             print(f"controller {i}: {outages[-1]['steps_during_outage']} steps during the outage, longest pause "
                   f"{outages[-1]['max_step_gap_s']:.2f} s", file=sys.stderr, flush=True)
-    kill_median = summarize(kills, (*PHASES, "total"))
-    in_place = [k for k in kills if not k["fallback_restart"]]
-    out = {
-        "setup": {"model": "tiny", "nodes": "3 agents x 2 CPU workers (+1 joining)", "global_batch": 12,
-                  "cpu_cores": os.cpu_count(), "load_average_1m": os.getloadavg()[0]},
-        "node_kill": {"median_s": kill_median,
-                      "dominant_phase": max(PHASES, key=lambda p: kill_median[p]),
-                      "median_s_in_place_only": summarize(in_place, (*PHASES, "total")) if in_place else None,
-                      "max_total_s": round(max(k["total"] for k in kills), 4),
-                      "fallback_restarts": sum(k["fallback_restart"] for k in kills), "trials": kills},
-        "node_join": {"median_s": summarize(joins, ("workers_ready", "decide", "drain", "restart", "load",
-                                                     "first_step", "stall")), "trials": joins},
-        "checkpoint": {k: round(statistics.median(s[k] for s in saves), 6) for k in saves[0]} if saves else {},
-    }
+    out = {"setup": {"model": "tiny", "nodes": "3 agents x 2 CPU workers (+1 joining)", "global_batch": 12,
+                     "cpu_cores": os.cpu_count(), "load_average_1m": os.getloadavg()[0]}}
+    if kills:
+        kill_median = summarize(kills, (*PHASES, "total"))
+        in_place = [k for k in kills if not k["fallback_restart"]]
+        out["node_kill"] = {"median_s": kill_median, "dominant_phase": max(PHASES, key=lambda p: kill_median[p]),
+                            "median_s_in_place_only": summarize(in_place, (*PHASES, "total")) if in_place else None,
+                            "max_total_s": round(max(k["total"] for k in kills), 4),
+                            "fallback_restarts": sum(k["fallback_restart"] for k in kills), "trials": kills}
+        out["node_join"] = {"median_s": summarize(joins, ("workers_ready", "decide", "drain", "restart", "load",
+                                                          "first_step", "stall")), "trials": joins}
+        out["checkpoint"] = {k: round(statistics.median(s[k] for s in saves), 6) for k in saves[0]}
     if freezes:
         fm = summarize(freezes, (*PHASES, "total"))
         out["node_freeze"] = {"median_s": fm, "dominant_phase": max(PHASES, key=lambda p: fm[p]),

@@ -276,6 +276,7 @@ class StoreClient:
                     raise StoreClosed(f"cannot reach the job's store{where} ({e})") from None
                 time.sleep(0.05)
         self._lock = threading.Lock()
+        self.connected = True  # False while a dropped connection is being re-established
         if identity:
             self._call(HELLO, identity)
 
@@ -289,6 +290,7 @@ class StoreClient:
     def _reconnect(self, why: OSError) -> None:
         """Back off 0.05 s doubling to 1 s between attempts, for as long as the caller waits for a controller."""
         self.say(f"lost the job's store at {self.host}:{self.port} ({why}); reconnecting")
+        self.connected = False
         self.close()
         delay, t0 = 0.05, time.monotonic()
         while True:
@@ -304,7 +306,7 @@ class StoreClient:
                     _recv_frame(sock)
             except OSError:
                 continue
-            self.sock = sock
+            self.sock, self.connected = sock, True
             self.say(f"reconnected to the job's store at {self.host}:{self.port} after {time.monotonic() - t0:.1f} s")
             return
 

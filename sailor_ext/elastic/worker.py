@@ -478,7 +478,8 @@ def outage_board(beat: Beat, client: StoreClient, prefix: str, say):
     """The checkpoint board (snapshot.StoreBoard) for a job whose controller may be away.
 
     A rank's report goes through the beat thread, so writing a checkpoint never waits for the store;
-    rank 0's collection of the reports gives up when no controller answers for BOARD_GIVE_UP_S. A
+    rank 0's collection of the reports gives up at once while the beat thread finds no controller
+    (or after BOARD_GIVE_UP_S if the controller goes away during the collection). A
     checkpoint taken during an outage is then written but not committed, and the in-memory ring
     (two snapshots) never holds training up waiting for a controller; the first checkpoint after a
     controller is back commits as usual."""
@@ -490,6 +491,8 @@ def outage_board(beat: Beat, client: StoreClient, prefix: str, say):
 
         def collect(self, step, world, deadline, cancelled):
             try:
+                if not beat.client.connected:
+                    raise StoreClosed("no controller")
                 return super().collect(step, world, deadline, cancelled)
             except StoreClosed:
                 say(f"checkpoint of step {step} not committed: no controller answers (its files are written)")
