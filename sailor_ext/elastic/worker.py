@@ -160,9 +160,12 @@ class Beat:
             self.pending[key] = value
         self.wake.set()
 
-    def progressed(self, step_s: float = 0.0) -> None:
-        self.progress_at = time.monotonic()
-        self.slowest = max(self.slowest, step_s)
+    def progressed(self) -> None:
+        """The training thread finished a step (with its save and validation, if any)."""
+        now = time.monotonic()
+        if self.training is not None:  # the slowest step so far sets the stall limit (10 x)
+            self.slowest = max(self.slowest, now - self.progress_at)
+        self.progress_at = now
 
     def _run(self) -> None:
         beats = 0
@@ -436,7 +439,6 @@ class Worker:
         first = True
         while trainer.step < args.train_iters:
             r = trainer.train_step(stop=watcher.stop.is_set())
-            self.beat.progressed(r.seconds)
             watcher.grace = max(watcher.grace, 2 * r.seconds)
             record = {**r.record(), "tokens": tokens, "samples_per_replica": samples, "epoch": a.epoch,
                       "time": time.time()}
@@ -448,6 +450,7 @@ class Worker:
             if (val_loss := trainer.validate(r.step)) is not None:
                 record["val_loss"] = val_loss
             trainer.metrics.write(record)
+            self.beat.progressed()
             if rank == 0 and args.log_interval and r.step % args.log_interval == 0:
                 print(f"step {r.step}/{args.train_iters} | {r.line()} | {r.seconds:.3f} s | epoch {a.epoch}",
                       flush=True)

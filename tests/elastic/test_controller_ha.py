@@ -276,7 +276,7 @@ def test_a_stalled_training_thread_is_reported_and_a_live_one_is_not():
     beat = Beat(StoreClient(*server.address), "n", 0)
     beat.training = (3, 1)
     for _ in range(15):  # a live training thread: progress every 0.1 s, for 1.5 s
-        beat.progressed(0.01)
+        beat.progressed()
         time.sleep(0.1)
     assert server.get(P.failed_key(3, 1)) is None
     beats = int(server.get(P.worker_beat_key("n", 0)))
