@@ -43,7 +43,7 @@ class StoreTimeout(TimeoutError):
 
 
 class StoreClosed(ConnectionError):
-    """The store's connection dropped: the controller is gone."""
+    """The store's connection dropped (and, for a client that reconnects, stayed down past its limit)."""
 
 
 def _pack(code: int, fields: Iterable[bytes]) -> bytes:
