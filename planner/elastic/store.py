@@ -276,7 +276,6 @@ class StoreClient:
                     raise StoreClosed(f"cannot reach the job's store{where} ({e})") from None
                 time.sleep(0.05)
         self._lock = threading.Lock()
-        self.connected = True  # False while a dropped connection is being re-established
         if identity:
             self._call(HELLO, identity)
 
@@ -290,7 +289,6 @@ class StoreClient:
     def _reconnect(self, why: OSError) -> None:
         """Back off 0.05 s doubling to 1 s between attempts, for as long as the caller waits for a controller."""
         self.say(f"lost the job's store at {self.host}:{self.port} ({why}); reconnecting")
-        self.connected = False
         self.close()
         delay, t0 = 0.05, time.monotonic()
         while True:
@@ -306,7 +304,7 @@ class StoreClient:
                     _recv_frame(sock)
             except OSError:
                 continue
-            self.sock, self.connected = sock, True
+            self.sock = sock
             self.say(f"reconnected to the job's store at {self.host}:{self.port} after {time.monotonic() - t0:.1f} s")
             return
 
@@ -324,6 +322,30 @@ class StoreClient:
         if status == ERROR:
             raise RuntimeError(out[0].decode())
         return status, out
+
+    def reachable(self, timeout: float = 0.2) -> bool:
+        """Whether the store answers now: one round trip, or one connection attempt (no backoff) if the
+        connection is down. For a caller that must not wait for a controller to come back."""
+        with self._lock:
+            try:
+                self.sock.sendall(_pack(PING, ()))
+                _recv_frame(self.sock)
+                return True
+            except OSError:
+                pass
+            if self.locate is None:
+                return False
+            try:
+                self.close()
+                self.host, self.port = self.locate()
+                sock = self._connect(self.host, self.port, timeout)
+                if self.identity:
+                    sock.sendall(_pack(HELLO, [_b(self.identity)]))
+                    _recv_frame(sock)
+            except OSError:
+                return False
+            self.sock = sock
+            return True
 
     def set(self, key: str, value: str | bytes) -> None:
         self._call(SET, key, value)

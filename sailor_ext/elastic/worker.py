@@ -312,8 +312,7 @@ class Worker:
             if args.save:
                 persister = Persister(
                     PersistTarget(args.save, rank, a.plan_world, e, args.keep_checkpoints, args.dist_timeout),
-                    outage_board(self.beat, self.board_client, f"ckpt/{e}/", log if rank == 0 else (lambda line: None)),
-                    {}, log if rank == 0 else (lambda line: None))
+                    *outage_board(self.beat, self.board_client, f"ckpt/{e}/", log if rank == 0 else _quiet))
             if self.data is None:
                 self.data = open_training_data(args, model)
             trainer = Trainer(replace_ns(args, load=None, load_hf=None), plan, model, layout, rank, device, self.ring,
@@ -477,16 +476,22 @@ class Worker:
 BOARD_GIVE_UP_S = 1.0
 
 
+def _quiet(line: str) -> None:
+    pass
+
+
 def outage_board(beat: Beat, client: StoreClient, prefix: str, say):
-    """The checkpoint board (snapshot.StoreBoard) for a job whose controller may be away.
+    """(checkpoint board, meta, log) for a Persister, in a job whose controller may be away.
 
     A rank's report goes through the beat thread, so writing a checkpoint never waits for the store;
-    rank 0's collection of the reports gives up at once while the beat thread finds no controller
-    (or after BOARD_GIVE_UP_S if the controller goes away during the collection). A
-    checkpoint taken during an outage is then written but not committed, and the in-memory ring
-    (two snapshots) never holds training up waiting for a controller; the first checkpoint after a
-    controller is back commits as usual."""
+    rank 0's collection of the reports gives up at once when the store does not answer (or after
+    BOARD_GIVE_UP_S if the controller goes away during the collection). A checkpoint taken during an
+    outage is then written but not committed, and the in-memory ring (two snapshots) never holds
+    training up waiting for a controller; the first checkpoint after a controller is back commits as
+    usual."""
     from sailor_ext.snapshot import StoreBoard
+
+    declined: set[int] = set()
 
     class OutageBoard(StoreBoard):
         def report(self, step, rank, record) -> None:
@@ -494,14 +499,19 @@ def outage_board(beat: Beat, client: StoreClient, prefix: str, say):
 
         def collect(self, step, world, deadline, cancelled):
             try:
-                if not beat.client.connected:
+                if not client.reachable():
                     raise StoreClosed("no controller")
                 return super().collect(step, world, deadline, cancelled)
             except StoreClosed:
+                declined.add(step)
                 say(f"checkpoint of step {step} not committed: no controller answers (its files are written)")
                 return None
 
-    return OutageBoard(client, prefix)
+    def persister_log(line: str) -> None:  # the Persister's own line for a declined collection says "within T s"
+        if not any(line.startswith(f"checkpoint of step {s} not committed: not every rank") for s in declined):
+            say(line)
+
+    return OutageBoard(client, prefix), {}, persister_log
 
 
 class _StoreSockets:

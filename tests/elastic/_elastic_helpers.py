@@ -128,8 +128,11 @@ class Job:
                 from None
 
     def close(self, pids: list[int] = ()) -> None:
-        """Leave nothing behind (also `pids`: workers of detached agents)."""
-        for pid in pids:
+        """Leave nothing behind (also `pids`: workers of detached agents; and agents `sailor run --local`
+        started, which outlive a killed controller so that a new one can take them over)."""
+        local = [e["pid"] for e in self.events("node_joined")
+                 if e["pid"] not in {a.pid for a in self.agents.values()} and _is_agent(e["pid"])]
+        for pid in [*pids, *local]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -141,3 +144,10 @@ class Job:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+
+
+def _is_agent(pid: int) -> bool:
+    try:
+        return b"planner.elastic.agent" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
