@@ -312,7 +312,8 @@ class Worker:
             if args.save:
                 persister = Persister(
                     PersistTarget(args.save, rank, a.plan_world, e, args.keep_checkpoints, args.dist_timeout),
-                    *outage_board(self.beat, self.board_client, f"ckpt/{e}/", log if rank == 0 else _quiet))
+                    *outage_board(self.beat, self.board_client, f"ckpt/{e}/", log if rank == 0 else _quiet,
+                                  args.train_iters))
             if self.data is None:
                 self.data = open_training_data(args, model)
             trainer = Trainer(replace_ns(args, load=None, load_hf=None), plan, model, layout, rank, device, self.ring,
@@ -480,7 +481,7 @@ def _quiet(line: str) -> None:
     pass
 
 
-def outage_board(beat: Beat, client: StoreClient, prefix: str, say):
+def outage_board(beat: Beat, client: StoreClient, prefix: str, say, last_step: int):
     """(checkpoint board, meta, log) for a Persister, in a job whose controller may be away.
 
     A rank's report goes through the beat thread, so writing a checkpoint never waits for the store;
@@ -488,7 +489,8 @@ def outage_board(beat: Beat, client: StoreClient, prefix: str, say):
     BOARD_GIVE_UP_S if the controller goes away during the collection). A checkpoint taken during an
     outage is then written but not committed, and the in-memory ring (two snapshots) never holds
     training up waiting for a controller; the first checkpoint after a controller is back commits as
-    usual."""
+    usual. The checkpoint of the last step waits for a controller (up to the collection's deadline):
+    no training is left to hold up, and it is the job's result."""
     from sailor_ext.snapshot import StoreBoard
 
     declined: set[int] = set()
@@ -499,6 +501,9 @@ def outage_board(beat: Beat, client: StoreClient, prefix: str, say):
 
         def collect(self, step, world, deadline, cancelled):
             try:
+                while step >= last_step and not client.reachable() and time.monotonic() < deadline \
+                        and not cancelled.is_set():
+                    time.sleep(0.1)
                 if not client.reachable():
                     raise StoreClosed("no controller")
                 return super().collect(step, world, deadline, cancelled)

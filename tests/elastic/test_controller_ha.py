@@ -30,11 +30,33 @@ def train_args(iters: int, save_interval: int = 4) -> list[str]:
             "--dist-timeout", "60", "--seed", "3"]
 
 
-def second_controller(job: Job, state: list[str] = ()) -> subprocess.CompletedProcess:
-    """The same `sailor run` as the job's, while its controller lives."""
-    cmd = job.cmd[:job.cmd.index("--")] + list(state) + job.cmd[job.cmd.index("--"):]
+def second_controller(job: Job) -> subprocess.CompletedProcess:
+    """The same `sailor run` as the job's (the same --state), while its controller lives."""
+    cmd = list(job.cmd)
     cmd[cmd.index("--address-file") + 1] = str(job.workdir / "address2")
     return subprocess.run(cmd, cwd=job.workdir, env=env(), capture_output=True, text=True, timeout=60)
+
+
+def reference_losses(workdir: Path, iters: int) -> dict[int, float]:
+    """Step -> loss of the same job, uninterrupted, for `iters` steps (the learning rate does not
+    depend on the number of steps, so its losses are any longer run's first ones)."""
+    reference = Job(workdir, train_args(iters), global_batch=12, min_gpus=2)
+    try:
+        reference.add_agent("a")
+        assert reference.wait(180) == 0, reference.log()
+    finally:
+        reference.close()
+    expected = {m["step"]: m["loss"] for m in reference.metrics()}
+    assert sorted(expected) == list(range(1, iters + 1))
+    return expected
+
+
+def finish(job: Job) -> int:
+    """A few more steps under the new controller, then SIGTERM: the job saves and ends; its last step."""
+    job.wait_step(max(m["step"] for m in job.metrics()) + 3)
+    job.controller.send_signal(signal.SIGTERM)
+    assert job.wait(60) == 0, job.log()
+    return max(m["step"] for m in job.metrics())
 
 
 def assert_one_epoch_no_restart(job: Job, iters: int, pids_before: list[int], node: str = "a") -> list[dict]:
@@ -52,19 +74,9 @@ def assert_one_epoch_no_restart(job: Job, iters: int, pids_before: list[int], no
 @pytest.mark.timeout(240)
 def test_controller_killed_and_restarted_from_its_journal(tmp_path):
     """SIGKILL the controller at step 6 and start it again 1 s later (same directory, so the same
-    journal): the job finishes in its first epoch, with an uninterrupted run's losses. A second
+    journal): the job goes on in its first epoch, with an uninterrupted run's losses. A second
     controller started while one leads is refused with one line."""
-    iters = 24
-    reference = Job(tmp_path / "reference", train_args(iters), global_batch=12, min_gpus=2)
-    try:
-        reference.add_agent("a")
-        assert reference.wait(180) == 0, reference.log()
-    finally:
-        reference.close()
-    expected = {m["step"]: m["loss"] for m in reference.metrics()}
-    assert sorted(expected) == list(range(1, iters + 1))
-
-    job = Job(tmp_path / "job", train_args(iters), global_batch=12, min_gpus=2)
+    job = Job(tmp_path / "job", train_args(100_000), global_batch=12, min_gpus=2)
     try:
         job.add_agent("a")
         pids = job.worker_pids("a")
@@ -72,23 +84,22 @@ def test_controller_killed_and_restarted_from_its_journal(tmp_path):
         refused = second_controller(job)
         job.controller.kill()
         job.controller.wait()
-        at_kill = max(m["step"] for m in job.metrics())
         time.sleep(1.0)
         job.start_controller()
-        assert job.wait(180) == 0, job.log()
+        last = finish(job)
     finally:
         job.close()
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert "another controller" in lines[0] and "leads this job" in lines[0]
-    assert at_kill < iters, "the kill came after the last step"
-    metrics = assert_one_epoch_no_restart(job, iters, pids)
+    metrics = assert_one_epoch_no_restart(job, last, pids)
+    expected = reference_losses(tmp_path / "reference", last)
     for m in metrics:
         assert m["loss"] == pytest.approx(expected[m["step"]], rel=LOSS_RTOL), m
     from sailor_ext.checkpoint import read_logical
 
     meta, _ = read_logical(job.workdir / "ckpt")
-    assert meta["step"] == iters
+    assert meta["step"] == last, "SIGTERM to the new controller saves the last step"
 
 
 @pytest.mark.timeout(240)
@@ -121,6 +132,35 @@ def test_workers_train_on_through_a_30_s_controller_outage(tmp_path):
 
     meta, _ = read_logical(job.workdir / "ckpt")
     assert meta["step"] == metrics[-1]["step"], "SIGTERM to the new controller saves the last step"
+
+
+@pytest.mark.timeout(240)
+def test_training_that_ends_during_an_outage_keeps_its_last_checkpoint(tmp_path):
+    """The workers reach the last step while no controller answers: that checkpoint waits for a
+    controller (the others of an outage are skipped), and the new one ends the job with it."""
+    iters = 30
+    job = Job(tmp_path, train_args(iters), global_batch=12, min_gpus=2)
+    try:
+        job.add_agent("a")
+        job.wait_step(iters - 4)
+        job.controller.kill()
+        job.controller.wait()
+        at_kill = max(m["step"] for m in job.metrics())
+        deadline = time.monotonic() + 60  # (Job.wait_for stops when the controller is not running)
+        while max(m["step"] for m in job.metrics()) < iters and time.monotonic() < deadline:
+            time.sleep(0.05)
+        reached = max(m["step"] for m in job.metrics())
+        time.sleep(1.0)
+        job.start_controller()
+        assert job.wait(60) == 0, job.log()
+    finally:
+        job.close()
+    assert at_kill < iters and reached == iters, "the training ended during the outage"
+    from sailor_ext.checkpoint import read_logical
+
+    meta, _ = read_logical(job.workdir / "ckpt")
+    assert meta["step"] == iters, "the last step's checkpoint is committed"
+    assert [e["epoch"] for e in job.events("finished")] == [1]
 
 
 def _free_port() -> int:
@@ -161,30 +201,30 @@ def etcd(tmp_path):
 def test_etcd_a_controller_on_another_port_takes_over(tmp_path, etcd):
     """The job's state in etcd; agents find the controller through it. SIGKILL the controller; a new
     one, serving on another port (as on another machine), takes the job over once the old lease
-    expires. A second controller while one leads is refused with one line."""
-    iters = 60
-    job = Job(tmp_path, train_args(iters), global_batch=12, min_gpus=2, controller_args=["--state", etcd])
+    expires, with an uninterrupted run's losses. A second controller while one leads is refused with
+    one line."""
+    job = Job(tmp_path / "job", train_args(100_000), global_batch=12, min_gpus=2, controller_args=["--state", etcd])
     try:
         job.store = etcd
         job.add_agent("a")
         pids = job.worker_pids("a")
         job.wait_step(5)
+        refused = second_controller(job)
         old = job.address
         job.controller.kill()
         job.controller.wait()
-        at_kill = max(m["step"] for m in job.metrics())
         job.start_controller()
         assert job.address != old
-        refused = second_controller(job)
-        assert job.wait(180) == 0, job.log()
+        last = finish(job)
     finally:
         job.close()
-    assert at_kill < iters, "the kill came after the last step"
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert "another controller" in lines[0] and "leads job 'job'" in lines[0]
-    assert_one_epoch_no_restart(job, iters, pids)
-    assert not (tmp_path / "sailor-run.journal").exists(), "the state went to etcd, not to a local journal"
+    expected = reference_losses(tmp_path / "reference", last)
+    for m in assert_one_epoch_no_restart(job, last, pids):
+        assert m["loss"] == pytest.approx(expected[m["step"]], rel=LOSS_RTOL), m
+    assert not (tmp_path / "job" / "sailor-run.journal").exists(), "the state went to etcd, not to a local journal"
 
 
 @pytest.mark.timeout(240)
