@@ -1,6 +1,7 @@
 """How fast an elastic job reconfigures, and what a checkpoint costs a step. Prints JSON.
 
-    python bench/reconfigure.py [--trials 5] [--freeze-trials 3] [--out FILE]
+    python bench/reconfigure.py [--trials 5] [--freeze-trials 3] [--hang-trials 3] [--controller-trials 3]
+                                [--outage-s 5] [--out FILE]
 
 Each trial starts `sailor run` with three local node agents of 2 CPU "GPUs"
 (tiny model, global batch 12, a checkpoint every 4 steps), then:
@@ -21,7 +22,15 @@ Each trial starts `sailor run` with three local node agents of 2 CPU "GPUs"
     stall of training: from the last step on the old plan to the first step
     on the new one, split as above;
   * freeze (separate trials): SIGSTOP a node's agent and workers (a hung VM:
-    no connection drops), so detection is by missed heartbeats (0.25 s x 4).
+    no connection drops), so detection is by missed heartbeats (0.25 s x 4);
+  * hang (separate trials): SIGSTOP one worker while its agent lives: found
+    by the worker's own heartbeat (controller defaults, 0.5 s x 4), split as
+    for a kill (detection: -> the controller reports the worker hung);
+  * controller (separate trials, 1 node of 2 workers): SIGKILL `sailor run`,
+    start it again --outage-s later with the same journal: the steps the
+    workers trained meanwhile, how long the new controller took from its
+    start to re-adopting the job, and the longest pause between two steps
+    of the whole run against the median step.
 
 Also: the median step time and how long a checkpoint (snapshot into host
 memory, bytes written in the background) blocks its step, against writing
@@ -67,8 +76,8 @@ def _event(job: Job, kind: str, **match) -> dict | None:
     return next((e for e in job.events(kind) if all(e.get(k) == v for k, v in match.items())), None)
 
 
-def _recovery_phases(job: Job, t_fault: float, after_epoch: int) -> dict:
-    lost = job.wait_for(lambda: job.events("node_lost"), 30, "the node's loss")[-1]
+def _recovery_phases(job: Job, t_fault: float, after_epoch: int, found: str = "node_lost") -> dict:
+    lost = job.wait_for(lambda: job.events(found), 30, "the fault to be found")[-1]
     start = job.wait_for(lambda: [e for e in job.events("epoch_started") if e["epoch"] > after_epoch], 60,
                          "the recovery epoch")[0]
     first_plan = _event(job, "epoch_published", epoch=after_epoch + 1)
@@ -79,7 +88,7 @@ def _recovery_phases(job: Job, t_fault: float, after_epoch: int) -> dict:
             # worker's grace period and the next one goes without its node (0 when none did)
             "fallback": published["t"] - first_plan["t"],
             "restart": restart, "load": start["load_s"], "first_step": start["first_step_s"],
-            "total": start["t_first_step"] - t_fault, "cause": lost["cause"], "epoch": start["epoch"],
+            "total": start["t_first_step"] - t_fault, "cause": lost.get("cause", found), "epoch": start["epoch"],
             "source": start["source"], "fallback_restart": bool(job.events("worker_lost"))}
 
 
@@ -138,6 +147,54 @@ def freeze(workdir: Path) -> dict:
         return phases
     finally:
         job.close(frozen)
+
+
+def hang(workdir: Path) -> dict:
+    job = Job(workdir, train_args(10_000))
+    frozen = 0
+    try:
+        for name in "abc":
+            job.add_agent(name)
+        job.wait_epoch_started(1, timeout=180)
+        victim = _event(job, "epoch_published", epoch=1)["nodes"][1]
+        frozen = job.worker_pids(victim)[1]
+        job.wait_step(INTERVAL + 2)
+        t_stop = time.time()
+        os.kill(frozen, signal.SIGSTOP)
+        phases = _recovery_phases(job, t_stop, 1, found="worker_hung")
+        job.wait_step(max(m["step"] for m in job.metrics()) + 2, epoch=phases["epoch"])
+        job.controller.send_signal(signal.SIGTERM)
+        job.wait(60)
+        return phases
+    finally:
+        job.close([frozen] if frozen else [])
+
+
+def controller_outage(workdir: Path, outage_s: float) -> dict:
+    job = Job(workdir, train_args(10_000), global_batch=12, min_gpus=2)
+    try:
+        job.add_agent("a")
+        job.wait_step(INTERVAL + 2)
+        job.controller.kill()
+        job.controller.wait()
+        t_kill = time.time()
+        time.sleep(outage_s)
+        t_restart = time.time()
+        job.start_controller()
+        adopted = job.wait_for(lambda: job.events("controller_adopted"), 30, "the new controller to take over")[0]
+        job.wait_step(max(m["step"] for m in job.metrics()) + 5)
+        job.controller.send_signal(signal.SIGTERM)
+        job.wait(60)
+        metrics = job.metrics()
+        times = [m["time"] for m in metrics]
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        return {"outage_s": outage_s, "steps_during_outage": sum(t_kill < t < t_restart for t in times),
+                "takeover_s": adopted["t"] - t_restart, "max_step_gap_s": max(gaps),
+                "median_step_gap_s": statistics.median(gaps),
+                "epochs": sorted({m["epoch"] for m in metrics}),
+                "steps_contiguous": [m["step"] for m in metrics] == list(range(1, len(metrics) + 1))}
+    finally:
+        job.close()
 
 
 def save_cost(metrics: list[dict], ckpt: Path) -> dict:
@@ -271,11 +328,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=5, help="kill + join trials (default 5)")
     ap.add_argument("--freeze-trials", type=int, default=3)
+    ap.add_argument("--hang-trials", type=int, default=3)
+    ap.add_argument("--controller-trials", type=int, default=3)
+    ap.add_argument("--outage-s", type=float, default=5.0, help="how long the controller stays dead (default 5)")
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--resume-gb", type=float, default=1.0, help="state size of the resume comparison (0: skip)")
     args = ap.parse_args()
+<<<<<<< HEAD
     kills, joins, freezes, saves = [], [], [], []
     resume = None
+=======
+    kills, joins, freezes, hangs, outages, saves = [], [], [], [], [], []
+>>>>>>> ha
     with tempfile.TemporaryDirectory(prefix="sailor-reconfigure-") as tmp:
         if args.resume_gb > 0:
             resume = resume_cost(Path(tmp) / "resume", args.resume_gb)
@@ -291,6 +355,7 @@ def main() -> int:
         for i in range(args.freeze_trials):
             freezes.append(freeze(Path(tmp) / f"freeze{i}"))
             print(f"freeze {i}: -> first step {freezes[-1]['total']:.2f} s", file=sys.stderr, flush=True)
+<<<<<<< HEAD
     if not kills:
         text = json.dumps({"resume": resume}, indent=1)
         print(text)
@@ -312,10 +377,39 @@ def main() -> int:
         "checkpoint": {k: round(statistics.median(s[k] for s in saves), 6) for k in saves[0]} if saves else {},
         "resume": resume,
     }
+=======
+        for i in range(args.hang_trials):
+            hangs.append(hang(Path(tmp) / f"hang{i}"))
+            print(f"hang {i}: -> first step {hangs[-1]['total']:.2f} s", file=sys.stderr, flush=True)
+        for i in range(args.controller_trials):
+            outages.append(controller_outage(Path(tmp) / f"controller{i}", args.outage_s))
+            print(f"controller {i}: {outages[-1]['steps_during_outage']} steps during the outage, longest pause "
+                  f"{outages[-1]['max_step_gap_s']:.2f} s", file=sys.stderr, flush=True)
+    out = {"setup": {"model": "tiny", "nodes": "3 agents x 2 CPU workers (+1 joining)", "global_batch": 12,
+                     "cpu_cores": os.cpu_count(), "load_average_1m": os.getloadavg()[0]}}
+    if kills:
+        kill_median = summarize(kills, (*PHASES, "total"))
+        in_place = [k for k in kills if not k["fallback_restart"]]
+        out["node_kill"] = {"median_s": kill_median, "dominant_phase": max(PHASES, key=lambda p: kill_median[p]),
+                            "median_s_in_place_only": summarize(in_place, (*PHASES, "total")) if in_place else None,
+                            "max_total_s": round(max(k["total"] for k in kills), 4),
+                            "fallback_restarts": sum(k["fallback_restart"] for k in kills), "trials": kills}
+        out["node_join"] = {"median_s": summarize(joins, ("workers_ready", "decide", "drain", "restart", "load",
+                                                          "first_step", "stall")), "trials": joins}
+        out["checkpoint"] = {k: round(statistics.median(s[k] for s in saves), 6) for k in saves[0]}
+>>>>>>> ha
     if freezes:
         fm = summarize(freezes, (*PHASES, "total"))
         out["node_freeze"] = {"median_s": fm, "dominant_phase": max(PHASES, key=lambda p: fm[p]),
                               "trials": freezes}
+    if hangs:
+        hm = summarize(hangs, (*PHASES, "total"))
+        out["worker_hang"] = {"median_s": hm, "max_total_s": round(max(h["total"] for h in hangs), 4),
+                              "trials": hangs}
+    if outages:
+        out["controller_kill"] = {"median_s": summarize(outages, ("takeover_s", "max_step_gap_s",
+                                                                  "median_step_gap_s", "steps_during_outage")),
+                                  "trials": outages}
     text = json.dumps(out, indent=1)
     print(text)
     if args.out:

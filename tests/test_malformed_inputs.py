@@ -675,7 +675,10 @@ FLAG_CASES = [
 RUN_CASES = [
     *[c for f in ("--global-batch", "--gpus-per-node", "--heartbeat-misses", "--max-tp", "--seq-length")
       for c in flag_family(RUN, f, skip=("big-int",))],
-    *[c for f in ("--heartbeat-s", "--wait-s", "--nodes-interval-s") for c in flag_family(RUN, f, integer=False)],
+    *[c for f in ("--heartbeat-s", "--wait-s", "--nodes-interval-s", "--worker-stall-s")
+      for c in flag_family(RUN, f, integer=False)],
+    *[(f"run --state={v}", RUN + ["--state", v]) for v in
+      ("etcd://bad", "etcd://127.0.0.1/job", "etcd://127.0.0.1:1/a/b", "etcd://127.0.0.1:1/job", "/proc/none/j")],
     *[c for c in flag_family(RUN, "--reconfigure-cost-s", positive=False, integer=False)],
     *[(f"run --port={v}", RUN + ["--port", v]) for v in ("70000", "-1", "x", "")],
     *[(f"run {n}", a + TRAIN) for n, a in (
@@ -704,6 +707,10 @@ AGENT_CASES = [
       ("", "CPU@mars-1=2", "CPU@local=2,A100-40@local=2", "B300=2", "CPU@local=0")],
     *[c for f in ("--heartbeat-s",) for c in flag_family(["agent", "--store", "127.0.0.1:1", "--gpus", "CPU@local=2"],
                                                           f, integer=False)],
+    *[(f"agent --store={v}", ["agent", "--store", v, "--gpus", "CPU@local=2"]) for v in
+      ("etcd://bad", "etcd://127.0.0.1:1/")],
+    *[c for c in flag_family(["agent", "--store", "127.0.0.1:1", "--gpus", "CPU@local=2"], "--controller-wait-s",
+                             positive=False, integer=False)],
     ("agent --max-restarts=-1", ["agent", "--store", "127.0.0.1:1", "--gpus", "CPU@local=2", "--max-restarts", "-1"]),
     ("agent node-id", ["agent", "--store", "127.0.0.1:1", "--gpus", "CPU@local=2", "--node-id", "a/b"]),
 ]

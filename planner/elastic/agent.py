@@ -6,9 +6,13 @@ It registers the node (GPU type, zone, GPU count) in the controller's store
 and starts one worker per GPU right away, so the workers import torch while
 the controller decides whether and how to use the node. Then every
 --heartbeat-s it bumps its heartbeat counter, restarts a worker that died
-(the fallback: a fresh process that loads its state from its peers' memory
-or the disk), and exits when the job is done, when the controller fences the
-node, or when the store is gone.
+or that the controller found frozen (hung/<id>/<i>: the fallback, a fresh
+process that loads its state from its peers' memory or the disk), and exits
+when the job is done or when the controller fences the node.
+
+When the controller dies the agent reconnects with backoff (to the same
+HOST:PORT, or wherever etcd says the new leader serves) while its workers
+train on; a new controller re-adopts it. --controller-wait-s bounds that wait.
 
 Its store connection is its lifeline: when the agent dies the controller
 sees the connection drop at once. Its workers die with it (the kernel kills
@@ -48,9 +52,11 @@ def _set_parent_death_signal() -> None:
 
 
 class Agent:
-    def __init__(self, store: tuple[str, int], info: P.NodeInfo, heartbeat_s: float = 0.5,
-                 detach_workers: bool = False, max_restarts: int = 3, python: str = sys.executable):
-        self.store_addr, self.info, self.heartbeat_s = store, info, heartbeat_s
+    def __init__(self, store: str, info: P.NodeInfo, heartbeat_s: float = 0.5,
+                 detach_workers: bool = False, max_restarts: int = 3, python: str = sys.executable,
+                 controller_wait_s: float = 0.0):
+        self.store, self.info, self.heartbeat_s = store, info, heartbeat_s
+        self.controller_wait_s = controller_wait_s
         self.detach, self.max_restarts, self.python = detach_workers, max_restarts, python
         self.workers: dict[int, subprocess.Popen] = {}
         self.restarts = 0
@@ -59,9 +65,8 @@ class Agent:
         print(f"sailor agent {self.info.id}: {line}", file=sys.stderr, flush=True)
 
     def spawn(self, index: int) -> subprocess.Popen:
-        host, port = self.store_addr
-        cmd = [self.python, "-m", "sailor_ext.elastic.worker", "--store", f"{host}:{port}", "--node", self.info.id,
-               "--index", str(index)]
+        cmd = [self.python, "-m", "sailor_ext.elastic.worker", "--store", self.store, "--node", self.info.id,
+               "--index", str(index), "--controller-wait-s", str(self.controller_wait_s)]
         env = dict(os.environ)
         if self.info.gpu == "CPU":
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, self.info.gpus))))
@@ -83,8 +88,10 @@ class Agent:
                 p.wait()
 
     def run(self) -> int:
-        host, port = self.store_addr
-        client = StoreClient(host, port, P.agent_identity(self.info.id))
+        from planner.elastic.state import locator
+
+        client = StoreClient("", 0, P.agent_identity(self.info.id), locate=locator(self.store), say=self.log,
+                             give_up_s=self.controller_wait_s)
         if client.check([P.fence_key(self.info.id)]) or client.check([P.node_key(self.info.id)]):
             raise SailorError(f"node id {self.info.id!r} is already taken in this job; start the agent with "
                               "another --node-id")
@@ -103,6 +110,11 @@ class Agent:
                     self.stop_workers()
                     return EXIT_FENCED
                 for i, p in list(self.workers.items()):
+                    if client.check([P.hung_key(self.info.id, i)]):
+                        self.log(f"the controller found worker {i} (pid {p.pid}) frozen; killing it")
+                        p.kill()
+                        p.wait()
+                        client.delete(P.hung_key(self.info.id, i))
                     if p.poll() is not None and not client.check([P.JOB_DONE]):
                         if self.restarts >= self.max_restarts:
                             self.log(f"worker {i} exited with code {p.returncode} after {self.restarts} restarts; "
@@ -114,7 +126,7 @@ class Agent:
                         self.workers[i] = self.spawn(i)
                 time.sleep(self.heartbeat_s)
         except StoreClosed:
-            self.log(f"lost the controller's store at {host}:{port}; stopping the workers")
+            self.log(f"no controller at {self.store} for {self.controller_wait_s:g} s; stopping the workers")
             self.stop_workers()
             return EXIT_LOST_CONTROLLER
 
@@ -128,18 +140,12 @@ class Agent:
         self.stop_workers(grace_s=2.0)
 
 
-def parse_store(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise SailorError(f"bad --store {text!r}: write HOST:PORT (a port from 1 to 65535) as printed by `sailor run`")
-    return host or "127.0.0.1", int(port)
-
-
 def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     p = subparsers.add_parser("agent", help="join a node to an elastic job started with `sailor run`",
                               description="Register this node with the controller of a `sailor run` job and run "
                                           "one worker per GPU.")
-    p.add_argument("--store", required=True, metavar="HOST:PORT", help="the job's store, as `sailor run` prints it")
+    p.add_argument("--store", required=True, metavar="HOST:PORT",
+                   help="the job's store, as `sailor run` prints it, or etcd://HOST:PORT/JOB (its --state)")
     p.add_argument("--gpus", required=True, metavar="TYPE@ZONE=N", help="this node's GPUs, e.g. A100-40@us-west1-b=4")
     p.add_argument("--node-id", help="a name unique in the job (default: hostname and a random suffix)")
     p.add_argument("--host", default=None, help="this node's address (default: its hostname)")
@@ -148,6 +154,9 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
                    help="seconds between heartbeats (default 0.5)")
     p.add_argument("--detach-workers", action="store_true",
                    help="start workers in their own session: they outlive the agent (the controller fences them)")
+    p.add_argument("--controller-wait-s", type=flags.number(0.0, 1e9), default=0.0, metavar="SECONDS",
+                   help="give up (stop the workers) after this long without a controller (default 0: wait on; the "
+                        "workers train on meanwhile)")
     p.add_argument("--max-restarts", type=flags.integer(0, 10**6), default=3, metavar="N",
                    help="fresh workers to start after crashes (default 3)")
     p.set_defaults(func=run)
@@ -155,7 +164,9 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    store = parse_store(args.store)
+    from planner.elastic.state import locator
+
+    locator(args.store)  # a malformed --store is one line, before anything starts
     cluster = load_cluster(args.cluster)
     pools = parse_gpus(args.gpus, cluster)
     if len(pools) != 1:
@@ -165,7 +176,11 @@ def run(args) -> int:
     if "/" in node_id:
         raise SailorError(f"--node-id {node_id!r} may not contain '/'")
     info = P.NodeInfo(node_id, pool.gpu, pool.zone, pool.count, args.host or socket.gethostname(), os.getpid())
-    return Agent(store, info, args.heartbeat_s, args.detach_workers, args.max_restarts).run()
+    try:
+        return Agent(args.store, info, args.heartbeat_s, args.detach_workers, args.max_restarts,
+                     controller_wait_s=args.controller_wait_s).run()
+    except StoreClosed as e:
+        raise SailorError(f"{e}; is `sailor run` running? (--store {args.store})") from None
 
 
 def main(argv: list[str] | None = None) -> int:

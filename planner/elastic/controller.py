@@ -27,13 +27,16 @@ the planner's plan with it saves more time over the remaining steps than a
 reconfiguration costs.
 
 Every decision goes to --events-file as one JSON line (time, event, details).
-Torch-free.
+
+The controller may die: every write to the store is also made durable
+(--state: a journal file, or etcd; state.py), the workers train on without
+it, and a controller started again with the same --state re-adopts the
+running job (adopt). Only one leads a job at a time. Torch-free.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import io
 import json
 import math
@@ -57,13 +60,6 @@ FORBIDDEN_TRAIN_ARGS = ("--plan", "--global-batch-size", "--micro-batch-size", "
                         "--pipeline-model-parallel-size")
 
 
-def _pdeathsig() -> None:
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
-
-
 @dataclass
 class NodeState:
     info: P.NodeInfo
@@ -73,6 +69,7 @@ class NodeState:
     ready: bool = False
     lost: str | None = None  # why the node is gone
     leaving: bool = False  # the provider no longer lists it: drain it out
+    workers: dict = field(default_factory=dict)  # worker index -> (pid, last beat, when it changed)
 
 
 @dataclass
@@ -89,17 +86,23 @@ class Epoch:
 
 
 class EventLog:
-    """One JSON line per decision, and a human line on stderr."""
+    """One JSON line per decision, and a human line on stderr; also kept in the job's durable
+    state (log/<n>), so a controller that takes over continues it."""
 
     def __init__(self, path: str | None, quiet: bool = False):
         self.file = open(path, "a") if path else None
         self.quiet = quiet
+        self.keep = None  # (key, value) -> None: the store, once it serves
+        self.count = 0
 
     def emit(self, event: str, message: str = "", **fields) -> None:
         record = {"t": time.time(), "event": event, **fields}
         if self.file:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
+        if self.keep is not None:
+            self.count += 1
+            self.keep(f"log/{self.count:08d}", json.dumps(record))
         if message and not self.quiet:
             print(f"sailor run: {message}", file=sys.stderr, flush=True)
 
@@ -118,6 +121,7 @@ class Settings:
     provider_command: str | None = None
     provider_interval_s: float = 2.0
     max_failures: int = 20  # epochs ended by failures without any node change
+    worker_stall_s: float = 30.0  # a worker whose training makes no progress this long reports it
     padded_vocab: int = 0
     load: str | None = None
     poll_s: float = 0.01
@@ -125,10 +129,15 @@ class Settings:
 
 class Controller:
     def __init__(self, settings: Settings, replanner: Replanner, events: EventLog, host: str = "127.0.0.1",
-                 port: int = 0):
+                 port: int = 0, state=None, loaded: dict[bytes, bytes] | None = None):
         self.s, self.replanner, self.events = settings, replanner, events
+        self.state = state  # state.Journal / etcd.EtcdState: where every write of the store also goes
         self.disconnects: queue.Queue = queue.Queue()
-        self.server = StoreServer(host, port, on_disconnect=lambda who: self.disconnects.put((who, time.time())))
+        self.server = StoreServer(host, port, on_disconnect=lambda who: self.disconnects.put((who, time.time())),
+                                  durable=state, data=loaded)
+        self.events.keep = self.server.set
+        self.events.count = len(self.server.keys("log/"))
+        self.grace_until = 0.0  # monotonic: after taking over a job, give agents and workers time to reconnect
         self.nodes: dict[str, NodeState] = {}
         self.epoch: Epoch | None = None
         self.next_epoch = 1
@@ -188,15 +197,17 @@ class Controller:
                 self.events.emit("node_joined", f"node {node_id} joined: {info.gpus} x {info.gpu} in {info.zone}",
                                  node=node_id, gpus=info.gpus, gpu=info.gpu, zone=info.zone, pid=info.pid)
         ttl = self.s.heartbeat_s * self.s.heartbeat_misses
+        patient = now < self.grace_until
         for node in self.nodes.values():
             if node.lost:
                 continue
             beat = self.server.get(P.heartbeat_key(node.info.id)) or b""
-            if beat != node.beat:
+            if beat != node.beat or patient:
                 node.beat, node.beat_at = beat, now
             elif now - node.beat_at > ttl:
                 self._lose(node, f"no heartbeat for {now - node.beat_at:.1f} s", time.time())
                 continue
+            self._watch_workers(node, now, ttl, patient)
             if not node.ready and all(self.server.get(P.ready_key(node.info.id, i)) is not None
                                       for i in range(node.info.gpus)):
                 node.ready = True
@@ -204,6 +215,29 @@ class Controller:
                 self.events.emit("node_ready", f"node {node.info.id}: {node.info.gpus} worker(s) ready",
                                  node=node.info.id)
         self._poll_provider(now)
+
+    def _watch_workers(self, node: NodeState, now: float, ttl: float, patient: bool) -> None:
+        """A worker whose own heartbeat stops (a frozen process: SIGSTOP, a stuck VM page, a debugger)
+        while its agent lives is hung: its agent restarts it, and the plan goes on without its node."""
+        for i in range(node.info.gpus):
+            pid = self.server.get(P.ready_key(node.info.id, i))
+            if pid is None:
+                node.workers.pop(i, None)
+                continue
+            beat = self.server.get(P.worker_beat_key(node.info.id, i)) or b""
+            seen = node.workers.get(i)
+            if seen is None or seen[:2] != (pid, beat) or patient:
+                node.workers[i] = (pid, beat, now)
+            elif now - seen[2] > ttl:
+                del node.workers[i]
+                self.server.delete(P.ready_key(node.info.id, i))
+                self.server.set(P.hung_key(node.info.id, i), f"no heartbeat for {now - seen[2]:.1f} s")
+                if node.ready:
+                    node.ready = False
+                    self._changed()
+                self.events.emit("worker_hung", f"worker {node.info.id}/{i} (pid {pid.decode()}) sent no heartbeat "
+                                 f"for {now - seen[2]:.1f} s; its agent restarts it", node=node.info.id, index=i,
+                                 pid=int(pid), t_detect=time.time())
 
     def _poll_provider(self, now: float) -> None:
         if not (self.s.provider_file or self.s.provider_command) or now - self.provider_checked < \
@@ -251,9 +285,13 @@ class Controller:
                        if n.ready and not n.lost for i in range(n.info.gpus) if (n.info.id, i) not in used)
         assignment = P.Assignment(number, plan_to_dict(proposal.plan), proposal.ranks, self.s.padded_vocab,
                                   proposal.gpus_per_node, self.s.load, donors)
+        published = time.time()
+        self.server.set(P.proposal_key(number), json.dumps({
+            "iteration_time_s": proposal.iteration_time_s, "planning_s": proposal.planning_s, "reason": reason,
+            "published": published}))
         self.server.set(P.plan_key(number), assignment.to_json())
         self.server.set(P.EPOCH, str(number))
-        self.epoch = Epoch(number, proposal, time.time(), reason)
+        self.epoch = Epoch(number, proposal, published, reason)
         self.events.emit("epoch_published", f"epoch {number}: {proposal.describe()} ({reason}; planned in "
                          f"{proposal.planning_s * 1e3:.0f} ms, {proposal.iteration_time_s:.3g} s/step predicted)"
                          + (f"; {len(donors)} other worker(s) hand over their state" if donors else ""),
@@ -368,6 +406,45 @@ class Controller:
         self._stop(P.DRAIN, f"node(s) {', '.join(sorted(set(proposal.nodes) - set(e.proposal.nodes)))} pay off")
         self._publish(proposal, "scale")
 
+    # -- taking over ----------------------------------------------------------------------
+    def adopt(self) -> bool:
+        """Rebuild the controller's view from the store as the last controller left it (loaded from the
+        job's durable state); True if there was a job to take over. The running epoch is kept, its
+        workers go on as they were: nothing restarts."""
+        from planner.specs.plan import plan_from_dict
+
+        node_keys = self.server.keys("node/")
+        if not node_keys and self.server.get(P.EPOCH) is None:
+            return False
+        now = time.monotonic()
+        self.grace_until = now + max(5.0, 2 * self.s.heartbeat_s * self.s.heartbeat_misses)
+        for order, key in enumerate(node_keys):  # in the order the nodes first joined
+            info = P.NodeInfo.from_json(self.server.get(key))
+            node = NodeState(info, now + order * 1e-6, beat_at=now)
+            node.lost = (self.server.get(P.fence_key(info.id)) or b"").decode() or None
+            node.ready = all(self.server.get(P.ready_key(info.id, i)) is not None for i in range(info.gpus))
+            self.nodes[info.id] = node
+        plans = [int(k.split("/")[1]) for k in self.server.keys("plan/")]
+        if plans:
+            number = max(plans)
+            a = P.Assignment.from_json(self.server.get(P.plan_key(number)))
+            view = json.loads(self.server.get(P.proposal_key(number)) or b"{}")
+            proposal = Proposal(plan_from_dict(a.plan), view.get("iteration_time_s", 0.0), a.ranks,
+                                a.gpus_per_node, view.get("planning_s", 0.0))
+            stop = self.server.get(P.stop_key(number))
+            self.epoch = Epoch(number, proposal, view.get("published", time.time()), view.get("reason", "start"),
+                               stopping=stop.decode() if stop else None,
+                               reported=self.server.get(P.report_key(number)) is not None)
+            self.next_epoch = number + 1
+            if self.server.get(P.EPOCH) != str(number).encode():
+                self.server.set(P.EPOCH, str(number))
+        self.evaluated_at = self.last_change
+        e = self.epoch
+        self.events.emit("controller_adopted", f"took over the running job: {len(self.nodes)} node(s)"
+                         + (f", epoch {e.number}" + (f" ({e.stopping})" if e.stopping else "") if e else ""),
+                         nodes=sorted(self.nodes), epoch=e.number if e else None)
+        return True
+
     # -- the loop ---------------------------------------------------------------------
     def request_finish(self, signum=None, frame=None) -> None:
         """First SIGTERM/SIGINT: finish the step, save, end the job. Second: stop now."""
@@ -379,6 +456,9 @@ class Controller:
         deadline = time.monotonic() + self.s.wait_s
         try:
             while True:
+                if getattr(self.state, "lost", None):
+                    raise SailorError(f"this controller no longer leads the job ({self.state.lost}); another one "
+                                      "took over or must: start `sailor run` again with the same --state")
                 self._scan()
                 if self._poll_epoch():
                     return self._finish()
@@ -391,7 +471,8 @@ class Controller:
                                       "with --load SAVE_DIR")
                 time.sleep(self.s.poll_s)
         finally:
-            self.server.set(P.JOB_DONE, "1")
+            if not getattr(self.state, "lost", None):
+                self.server.set(P.JOB_DONE, "1")
             self._stop_local_agents()
 
     def _finish(self) -> int:
@@ -412,14 +493,16 @@ class Controller:
             time.sleep(0.05)
         return 0
 
-    def start_local_agents(self, nodes: list[tuple[str, str, int]], heartbeat_s: float, cluster: str | None) -> None:
-        host, port = self.address
+    def start_local_agents(self, nodes: list[tuple[str, str, int]], heartbeat_s: float, cluster: str | None,
+                           store: str) -> None:
         for i, (gpu, zone, count) in enumerate(nodes):
-            cmd = [sys.executable, "-m", "planner.elastic.agent", "--store", f"{host}:{port}", "--gpus",
-                   f"{gpu}@{zone}={count}", "--node-id", f"node{i}", "--heartbeat-s", str(heartbeat_s)]
+            cmd = [sys.executable, "-m", "planner.elastic.agent", "--store", store, "--gpus",
+                   f"{gpu}@{zone}={count}", "--node-id", f"node{i}", "--heartbeat-s", str(heartbeat_s),
+                   "--controller-wait-s", str(self.s.wait_s)]
             if cluster:
                 cmd += ["--cluster", cluster]
-            self.local_agents.append(subprocess.Popen(cmd, preexec_fn=_pdeathsig))
+            # in their own session: they outlive a controller that dies, and the next one takes them over
+            self.local_agents.append(subprocess.Popen(cmd, start_new_session=True))
 
     def _stop_local_agents(self) -> None:
         for a in self.local_agents:
@@ -491,6 +574,13 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     p.add_argument("--wait-s", type=flags.seconds, default=300.0, metavar="SECONDS",
                    help="give up after this long without a runnable plan (default 300)")
     p.add_argument("--load", help="resume from this checkpoint directory (when the workers have no state in memory)")
+    p.add_argument("--state", default="sailor-run.journal", metavar="FILE|etcd://HOST:PORT/JOB",
+                   help="the job's durable state: a controller started again with it takes over the running job "
+                        "(default: the journal file sailor-run.journal here; etcd: from any machine)")
+    p.add_argument("--worker-stall-s", type=flags.number(above=0.0, hi=1e6), default=30.0, metavar="SECONDS",
+                   help="a worker whose training makes no progress this long (and 10 slowest steps) ends the epoch "
+                        "(default 30; a frozen worker is found by its heartbeat, within --heartbeat-s x "
+                        "--heartbeat-misses)")
     p.add_argument("rest", nargs=argparse.REMAINDER, metavar="-- TRAIN_ARGS",
                    help="arguments for the workers (sailor_ext.train's), after '--'")
     if add_common:
@@ -610,16 +700,26 @@ def run(args) -> int:
             raise SailorError(f"no plan runs on the GPUs given ({args.gpus}, {len(nodes)} node(s)): "
                               f"{replanner.explain(infos)}")
     settings = Settings(train_args, train_iters, args.heartbeat_s, args.heartbeat_misses,
-                        reconfigure_cost_s=args.reconfigure_cost_s,
+                        reconfigure_cost_s=args.reconfigure_cost_s, worker_stall_s=args.worker_stall_s,
                         min_gpus=sum(p.count for p in pools), wait_s=args.wait_s, provider_file=args.nodes_file,
                         provider_command=args.nodes_command, provider_interval_s=args.nodes_interval_s,
                         padded_vocab=padded_vocab,
                         load=args.load)
-    controller = Controller(settings, replanner, EventLog(args.events_file, quiet=args.quiet), args.host, args.port)
+    state, loaded = take_lead(args.state, train_args)
+    host, port = args.host, args.port
+    if not port and not args.state.startswith("etcd://") and b"ctl/address" in loaded:
+        host, _, saved = loaded[b"ctl/address"].decode().rpartition(":")  # where the agents look for us
+        port = int(saved)
+    controller = Controller(settings, replanner, EventLog(args.events_file, quiet=args.quiet), host, port,
+                            state, loaded)
     signal.signal(signal.SIGTERM, controller.request_finish)
     signal.signal(signal.SIGINT, controller.request_finish)
     host, port = controller.address
-    controller.server.set(P.JOB_ARGS, json.dumps(train_args))
+    controller.server.set("ctl/address", f"{host}:{port}")
+    state.publish_address(f"{host}:{port}")
+    adopted = controller.adopt()
+    controller.server.set(P.LIVENESS, json.dumps({"beat_s": args.heartbeat_s, "stall_s": args.worker_stall_s}))
+    controller.server.set(P.JOB_ARGS, json.dumps(train_args))  # workers read it first, then the above
     if args.address_file:
         tmp = Path(args.address_file + ".tmp")
         tmp.write_text(f"{host}:{port}\n")
@@ -630,9 +730,29 @@ def run(args) -> int:
                            f"({seq_source})", store=f"{host}:{port}", train_args=train_args,
                            padded_vocab=padded_vocab, model=model.name, seq_length=model.seq_len,
                            seq_length_source=seq_source)
-    if nodes:
-        controller.start_local_agents(nodes, args.heartbeat_s, args.cluster)
+    if nodes and not adopted:
+        store = args.state if args.state.startswith("etcd://") else f"{host}:{port}"
+        controller.start_local_agents(nodes, args.heartbeat_s, args.cluster, store)
     return controller.run()
+
+
+def take_lead(spec: str, train_args: list[str]):
+    """Lead the job whose durable state `spec` names: (state, the store as the last controller left it;
+    empty for a new job). A second controller of a live job is refused in one line."""
+    from planner.elastic.state import open_state
+
+    state = open_state(spec)
+    state.lead()
+    loaded = state.load()
+    if loaded.get(P.JOB_DONE.encode()) is not None:  # that job ended: this is a new one
+        state.reset()
+        loaded = {}
+    saved = loaded.get(P.JOB_ARGS.encode())
+    if saved is not None and json.loads(saved) != train_args:
+        raise SailorError(f"{state.describe()} holds a running job with other training arguments "
+                          f"({' '.join(json.loads(saved))}); give the same ones to take it over, or another --state "
+                          "for a new job")
+    return state, loaded
 
 
 def local_nodes(pools, gpus_per_node: int | None, cluster) -> list[tuple[str, str, int]]:

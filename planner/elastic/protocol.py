@@ -4,8 +4,11 @@ Everything goes through the controller's store (store.py). Keys:
 
     job/args               the training arguments (JSON list), set by the controller
     job/done               the job is over: agents and workers exit
+    job/liveness           the workers' heartbeat period and stall limit (JSON), set by the controller
     node/<id>              a node's NodeInfo (JSON), set by its agent when it joins
     hb/<id>                the agent's heartbeat counter
+    wb/<id>/<i>            worker i's heartbeat counter (its own thread; stops when the process is frozen)
+    hung/<id>/<i>          the controller found worker i frozen: its agent kills it and starts a fresh one
     ready/<id>/<i>         worker i of the node has imported torch and waits for a plan
     fence/<id>             the controller gave up on the node: its agent and workers exit
     epoch                  the newest epoch (plan number)
@@ -18,6 +21,8 @@ Everything goes through the controller's store (store.py). Keys:
     finished/<e>           rank 0 finished the last step (and its checkpoint) in epoch e
     ckpt/<e>/<step>/rank<r>  checkpoint files written (see sailor_ext/snapshot.py)
     pg/<e>/...             the process groups' own bootstrap keys
+    ctl/proposal/<e>       the controller's own view of epoch e (JSON), for a controller that takes over
+    log/<n>                the controller's event log, one JSON record per key
 
 Connections introduce themselves as agent/<id> or worker/<id>/<i>, so the
 controller learns of a dead process when its connection drops.
@@ -27,7 +32,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-JOB_ARGS, JOB_DONE, EPOCH = "job/args", "job/done", "epoch"
+JOB_ARGS, JOB_DONE, EPOCH, LIVENESS = "job/args", "job/done", "epoch", "job/liveness"
 ABORT, DRAIN, FINISH = "abort", "drain", "finish"
 FATAL = "fatal: "  # a failed/<e>/<rank> reason that no re-plan can fix (a user mistake): the job ends
 
@@ -38,6 +43,18 @@ def node_key(node: str) -> str:
 
 def heartbeat_key(node: str) -> str:
     return f"hb/{node}"
+
+
+def worker_beat_key(node: str, index: int) -> str:
+    return f"wb/{node}/{index}"
+
+
+def hung_key(node: str, index: int) -> str:
+    return f"hung/{node}/{index}"
+
+
+def proposal_key(epoch: int) -> str:
+    return f"ctl/proposal/{epoch}"
 
 
 def ready_key(node: str, index: int) -> str:

@@ -5,7 +5,10 @@ current plan and its epoch, which checkpoints exist, and the bootstrap of the
 workers' process groups (the worker side wraps `StoreClient` as a
 `torch.distributed.Store`, see sailor_ext/elastic/store.py). Because it lives
 in the controller process, losing any training node never loses the store,
-unlike torchrun's c10d store on the head node.
+unlike torchrun's c10d store on the head node; and because every write also
+goes to the job's durable state (state.py) before it is answered, losing the
+controller does not lose it either: a new controller serves it again, and
+clients given `locate` reconnect to it.
 
 It is a plain threaded TCP server (one thread per connection; jobs have tens
 of connections) speaking a small length-prefixed protocol, so the controller
@@ -26,6 +29,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
+from planner.elastic.state import durable
 from planner.errors import SailorError
 
 SET, GET, ADD, CAS, CHECK, WAIT, DELETE, NUM_KEYS, KEYS, HELLO, PING = range(1, 12)
@@ -39,7 +43,7 @@ class StoreTimeout(TimeoutError):
 
 
 class StoreClosed(ConnectionError):
-    """The store's connection dropped: the controller is gone."""
+    """The store's connection dropped (and, for a client that reconnects, stayed down past its limit)."""
 
 
 def _pack(code: int, fields: Iterable[bytes]) -> bytes:
@@ -69,6 +73,10 @@ def _recv_frame(sock: socket.socket) -> tuple[int, list[bytes]]:
     return code, fields
 
 
+def _nothing() -> None:
+    pass
+
+
 def _b(x: str | bytes | int | float) -> bytes:
     if isinstance(x, bytes):
         return x
@@ -79,10 +87,24 @@ def _b(x: str | bytes | int | float) -> bytes:
 class KVState:
     """The data, a condition to wake blocked readers, and the disconnect hook."""
 
-    def __init__(self, on_disconnect: Callable[[str], None] | None = None):
-        self.data: dict[bytes, bytes] = {}
+    def __init__(self, on_disconnect: Callable[[str], None] | None = None, durable=None,
+                 data: dict[bytes, bytes] | None = None):
+        self.data: dict[bytes, bytes] = dict(data or {})
         self.cond = threading.Condition()
         self.on_disconnect = on_disconnect
+        self.durable = durable  # state.Journal or etcd.EtcdState: every write goes there too
+
+    def write(self, key: bytes, value: bytes | None) -> Callable[[], None]:
+        """Apply a write (value None: delete); call with `cond` held. Returns what to call, without `cond`,
+        before answering: it waits until the write is durable."""
+        if value is None:
+            self.data.pop(key, None)
+        else:
+            self.data[key] = value
+            self.cond.notify_all()
+        if self.durable is None or not durable(key):
+            return _nothing
+        return self.durable.put(key, value) if value is not None else self.durable.delete(key)
 
     def wait_for(self, keys: list[bytes], timeout: float) -> bool:
         deadline = None if timeout < 0 else time.monotonic() + timeout
@@ -107,8 +129,8 @@ class _Handler(socketserver.BaseRequestHandler):
                 sock.sendall(self._serve(state, op, f))
                 if op == HELLO:
                     identity = f[0].decode()
-        except (StoreClosed, ConnectionError, OSError):
-            pass
+        except (StoreClosed, ConnectionError, OSError, SailorError):
+            pass  # SailorError: the state refused the write (this controller was deposed)
         finally:
             if identity and state.on_disconnect and not getattr(self.server, "closing", False):
                 state.on_disconnect(identity)
@@ -118,8 +140,8 @@ class _Handler(socketserver.BaseRequestHandler):
         data, cond = state.data, state.cond
         if op == SET:
             with cond:
-                data[f[0]] = f[1]
-                cond.notify_all()
+                settle = state.write(f[0], f[1])
+            settle()
             return _pack(OK, ())
         if op == GET:
             if not state.wait_for([f[0]], float(f[1])):
@@ -129,18 +151,18 @@ class _Handler(socketserver.BaseRequestHandler):
         if op == ADD:
             with cond:
                 value = int(data.get(f[0], b"0")) + int(f[1])
-                data[f[0]] = _b(value)
-                cond.notify_all()
+                settle = state.write(f[0], _b(value))
+            settle()
             return _pack(OK, (_b(value),))
         if op == CAS:  # torch's compare_set semantics
             key, expected, desired = f
             with cond:
                 current = data.get(key)
-                if (current is None and expected == b"") or current == expected:
-                    data[key] = desired
-                    cond.notify_all()
-                    return _pack(OK, (desired,))
-                return _pack(OK, (expected if current is None else current,))
+                if not ((current is None and expected == b"") or current == expected):
+                    return _pack(OK, (expected if current is None else current,))
+                settle = state.write(key, desired)
+            settle()
+            return _pack(OK, (desired,))
         if op == CHECK:
             with cond:
                 return _pack(OK, (b"1" if all(k in data for k in f) else b"0",))
@@ -148,7 +170,10 @@ class _Handler(socketserver.BaseRequestHandler):
             return _pack(OK if state.wait_for(f[1:], float(f[0])) else TIMEOUT, ())
         if op == DELETE:
             with cond:
-                return _pack(OK, (b"1" if data.pop(f[0], None) is not None else b"0",))
+                existed = f[0] in data
+                settle = state.write(f[0], None) if existed else _nothing
+            settle()
+            return _pack(OK, (b"1" if existed else b"0",))
         if op == NUM_KEYS:
             with cond:
                 return _pack(OK, (_b(len(data)),))
@@ -170,8 +195,9 @@ class StoreServer:
     """The store, served on a TCP port from background threads of this process."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
-                 on_disconnect: Callable[[str], None] | None = None):
-        self.state = KVState(on_disconnect)
+                 on_disconnect: Callable[[str], None] | None = None, durable=None,
+                 data: dict[bytes, bytes] | None = None):
+        self.state = KVState(on_disconnect, durable, data)
         try:
             self._server = _Server((host, port), _Handler)
         except OSError as e:
@@ -191,11 +217,17 @@ class StoreServer:
         self._server.shutdown()
         self._server.server_close()
 
-    # direct access for the controller, which lives in the same process
+    # direct access for the controller, which lives in the same process; its writes are its
+    # decisions, so they reach the disk (fsync) before anyone can act on them
+    def _settle(self, settle: Callable[[], None], key: bytes) -> None:
+        settle()
+        if self.state.durable is not None and durable(key):
+            self.state.durable.sync()
+
     def set(self, key: str, value: str | bytes) -> None:
         with self.state.cond:
-            self.state.data[_b(key)] = _b(value)
-            self.state.cond.notify_all()
+            settle = self.state.write(_b(key), _b(value))
+        self._settle(settle, _b(key))
 
     def get(self, key: str) -> bytes | None:
         with self.state.cond:
@@ -204,13 +236,14 @@ class StoreServer:
     def add(self, key: str, delta: int) -> int:
         with self.state.cond:
             value = int(self.state.data.get(_b(key), b"0")) + delta
-            self.state.data[_b(key)] = _b(value)
-            self.state.cond.notify_all()
-            return value
+            settle = self.state.write(_b(key), _b(value))
+        self._settle(settle, _b(key))
+        return value
 
     def delete(self, key: str) -> None:
         with self.state.cond:
-            self.state.data.pop(_b(key), None)
+            settle = self.state.write(_b(key), None) if _b(key) in self.state.data else _nothing
+        self._settle(settle, _b(key))
 
     def keys(self, prefix: str) -> list[str]:
         with self.state.cond:
@@ -221,33 +254,98 @@ class StoreServer:
 class StoreClient:
     """One connection to the store. Not thread-safe: one per thread that blocks on it."""
 
-    def __init__(self, host: str, port: int, identity: str = "", connect_timeout: float = 10.0):
+    def __init__(self, host: str, port: int, identity: str = "", connect_timeout: float = 10.0,
+                 locate: Callable[[], tuple[str, int]] | None = None, say: Callable[[str], None] | None = None,
+                 give_up_s: float = 0.0):
+        """With `locate` (how to find the store again: state.locator), a dropped connection is
+        re-established with backoff, for as long as it takes, and the call retried: the controller may
+        die and a new one take over (give_up_s > 0: raise StoreClosed after that long). Without it a drop
+        raises StoreClosed."""
         self.host, self.port, self.identity = host, port, identity
+        self.locate, self.say, self.give_up_s = locate, say or (lambda line: None), give_up_s
         deadline = time.monotonic() + connect_timeout
         while True:
             try:
-                self.sock = socket.create_connection((host, port), timeout=connect_timeout)
+                if locate is not None:
+                    self.host, self.port = locate()
+                self.sock = self._connect(self.host, self.port, connect_timeout)
                 break
             except OSError as e:
                 if time.monotonic() > deadline:
-                    raise StoreClosed(f"cannot reach the job's store at {host}:{port} ({e})") from None
+                    where = f" at {self.host}:{self.port}" if self.port else ""
+                    raise StoreClosed(f"cannot reach the job's store{where} ({e})") from None
                 time.sleep(0.05)
-        self.sock.settimeout(None)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._lock = threading.Lock()
         if identity:
             self._call(HELLO, identity)
 
+    @staticmethod
+    def _connect(host: str, port: int, timeout: float) -> socket.socket:
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _reconnect(self, why: OSError) -> None:
+        """Back off 0.05 s doubling to 1 s between attempts, for as long as the caller waits for a controller."""
+        self.say(f"lost the job's store at {self.host}:{self.port} ({why}); reconnecting")
+        self.close()
+        delay, t0 = 0.05, time.monotonic()
+        while True:
+            if self.give_up_s and time.monotonic() - t0 > self.give_up_s:
+                raise StoreClosed(f"no store at {self.host}:{self.port} for {self.give_up_s:g} s")
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
+            try:
+                self.host, self.port = self.locate()
+                sock = self._connect(self.host, self.port, 2.0)
+                if self.identity:
+                    sock.sendall(_pack(HELLO, [_b(self.identity)]))
+                    _recv_frame(sock)
+            except OSError:
+                continue
+            self.sock = sock
+            self.say(f"reconnected to the job's store at {self.host}:{self.port} after {time.monotonic() - t0:.1f} s")
+            return
+
     def _call(self, op: int, *fields) -> tuple[int, list[bytes]]:
         with self._lock:
-            try:
-                self.sock.sendall(_pack(op, [_b(x) for x in fields]))
-                status, out = _recv_frame(self.sock)
-            except OSError as e:
-                raise StoreClosed(f"lost the job's store at {self.host}:{self.port} ({e})") from None
+            while True:
+                try:
+                    self.sock.sendall(_pack(op, [_b(x) for x in fields]))
+                    status, out = _recv_frame(self.sock)
+                    break
+                except OSError as e:
+                    if self.locate is None:
+                        raise StoreClosed(f"lost the job's store at {self.host}:{self.port} ({e})") from None
+                    self._reconnect(e)
         if status == ERROR:
             raise RuntimeError(out[0].decode())
         return status, out
+
+    def reachable(self, timeout: float = 0.2) -> bool:
+        """Whether the store answers now: one round trip, or one connection attempt (no backoff) if the
+        connection is down. For a caller that must not wait for a controller to come back."""
+        with self._lock:
+            try:
+                self.sock.sendall(_pack(PING, ()))
+                _recv_frame(self.sock)
+                return True
+            except OSError:
+                pass
+            if self.locate is None:
+                return False
+            try:
+                self.close()
+                self.host, self.port = self.locate()
+                sock = self._connect(self.host, self.port, timeout)
+                if self.identity:
+                    sock.sendall(_pack(HELLO, [_b(self.identity)]))
+                    _recv_frame(sock)
+            except OSError:
+                return False
+            self.sock = sock
+            return True
 
     def set(self, key: str, value: str | bytes) -> None:
         self._call(SET, key, value)

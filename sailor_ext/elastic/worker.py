@@ -18,9 +18,17 @@ reconfiguration. Then, epoch after epoch:
      gone) also makes pending collectives fail at once (abort.py);
   5. destroy the process groups and go back to 1.
 
-It exits when the job is done, when its node is fenced, or when the
-controller's store is gone. Started by an agent, it dies with it (the kernel
-sends SIGKILL when the agent exits, PR_SET_PDEATHSIG).
+It exits when the job is done or when its node is fenced. When the
+controller dies it trains on: nothing in a step touches the store (rank 0's
+reports go through a background thread), every connection is re-established
+with backoff, and a new controller re-adopts the epoch. Started by an agent,
+it dies with it (the kernel sends SIGKILL when the agent exits,
+PR_SET_PDEATHSIG).
+
+A thread of its own heartbeats (wb/<node>/<i>): a frozen process stops
+beating and the controller has its agent restart it. The same thread
+reports a training thread that makes no progress for the job's stall limit
+(failed/<e>/<rank>), which ends the epoch long before a collective timeout.
 
     python -m sailor_ext.elastic.worker --store HOST:PORT --node ID --index I
 """
@@ -130,6 +138,54 @@ class StopWatcher:
                 os._exit(EXIT_WEDGED)
 
 
+class Beat:
+    """The worker's own heartbeat, rank 0's reports to the controller, and the stall check, on one
+    background thread and connection, so that the training thread never waits for the store."""
+
+    def __init__(self, client: StoreClient, node: str, index: int):
+        self.client, self.node, self.index = client, node, index
+        liveness = json.loads(client.try_get(P.LIVENESS) or '{"beat_s": 0.5, "stall_s": 30}')  # the defaults
+        self.period, self.stall_s = float(liveness["beat_s"]), float(liveness["stall_s"])
+        self.lock = threading.Lock()
+        self.pending: dict[str, str] = {}  # key -> newest value, sent in order of first posting
+        self.wake = threading.Event()
+        self.training: tuple[int, int] | None = None  # (epoch, rank) while the training loop runs
+        self.progress_at = time.monotonic()
+        self.slowest = 0.0  # seconds of the slowest step seen
+        self.reported: int | None = None  # the epoch whose stall was reported
+        threading.Thread(target=self._run, name="beat", daemon=True).start()
+
+    def post(self, key: str, value: str) -> None:
+        with self.lock:
+            self.pending[key] = value
+        self.wake.set()
+
+    def progressed(self) -> None:
+        """The training thread finished a step (with its save and validation, if any)."""
+        now = time.monotonic()
+        if self.training is not None:  # the slowest step so far sets the stall limit (10 x)
+            self.slowest = max(self.slowest, now - self.progress_at)
+        self.progress_at = now
+
+    def _run(self) -> None:
+        beats = 0
+        while True:
+            beats += 1
+            self.wake.clear()
+            with self.lock:
+                pending, self.pending = self.pending, {}
+            for key, value in pending.items():
+                self.client.set(key, value)
+            self.client.set(P.worker_beat_key(self.node, self.index), str(beats))
+            training, limit = self.training, max(self.stall_s, 10 * self.slowest)
+            idle = time.monotonic() - self.progress_at
+            if training is not None and idle > limit and self.reported != training[0]:
+                self.reported = training[0]
+                log(f"rank {training[1]} (epoch {training[0]}): no training progress for {idle:.1f} s; reporting it")
+                self.client.set(P.failed_key(*training), f"no training progress for {idle:.1f} s (limit {limit:g} s)")
+            self.wake.wait(self.period)
+
+
 @dataclass
 class EpochResult:
     outcome: str  # finished | stopped | failed
@@ -138,9 +194,16 @@ class EpochResult:
 
 
 class Worker:
-    def __init__(self, host: str, port: int, node: str, index: int):
-        self.host, self.port, self.node, self.index = host, port, node, index
-        client = StoreClient(host, port, P.worker_identity(node, index))
+    def __init__(self, store: str, node: str, index: int, controller_wait_s: float = 0.0):
+        from planner.elastic.state import locator
+
+        self.store_spec, self.node, self.index = store, node, index
+        locate = locator(store)
+
+        def connect(identity: str = "", say=None, give_up_s: float = controller_wait_s) -> StoreClient:
+            return StoreClient("", 0, identity, locate=locate, say=say, give_up_s=give_up_s)
+
+        client = connect(P.worker_identity(node, index), say=lambda line: log(f"worker {node}/{index}: {line}"))
         args_json = client.get(P.JOB_ARGS, 60.0)
         from sailor_ext.train import parse_args
 
@@ -159,10 +222,11 @@ class Worker:
 
         self.store = ControllerStore(client, self.args.dist_timeout)
         self.client = client
-        self.watch_client = StoreClient(host, port)
-        self.board_client = StoreClient(host, port)
-        keep = {c.sock.fileno() for c in (client, self.watch_client, self.board_client)}
-        self.watcher = StopWatcher(self.watch_client, keep)
+        # the board's collection gives up after BOARD_GIVE_UP_S without a controller (see OutageBoard)
+        self.watch_client, self.board_client, beat_client = connect(), connect(give_up_s=BOARD_GIVE_UP_S), connect()
+        self.watcher = StopWatcher(self.watch_client, _StoreSockets((client, self.watch_client, self.board_client,
+                                                                     beat_client)))
+        self.beat = Beat(beat_client, node, index)
         self.ring = SnapshotRing()
         self.data = None  # the training data, opened (and its vocabulary checked) in the first epoch
         self.ended_at = self.left_at = 0.0  # when the last epoch failed or stopped, and when it was torn down
@@ -200,7 +264,7 @@ class Worker:
                 if result.outcome == "failed" and not result.requested:
                     self.client.set(P.failed_key(epoch, rank), result.detail[:500])
         except StoreClosed:
-            log(f"worker {self.node}/{self.index}: lost the controller's store at {self.host}:{self.port}; exiting")
+            log(f"worker {self.node}/{self.index}: no controller at {self.store_spec}; exiting")
             return EXIT_LOST_CONTROLLER
 
     # -- one epoch ------------------------------------------------------------------
@@ -211,7 +275,7 @@ class Worker:
         from planner.specs.hardware import load_cluster
         from planner.specs.plan import plan_from_dict, plan_model
         from sailor_ext import compat, devices
-        from sailor_ext.snapshot import Persister, PersistTarget, StoreBoard
+        from sailor_ext.snapshot import Persister, PersistTarget
         from sailor_ext.data import open_training_data
         from sailor_ext.trainer import Trainer
 
@@ -248,7 +312,8 @@ class Worker:
             if args.save:
                 persister = Persister(
                     PersistTarget(args.save, rank, a.plan_world, e, args.keep_checkpoints, args.dist_timeout),
-                    StoreBoard(self.board_client, f"ckpt/{e}/"), {}, log if rank == 0 else (lambda line: None))
+                    *outage_board(self.beat, self.board_client, f"ckpt/{e}/", log if rank == 0 else _quiet,
+                                  args.train_iters))
             if self.data is None:
                 self.data = open_training_data(args, model)
             trainer = Trainer(replace_ns(args, load=None, load_hf=None), plan, model, layout, rank, device, self.ring,
@@ -360,6 +425,14 @@ class Worker:
         return EpochResult("stopped")
 
     def train(self, trainer, a: P.Assignment, rank: int, report: dict) -> EpochResult:
+        self.beat.progressed()
+        self.beat.training = (a.epoch, rank)  # from here on, a step that takes too long is a stall
+        try:
+            return self._train(trainer, a, rank, report)
+        finally:
+            self.beat.training = None
+
+    def _train(self, trainer, a: P.Assignment, rank: int, report: dict) -> EpochResult:
         args, watcher = self.args, self.watcher
         samples = [p.samples for p in trainer.plan.pipelines]
         tokens = trainer.plan.global_batch_size * trainer.model_spec.seq_len
@@ -377,14 +450,15 @@ class Worker:
             if (val_loss := trainer.validate(r.step)) is not None:
                 record["val_loss"] = val_loss
             trainer.metrics.write(record)
+            self.beat.progressed()
             if rank == 0 and args.log_interval and r.step % args.log_interval == 0:
                 print(f"step {r.step}/{args.train_iters} | {r.line()} | {r.seconds:.3f} s | epoch {a.epoch}",
                       flush=True)
-            if rank == 0:
+            if rank == 0:  # through the beat thread: a step never waits for the controller
                 if first:
-                    self.client.set(P.report_key(a.epoch), json.dumps(
+                    self.beat.post(P.report_key(a.epoch), json.dumps(
                         {**report, "t_first_step": time.time(), "first_step_s": r.seconds}))
-                self.client.set(f"progress/{a.epoch}", str(r.step))
+                self.beat.post(f"progress/{a.epoch}", str(r.step))
             first = False
             if r.stop and not last:
                 if self.client.get(P.stop_key(a.epoch), 5.0).decode() == P.FINISH:
@@ -400,6 +474,62 @@ class Worker:
         return EpochResult("finished")
 
 
+BOARD_GIVE_UP_S = 1.0
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def outage_board(beat: Beat, client: StoreClient, prefix: str, say, last_step: int):
+    """(checkpoint board, meta, log) for a Persister, in a job whose controller may be away.
+
+    A rank's report goes through the beat thread, so writing a checkpoint never waits for the store;
+    rank 0's collection of the reports gives up at once when the store does not answer (or after
+    BOARD_GIVE_UP_S if the controller goes away during the collection). A checkpoint taken during an
+    outage is then written but not committed, and the in-memory ring (two snapshots) never holds
+    training up waiting for a controller; the first checkpoint after a controller is back commits as
+    usual. The checkpoint of the last step waits for a controller (up to the collection's deadline):
+    no training is left to hold up, and it is the job's result."""
+    from sailor_ext.snapshot import StoreBoard
+
+    declined: set[int] = set()
+
+    class OutageBoard(StoreBoard):
+        def report(self, step, rank, record) -> None:
+            beat.post(self._key(step, rank), json.dumps(record.__dict__))
+
+        def collect(self, step, world, deadline, cancelled):
+            try:
+                while step >= last_step and not client.reachable() and time.monotonic() < deadline \
+                        and not cancelled.is_set():
+                    time.sleep(0.1)
+                if not client.reachable():
+                    raise StoreClosed("no controller")
+                return super().collect(step, world, deadline, cancelled)
+            except StoreClosed:
+                declined.add(step)
+                say(f"checkpoint of step {step} not committed: no controller answers (its files are written)")
+                return None
+
+    def persister_log(line: str) -> None:  # the Persister's own line for a declined collection says "within T s"
+        if not any(line.startswith(f"checkpoint of step {s} not committed: not every rank") for s in declined):
+            say(line)
+
+    return OutageBoard(client, prefix), {}, persister_log
+
+
+class _StoreSockets:
+    """The file descriptors of the store connections, which an abort must not sever; read when
+    needed, since a reconnection replaces a socket."""
+
+    def __init__(self, clients):
+        self.clients = clients
+
+    def __contains__(self, fd: int) -> bool:
+        return any(c.sock.fileno() == fd for c in self.clients)
+
+
 def replace_ns(ns: argparse.Namespace, **changes) -> argparse.Namespace:
     out = argparse.Namespace(**vars(ns))
     for k, v in changes.items():
@@ -413,15 +543,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node", required=True)
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--parent", type=int, default=0, help="the agent's pid: exit if it is already gone")
+    p.add_argument("--controller-wait-s", type=float, default=0.0,
+                   help="exit after this long without a controller (0: wait on)")
     opts = p.parse_args(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: where is it stuck?
     if opts.parent:
         die_with_parent()
         if os.getppid() != opts.parent:
             return EXIT_LOST_CONTROLLER  # the agent died before we could tie ourselves to it
-    host, _, port = opts.store.rpartition(":")
     try:
-        worker = Worker(host, int(port), opts.node, opts.index)
+        worker = Worker(opts.store, opts.node, opts.index, opts.controller_wait_s)
         return worker.run()
     except StoreClosed as e:
         log(f"worker {opts.node}/{opts.index}: {e}; exiting")

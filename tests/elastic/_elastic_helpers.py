@@ -31,14 +31,21 @@ class Job:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.events_path, self.metrics_path = workdir / "events.jsonl", workdir / "metrics.jsonl"
-        address = workdir / "address"
-        cmd = [PYTHON, "-m", "planner.cli", "run", "--model", model, "--global-batch", str(global_batch),
-               "--address-file", str(address), "--events-file", str(self.events_path),
+        self.cmd = [PYTHON, "-m", "planner.cli", "run", "--model", model, "--global-batch", str(global_batch),
+               "--address-file", str(workdir / "address"), "--events-file", str(self.events_path),
                *(["--gpus", f"CPU@local={min_gpus}"] if min_gpus else []), *(controller_args or []),
                "--", *train_args, "--metrics-file", str(self.metrics_path), "--log-interval", "0"]
-        self.controller = subprocess.Popen(cmd, cwd=workdir, env=env(), stdout=open(workdir / "controller.log", "w"),
-                                           stderr=subprocess.STDOUT)
         self.agents: dict[str, subprocess.Popen] = {}
+        self.start_controller()
+        self.store = self.address  # what agents are given (etcd://... for a job whose state is in etcd)
+
+    def start_controller(self, extra: list[str] = ()) -> None:
+        """Start `sailor run` (again: a controller that takes over the job from its --state)."""
+        address = self.workdir / "address"
+        address.unlink(missing_ok=True)
+        cmd = self.cmd[:self.cmd.index("--")] + list(extra) + self.cmd[self.cmd.index("--"):]
+        self.controller = subprocess.Popen(cmd, cwd=self.workdir, env=env(), stderr=subprocess.STDOUT,
+                                           stdout=open(self.workdir / "controller.log", "a"))
         deadline = time.monotonic() + 60
         while not address.exists():
             if self.controller.poll() is not None or time.monotonic() > deadline:
@@ -48,7 +55,7 @@ class Job:
 
     # -- nodes ------------------------------------------------------------------------
     def add_agent(self, name: str, gpus: int = 2, detach: bool = False) -> subprocess.Popen:
-        cmd = [PYTHON, "-m", "planner.elastic.agent", "--store", self.address, "--gpus", f"CPU@local={gpus}",
+        cmd = [PYTHON, "-m", "planner.elastic.agent", "--store", self.store, "--gpus", f"CPU@local={gpus}",
                "--node-id", name, "--heartbeat-s", "0.25", *(["--detach-workers"] if detach else [])]
         self.agents[name] = subprocess.Popen(cmd, cwd=self.workdir, env=env(),
                                              stdout=open(self.workdir / f"agent-{name}.log", "w"),
@@ -121,8 +128,11 @@ class Job:
                 from None
 
     def close(self, pids: list[int] = ()) -> None:
-        """Leave nothing behind (also `pids`: workers of detached agents)."""
-        for pid in pids:
+        """Leave nothing behind (also `pids`: workers of detached agents; and agents `sailor run --local`
+        started, which outlive a killed controller so that a new one can take them over)."""
+        local = [e["pid"] for e in self.events("node_joined")
+                 if e["pid"] not in {a.pid for a in self.agents.values()} and _is_agent(e["pid"])]
+        for pid in [*pids, *local]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -134,3 +144,10 @@ class Job:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+
+
+def _is_agent(pid: int) -> bool:
+    try:
+        return b"planner.elastic.agent" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
