@@ -334,12 +334,8 @@ def main() -> int:
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--resume-gb", type=float, default=1.0, help="state size of the resume comparison (0: skip)")
     args = ap.parse_args()
-<<<<<<< HEAD
-    kills, joins, freezes, saves = [], [], [], []
-    resume = None
-=======
     kills, joins, freezes, hangs, outages, saves = [], [], [], [], [], []
->>>>>>> ha
+    resume = None
     with tempfile.TemporaryDirectory(prefix="sailor-reconfigure-") as tmp:
         if args.resume_gb > 0:
             resume = resume_cost(Path(tmp) / "resume", args.resume_gb)
@@ -355,29 +351,6 @@ def main() -> int:
         for i in range(args.freeze_trials):
             freezes.append(freeze(Path(tmp) / f"freeze{i}"))
             print(f"freeze {i}: -> first step {freezes[-1]['total']:.2f} s", file=sys.stderr, flush=True)
-<<<<<<< HEAD
-    if not kills:
-        text = json.dumps({"resume": resume}, indent=1)
-        print(text)
-        if args.out:
-            Path(args.out).write_text(text + "\n")
-        return 0
-    kill_median = summarize(kills, (*PHASES, "total"))
-    in_place = [k for k in kills if not k["fallback_restart"]]
-    out = {
-        "setup": {"model": "tiny", "nodes": "3 agents x 2 CPU workers (+1 joining)", "global_batch": 12,
-                  "cpu_cores": os.cpu_count(), "load_average_1m": os.getloadavg()[0]},
-        "node_kill": {"median_s": kill_median,
-                      "dominant_phase": max(PHASES, key=lambda p: kill_median[p]),
-                      "median_s_in_place_only": summarize(in_place, (*PHASES, "total")) if in_place else None,
-                      "max_total_s": round(max(k["total"] for k in kills), 4),
-                      "fallback_restarts": sum(k["fallback_restart"] for k in kills), "trials": kills},
-        "node_join": {"median_s": summarize(joins, ("workers_ready", "decide", "drain", "restart", "load",
-                                                     "first_step", "stall")), "trials": joins},
-        "checkpoint": {k: round(statistics.median(s[k] for s in saves), 6) for k in saves[0]} if saves else {},
-        "resume": resume,
-    }
-=======
         for i in range(args.hang_trials):
             hangs.append(hang(Path(tmp) / f"hang{i}"))
             print(f"hang {i}: -> first step {hangs[-1]['total']:.2f} s", file=sys.stderr, flush=True)
@@ -386,7 +359,7 @@ def main() -> int:
             print(f"controller {i}: {outages[-1]['steps_during_outage']} steps during the outage, longest pause "
                   f"{outages[-1]['max_step_gap_s']:.2f} s", file=sys.stderr, flush=True)
     out = {"setup": {"model": "tiny", "nodes": "3 agents x 2 CPU workers (+1 joining)", "global_batch": 12,
-                     "cpu_cores": os.cpu_count(), "load_average_1m": os.getloadavg()[0]}}
+                     "cpu_cores": os.cpu_count(), "load_average_1m": os.getloadavg()[0]}, "resume": resume}
     if kills:
         kill_median = summarize(kills, (*PHASES, "total"))
         in_place = [k for k in kills if not k["fallback_restart"]]
@@ -397,7 +370,6 @@ def main() -> int:
         out["node_join"] = {"median_s": summarize(joins, ("workers_ready", "decide", "drain", "restart", "load",
                                                           "first_step", "stall")), "trials": joins}
         out["checkpoint"] = {k: round(statistics.median(s[k] for s in saves), 6) for k in saves[0]}
->>>>>>> ha
     if freezes:
         fm = summarize(freezes, (*PHASES, "total"))
         out["node_freeze"] = {"median_s": fm, "dominant_phase": max(PHASES, key=lambda p: fm[p]),
