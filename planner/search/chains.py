@@ -285,6 +285,10 @@ class Chains:
             fb = [0.0]
             for j in range(L):
                 fb.append(fb[-1] + min(p.costs.fb[j + 1] - p.costs.fb[j] for p in chain))
+            by_fb = ("minmax-fb", tuple(fb))  # often one pool is the fastest on every layer
+            if by_fb in self._front_cache:
+                self._front_cache[key] = self._front_cache[fast] = self._front_cache[by_fb]
+                return self._front_cache[key]
             out = [math.inf] * (top + 1)
             best = [fb[j] for j in range(L + 1)]  # best[j]: layers 0..j-1 in P stages
             out[1] = best[L]
@@ -298,7 +302,7 @@ class Chains:
                     nxt[j] = max(best[i], fb[j] - fb[i])
                 best = nxt
                 out[P] = best[L]
-            self._front_cache[key] = out
+            self._front_cache[key] = self._front_cache[by_fb] = out
         self._front_cache[fast] = self._front_cache[key]
         return self._front_cache[key]
 

@@ -207,52 +207,54 @@ class Planner(SinglePool, Chains, TwoTypes):
         for recompute in RECOMPUTE_MODES[self.recompute]:  # later passes start with the plans found so far
             self._pass_recomputes = recompute
             searched.append(self.shapes(recompute))
-            if top == 1 and not pareto and self._probe_cut == math.inf:
-                self._probe_cut = self._probe(searched[-1])
             self._search(searched[-1], best, front, top, pareto)
         ranked = sorted((entry[2] for entry in best), key=lambda c: c.score)
         plans = [self._materialize(c) for c in ranked]
         frontier = [self._materialize(c) for c in sorted(front, key=lambda c: c.outcome.iteration_time_s)]
         return Result(plans, time.process_time() - t0, self.evaluated, frontier)
 
-    def _probe(self, shapes: list[Shape]) -> float:
-        """Just above the score of the first plan a best-first search over single-pool designs alone
-        finds (inf: none), found before the chains are expanded. The optimum is at most that score, so
-        what is bounded above it cannot be the best plan, and the search drops it when it queues it.
-        Everything bounded at or below it is searched as before, in the same order, so ties still go to
-        the plan found first. The probe's plan is not offered: it is found again in the search."""
+    def _probe(self, shapes: list[Shape], singles: list) -> float:
+        """Just above the score of the first plan that a best-first search over single-pool designs
+        alone finds (inf: none), found before the chains are expanded. The optimum is at most that
+        score, so what is bounded above it cannot be the best plan, and the search drops it when it
+        queues it. Everything bounded at or below it is searched as before, in the same order, so
+        ties still go to the plan found first. The probe's plan is not offered: the search finds it
+        again (its work is cached)."""
         probe: list = []
         evaluated = self.evaluated
-        self._search(shapes, probe, [], 1, False, probe=True)
+        self._search(shapes, probe, [], 1, False, singles)
         self.evaluated = evaluated
         return math.nextafter(-probe[0][0], math.inf) if probe else math.inf
 
     def _search(self, shapes: list[Shape], best: list, front: list, top: int, pareto: bool,
-                probe: bool = False) -> None:
-        """probe: single-pool designs alone, until the first plan is found (_probe)."""
+                probe: list | None = None) -> None:
+        """probe: these single-pool families alone, until the first plan is found (_probe)."""
         queue: list = []  # (bound, seq, step, function, args)
         seq = itertools.count()
-        bar = math.inf if probe else self._probe_cut
+        singles = probe if probe is not None else \
+            [fam for shape in shapes for P in range(1, min(self.max_stages, sum(c for _, c in shape.zones) // shape.tp)
+                                                    + 1) if (fam := self._single_family(shape, P)) is not None]
+        if probe is None and top == 1 and not pareto and self._probe_cut == math.inf:
+            self._probe_cut = self._probe(shapes, singles)
+        bar = math.inf if probe is not None else self._probe_cut
 
         def cutoff() -> float:  # a bound at or past it cannot give the best plan(s)
             return min(bar, -best[0][0]) if len(best) == top and not pareto else bar
 
         self._cutoff = cutoff()
-        for shape in shapes:
-            for P in range(1, min(self.max_stages, sum(c for _, c in shape.zones) // shape.tp) + 1):
-                fam = self._single_family(shape, P)
-                if fam is not None and fam[0] < self._cutoff:
-                    heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._single_configs, fam[1]))
-        for mbs in self._chain_pools(shapes) if self.two_pools and not probe else ():
+        for fam in singles:
+            if fam[0] < self._cutoff:
+                heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._single_configs, fam[1]))
+        for mbs in self._chain_pools(shapes) if self.two_pools and probe is None else ():
             for bound, entry in self._chain_starts(mbs):
                 if bound < self._cutoff:
                     heapq.heappush(queue, (bound, next(seq), GROUP, self._chain_expand, entry))
         # pipelines of two types side by side: for throughput (for cost, the cheaper type per
         # microbatch alone is as cheap up to fill and sync; see docs/planner.md)
-        classes = self.two_classes and self.goal.objective == "throughput" and not probe
+        classes = self.two_classes and self.goal.objective == "throughput" and probe is None
         for x, y in self._class_pairs(shapes) if classes else ():
             for P in range(1, self.max_stages + 1):
-                fam = self._two_class_family(x, y, P)
+                fam = self._two_class_family(x, y, P, self._cutoff)
                 if fam is not None and fam[0] < self._cutoff:
                     heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._two_class_configs, fam[1]))
         while queue:
@@ -287,7 +289,7 @@ class Planner(SinglePool, Chains, TwoTypes):
                 heapq.heappush(queue, (bound + extra, next(seq), EVALUATE, evaluate, cfg))
             else:
                 fn(*args, best, front, top, pareto)
-                if probe and best:
+                if probe is not None and best:
                     return
 
     def _bound(self, t_lb: float, usd_per_s: float) -> float:

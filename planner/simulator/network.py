@@ -64,6 +64,7 @@ class Network:
         self.cluster = cluster
         self.fits = fits
         self._cache: dict = {}
+        self._links: dict = {}  # (a, b) fields -> (link class, its fit or None)
 
     def link_class(self, a: Endpoint, b: Endpoint) -> str:
         if a.node == b.node:
@@ -75,16 +76,23 @@ class Network:
             return "region"
         return "continent" if za.region.split("-")[0] == zb.region.split("-")[0] else "world"
 
+    def _link(self, a: Endpoint, b: Endpoint) -> tuple:
+        """(link class, fit or None) of a link; cached, the planner asks for the same links again and again."""
+        key = (a.gpu, a.zone, a.node, a.gpus, b.gpu, b.zone, b.node, b.gpus)
+        got = self._links.get(key)
+        if got is None:
+            kind = self.link_class(a, b)
+            got = self._links[key] = (kind, self.fits.intra_fit(a.gpu, 2) if kind == "intra" else self._inter_fit(a, b))
+        return got
+
     def bytes_per_s(self, nbytes: float, a: Endpoint, b: Endpoint) -> float:
         """Bandwidth for moving `nbytes` in total, split evenly over the GPUs taking part."""
-        kind = self.link_class(a, b)
+        kind, fit = self._link(a, b)
         n = min(a.gpus, b.gpus)
         per_gpu_message = nbytes / n  # fits are indexed by the message each GPU sends
         if kind == "intra":
-            fit = self.fits.intra_fit(a.gpu, 2)
             per_gpu = fit.bytes_per_s(per_gpu_message) if fit else self.cluster.gpu(a.gpu).intra_node_gbps * 1e9
             return per_gpu * n
-        fit = self._inter_fit(a, b)
         if fit is not None:
             return fit.bytes_per_s(per_gpu_message)
         ga, gb = self.cluster.gpu(a.gpu), self.cluster.gpu(b.gpu)
@@ -112,14 +120,13 @@ class Network:
     def allreduce_efficiency(self, a: Endpoint, b: Endpoint) -> float:
         """Share of the link's one-way bandwidth a ring all-reduce reaches over it: measured by
         `sailor profile network` where the fit carries it, else RING_EFFICIENCY (full duplex)."""
-        fit = self.fits.intra_fit(a.gpu, 2) if self.link_class(a, b) == "intra" else self._inter_fit(a, b)
+        fit = self._link(a, b)[1]
         if fit is not None and fit.allreduce_efficiency is not None:
             return fit.allreduce_efficiency
         return RING_EFFICIENCY
 
     def latency(self, a: Endpoint, b: Endpoint) -> float:
-        kind = self.link_class(a, b)
-        fit = self.fits.intra_fit(a.gpu, 2) if kind == "intra" else self._inter_fit(a, b)
+        kind, fit = self._link(a, b)
         if fit is not None and fit.latency_s is not None:
             return fit.latency_s  # measured by `sailor profile network`
         if kind != "intra" and fit is not None:
