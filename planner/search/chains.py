@@ -157,14 +157,25 @@ class Chains:
         best = math.inf
         lim = sum(self._stage_limit(a, b) for a, b in zip(chain, chain[1:]))
         last, (_, n_last) = chain[-1], chain[-1].zones[0]
+        # this chain: its last pool holds the stages the others cannot
+        caps = None if grow else self._last_caps(n_last, last.per_node, last.tp, lim, top)
+        spread4 = least + 4 * cross
         for P in range(len(chain) + grow, top + 1):
-            # this chain: its last pool holds the stages the others cannot
-            d = d_most if grow else min(d_most, total // P, capacity(n_last, last.per_node, max(1, P - lim), last.tp))
+            d = d_most if grow else min(d_most, total // P, caps[P])
             if d < 1:
                 continue
-            slot = max((least + 4 * cross) / P, minmax[P])
-            best = min(best, (math.ceil(M / d) - 1) * slot + u / P)
+            slot, floor = spread4 / P, minmax[P]
+            t = (math.ceil(M / d) - 1) * (slot if slot >= floor else floor) + u / P
+            if t < best:
+                best = t
         return least + 2 * cross + best
+
+    def _last_caps(self, count: int, per_node: int, tp: int, lim: int, top: int) -> tuple:
+        """[P]: pipelines the last pool holds when it has P - lim stages (at least one)."""
+        key = ("last-caps", count, per_node, tp, lim, top)
+        if key not in self._front_cache:
+            self._front_cache[key] = (0, *(capacity(count, per_node, max(1, P - lim), tp) for P in range(1, top + 1)))
+        return self._front_cache[key]
 
     def _least_compute(self, chain: tuple) -> float:
         """Least F+B of one microbatch with pool i holding layers q_i..q_{i+1}-1 (each at least one)."""

@@ -77,17 +77,26 @@ class Network:
         return "continent" if za.region.split("-")[0] == zb.region.split("-")[0] else "world"
 
     def _link(self, a: Endpoint, b: Endpoint) -> tuple:
-        """(link class, fit or None) of a link; cached, the planner asks for the same links again and again."""
+        """(link class, fit or None, all-reduce efficiency, latency) of a link; cached, the planner
+        asks for the same links again and again."""
         key = (a.gpu, a.zone, a.node, a.gpus, b.gpu, b.zone, b.node, b.gpus)
         got = self._links.get(key)
         if got is None:
             kind = self.link_class(a, b)
-            got = self._links[key] = (kind, self.fits.intra_fit(a.gpu, 2) if kind == "intra" else self._inter_fit(a, b))
+            fit = self.fits.intra_fit(a.gpu, 2) if kind == "intra" else self._inter_fit(a, b)
+            # measured by `sailor profile network` where the fit carries them
+            eff = fit.allreduce_efficiency if fit is not None and fit.allreduce_efficiency is not None \
+                else RING_EFFICIENCY
+            if fit is not None and fit.latency_s is not None:
+                lat = fit.latency_s
+            else:
+                lat = 0.0 if kind != "intra" and fit is not None else LATENCY_S[kind]  # 0: measured end to end
+            got = self._links[key] = (kind, fit, eff, lat)
         return got
 
     def bytes_per_s(self, nbytes: float, a: Endpoint, b: Endpoint) -> float:
         """Bandwidth for moving `nbytes` in total, split evenly over the GPUs taking part."""
-        kind, fit = self._link(a, b)
+        kind, fit = self._link(a, b)[:2]
         n = min(a.gpus, b.gpus)
         per_gpu_message = nbytes / n  # fits are indexed by the message each GPU sends
         if kind == "intra":
@@ -120,18 +129,10 @@ class Network:
     def allreduce_efficiency(self, a: Endpoint, b: Endpoint) -> float:
         """Share of the link's one-way bandwidth a ring all-reduce reaches over it: measured by
         `sailor profile network` where the fit carries it, else RING_EFFICIENCY (full duplex)."""
-        fit = self._link(a, b)[1]
-        if fit is not None and fit.allreduce_efficiency is not None:
-            return fit.allreduce_efficiency
-        return RING_EFFICIENCY
+        return self._link(a, b)[2]
 
     def latency(self, a: Endpoint, b: Endpoint) -> float:
-        kind, fit = self._link(a, b)
-        if fit is not None and fit.latency_s is not None:
-            return fit.latency_s  # measured by `sailor profile network`
-        if kind != "intra" and fit is not None:
-            return 0.0  # the fit was measured end to end
-        return LATENCY_S[kind]
+        return self._link(a, b)[3]
 
     def p2p_time(self, nbytes: float, a: Endpoint, b: Endpoint) -> float:
         """Seconds to move `nbytes` from a to b, spread over their GPUs."""
@@ -150,9 +151,10 @@ class Network:
         for a, b, _ in edges:
             n = min(a.gpus, b.gpus)
             step = min(nbytes, BUCKET_BYTES * n) / D  # what the edge moves in one ring step
-            bw = self.bytes_per_s(step, a, b) * self.allreduce_efficiency(a, b)
+            _, _, eff, latency = self._link(a, b)
+            bw = self.bytes_per_s(step, a, b) * eff
             worst = max(worst, volume / bw)
-            lat = max(lat, self.latency(a, b))
+            lat = max(lat, latency)
         return worst + 2 * (D - 1) * lat
 
 
