@@ -12,7 +12,9 @@ the K-th best plan found, so the result is the optimum of the space under the
 simulator's model. Every returned plan is re-simulated: its time and cost must
 agree with the search's to 1e-9 and it must keep every limit the user gave
 (verify.py); tests/planner/test_search.py compares with brute force on small
-clusters.
+clusters. Before the first pass queues chains and two-type families, a probe (a best-first
+search over single-pool designs alone, until its first plan) gives a score the optimum cannot
+exceed, so what is bounded above it is dropped when queued (`_probe`).
 
 Activation recomputation (`recompute`): "never", "always" (every stage
 recomputes), or "auto": a second pass over the same space with recomputation,
