@@ -64,6 +64,7 @@ class Network:
         self.cluster = cluster
         self.fits = fits
         self._cache: dict = {}
+        self._measured: dict | None = None
         self._links: dict = {}  # (a, b) fields -> (link class, its fit or None)
 
     def link_class(self, a: Endpoint, b: Endpoint) -> str:
@@ -116,8 +117,12 @@ class Network:
             fit = self.fits.inter_fit(a.zone, a.gpu, a.gpus, b.zone, b.gpu, b.gpus)
             if fit is None and (a.gpus > 1 or b.gpus > 1):
                 # GPU counts beyond the measured ones (e.g. 8 on a 4-GPU fit): the largest measured.
-                counts = {k[2] for k in self.fits.inter if k[0] == a.zone and k[3] == b.zone and k[2] == k[5]
-                          and k[1] in (a.gpu, b.gpu)}
+                if self._measured is None:  # (zone, zone) -> (GPU, count) of the fits with equal counts
+                    self._measured = {}
+                    for k in self.fits.inter:
+                        if k[2] == k[5]:
+                            self._measured.setdefault((k[0], k[3]), []).append((k[1], k[2]))
+                counts = {n for g, n in self._measured.get((a.zone, b.zone), ()) if g in (a.gpu, b.gpu)}
                 counts = [n for n in counts if self.fits.inter_fit(a.zone, a.gpu, n, b.zone, b.gpu, n) is not None]
                 if counts:
                     n = max(c for c in counts if c <= max(a.gpus, b.gpus)) if min(counts) <= max(a.gpus, b.gpus) \
