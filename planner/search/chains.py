@@ -109,6 +109,8 @@ class Chains:
                     continue  # (recomputing, every stage fits without: the plain chain is as good)
                 # any chain of a pool of A then one of B: the largest pools, p2p of at least 0
                 rep = (max(pa, key=lambda p: p.zones[0][1]), max(pb, key=lambda p: p.zones[0][1]))
+                if self._pair_floor(rep) >= self._cutoff:
+                    continue  # (its bound would be at least as large)
                 bound = self._chain_bound(rep, False, cross=0.0)
                 if bound < math.inf:
                     yield bound, ("pairs", (pa, pb, bound))
@@ -117,6 +119,23 @@ class Chains:
                 bound = self._chain_bound(chain, True)
                 if bound < math.inf:
                     yield bound, ("grow", chain)
+
+    def _pair_floor(self, rep: tuple) -> float:
+        """Throughput: a lower bound, in O(L), of the time of every design on the chains of two pools
+        that rep bounds (as _chain_bound(rep, cross=0) does, coarser). Each layer at the faster pool's
+        time: their sum is at most a microbatch's compute, the largest at most the bottleneck (its
+        stage holds it); D <= d_most pipelines, so at least ceil(M / d_most) - 1 bubbles; the bound's
+        terms decrease in P, so P = top is the least. A 1e-9 margin for rounding."""
+        if self.goal.objective != "throughput" or self._cutoff == math.inf:
+            return -math.inf
+        (a, b), L, M, top = rep, self.L, self.gbs // rep[0].mbs, min(self.max_stages, self.L)
+        fa, fb = a.costs.fb, b.costs.fb
+        layers = [min(fa[j + 1] - fa[j], fb[j + 1] - fb[j]) for j in range(L)]
+        d_most = min(M, *(n // p.tp for p in rep for _, n in p.zones))
+        if d_most < 1:
+            return math.inf
+        total, u = sum(layers), min(a.u, b.u) * a.costs.params(0, L - 1)
+        return (total + (math.ceil(M / d_most) - 1) * max(total / top, max(layers)) + u / top) * (1 - 1e-9)
 
     def _canonical(self, chain: tuple, nxt: Shape) -> bool:
         """May a chain of two pools start with `chain` and go on to `nxt`? Each (GPU type, zone) once; a
