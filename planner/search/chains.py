@@ -109,14 +109,33 @@ class Chains:
                     continue  # (recomputing, every stage fits without: the plain chain is as good)
                 # any chain of a pool of A then one of B: the largest pools, p2p of at least 0
                 rep = (max(pa, key=lambda p: p.zones[0][1]), max(pb, key=lambda p: p.zones[0][1]))
+                if self._pair_floor(rep) >= self._cutoff:
+                    continue  # (its bound would be at least as large)
                 bound = self._chain_bound(rep, False, cross=0.0)
                 if bound < math.inf:
-                    yield bound, ("pairs", (pa, pb))
+                    yield bound, ("pairs", (pa, pb, bound))
         for chain in self._zone_chains:
             if chain[0].mbs == mbs and self._recompute_floor_upto(chain[0]) < math.inf:
                 bound = self._chain_bound(chain, True)
                 if bound < math.inf:
                     yield bound, ("grow", chain)
+
+    def _pair_floor(self, rep: tuple) -> float:
+        """Throughput: a lower bound, in O(L), of the time of every design on the chains of two pools
+        that rep bounds (as _chain_bound(rep, cross=0) does, coarser). Each layer at the faster pool's
+        time: their sum is at most a microbatch's compute, the largest at most the bottleneck (its
+        stage holds it); D <= d_most pipelines, so at least ceil(M / d_most) - 1 bubbles; the bound's
+        terms decrease in P, so P = top is the least. A 1e-9 margin for rounding."""
+        if self.goal.objective != "throughput" or self._cutoff == math.inf:
+            return -math.inf
+        (a, b), L, M, top = rep, self.L, self.gbs // rep[0].mbs, min(self.max_stages, self.L)
+        fa, fb = a.costs.fb, b.costs.fb
+        layers = [min(fa[j + 1] - fa[j], fb[j + 1] - fb[j]) for j in range(L)]
+        d_most = min(M, *(n // p.tp for p in rep for _, n in p.zones))
+        if d_most < 1:
+            return math.inf
+        total, u = sum(layers), min(a.u, b.u) * a.costs.params(0, L - 1)
+        return (total + (math.ceil(M / d_most) - 1) * max(total / top, max(layers)) + u / top) * (1 - 1e-9)
 
     def _canonical(self, chain: tuple, nxt: Shape) -> bool:
         """May a chain of two pools start with `chain` and go on to `nxt`? Each (GPU type, zone) once; a
@@ -157,14 +176,25 @@ class Chains:
         best = math.inf
         lim = sum(self._stage_limit(a, b) for a, b in zip(chain, chain[1:]))
         last, (_, n_last) = chain[-1], chain[-1].zones[0]
+        # this chain: its last pool holds the stages the others cannot
+        caps = None if grow else self._last_caps(n_last, last.per_node, last.tp, lim, top)
+        spread4 = least + 4 * cross
         for P in range(len(chain) + grow, top + 1):
-            # this chain: its last pool holds the stages the others cannot
-            d = d_most if grow else min(d_most, total // P, capacity(n_last, last.per_node, max(1, P - lim), last.tp))
+            d = d_most if grow else min(d_most, total // P, caps[P])
             if d < 1:
                 continue
-            slot = max((least + 4 * cross) / P, minmax[P])
-            best = min(best, (math.ceil(M / d) - 1) * slot + u / P)
+            slot, floor = spread4 / P, minmax[P]
+            t = (math.ceil(M / d) - 1) * (slot if slot >= floor else floor) + u / P
+            if t < best:
+                best = t
         return least + 2 * cross + best
+
+    def _last_caps(self, count: int, per_node: int, tp: int, lim: int, top: int) -> tuple:
+        """[P]: pipelines the last pool holds when it has P - lim stages (at least one)."""
+        key = ("last-caps", count, per_node, tp, lim, top)
+        if key not in self._front_cache:
+            self._front_cache[key] = (0, *(capacity(count, per_node, max(1, P - lim), tp) for P in range(1, top + 1)))
+        return self._front_cache[key]
 
     def _least_compute(self, chain: tuple) -> float:
         """Least F+B of one microbatch with pool i holding layers q_i..q_{i+1}-1 (each at least one)."""
@@ -187,11 +217,15 @@ class Chains:
         designs, and those of longer ones)."""
         kind, what = args
         if kind == "pairs":
-            pa, pb = what
+            pa, pb, floor = what
+            # throughput: floor + 2 p2p bounds each chain's own bound from below (floor took the largest
+            # pools, so the most pipelines and no larger term of _chain_bound, and no p2p, which every
+            # term grows with); a 1e-9 margin for rounding. Cost: prices differ by zone, no such floor.
+            lowest = (floor if self.goal.objective == "throughput" else 0.0) * (1 - 1e-9)
             for a in pa:
                 if self._canonical((), a):
                     for b in pb:
-                        if self._canonical((a,), b):
+                        if self._canonical((a,), b) and (not lowest or lowest + 2 * self._cross(a, b) < cutoff):
                             bound = self._chain_bound((a, b), False)
                             if bound < cutoff:
                                 yield bound, "chain", ("chain", (a, b))
@@ -272,12 +306,19 @@ class Chains:
     def _minmax_stage(self, chain: tuple) -> list[float]:
         """[P]: the least largest stage, in F+B of one microbatch, of any split into P stages when every
         layer runs as fast as on the chain's fastest pool for it (memory and p2p left out)."""
+        fast = ("minmax-of", tuple(id(p.costs) for p in chain))  # the same answer, found without the set
+        if fast in self._front_cache:
+            return self._front_cache[fast]
         key = ("minmax", chain[0].mbs, frozenset((p.gpu, p.tp) for p in chain))  # chain: any pools
         if key not in self._front_cache:
             L, top = self.L, min(self.max_stages, self.L)
             fb = [0.0]
             for j in range(L):
                 fb.append(fb[-1] + min(p.costs.fb[j + 1] - p.costs.fb[j] for p in chain))
+            by_fb = ("minmax-fb", tuple(fb))  # often one pool is the fastest on every layer
+            if by_fb in self._front_cache:
+                self._front_cache[key] = self._front_cache[fast] = self._front_cache[by_fb]
+                return self._front_cache[key]
             out = [math.inf] * (top + 1)
             best = [fb[j] for j in range(L + 1)]  # best[j]: layers 0..j-1 in P stages
             out[1] = best[L]
@@ -291,7 +332,8 @@ class Chains:
                     nxt[j] = max(best[i], fb[j] - fb[i])
                 best = nxt
                 out[P] = best[L]
-            self._front_cache[key] = out
+            self._front_cache[key] = self._front_cache[by_fb] = out
+        self._front_cache[fast] = self._front_cache[key]
         return self._front_cache[key]
 
     def _cross(self, a: Shape, b: Shape) -> float:
@@ -316,8 +358,11 @@ class Chains:
         floor = min(floors)
         if floor == math.inf:
             return  # no stage needs recomputing: the plain family is as good
+        throughput = self.goal.objective == "throughput"
         for m, D in self._microbatch_counts(M, d_cap):
-            slot = max(slot_lb, floor, self._least_slot(chain, Ps, m, intra, crosses))
+            # a bottleneck of at least `cap` puts the bound at or past the K-th best plan found
+            cap = (self._cutoff - fill - upd) / (m - 1) if throughput and m > 1 else math.inf
+            slot = max(slot_lb, floor, self._least_slot(chain, Ps, m, intra, crosses, cap))
             if slot == math.inf:
                 continue  # no split fits in memory
             t_lb = fill + (m - 1) * slot + upd
@@ -331,36 +376,43 @@ class Chains:
         usd = D * sum(n * p.tp * p.prices[p.zones[0][0]] for p, n in zip(chain, Ps))
         return self._bound(sync, usd), usd, self._evaluate_chain, (chain, Ps, D, m, intra, crosses, sync)
 
-    def _least_slot(self, chain, Ps, m, intra, crosses) -> float:
+    def _least_slot(self, chain, Ps, m, intra, crosses, cap: float = math.inf) -> float:
         """The least 1F1B bottleneck (F+B and p2p of a stage) over every split of the chain whose stages
-        fit in memory: a min-max dynamic program over layers."""
+        fit in memory: a min-max dynamic program over layers. Partial splits whose bottleneck reaches
+        `cap` are dropped (a stage's F+B grows with its last layer): if none is left the answer is
+        at least `cap`, and `cap` is returned, a lower bound; inf: no split fits."""
         L, P, k = self.L, sum(Ps), len(chain)
         key = ("least-slot", tuple(id(p) for p in chain), Ps, min(m, P), intra, crosses)
-        if key not in self._front_cache:
-            inf = math.inf
-            best, g = [0.0] + [inf] * L, 0  # best[j]: layers 0..j-1 in the stages so far
-            for i, (p, n) in enumerate(zip(chain, Ps)):
-                fb = p.costs.fb
-                left, c, right = crosses[i - 1] if i else 0.0, intra[i], crosses[i] if i < k - 1 else 0.0
-                for s in range(n):
-                    fit = p.costs.last_fit(min(P - g, m))
-                    edge = 2 * ((left if s == 0 else c) + (c if s < n - 1 else right))
-                    top = L - (P - 1 - g)  # a layer for every stage after this one
-                    nxt = [inf] * (L + 1)
-                    for i0 in range(g, L):
-                        v = best[i0]
-                        if v == inf:
-                            continue
-                        base = fb[i0] - edge
-                        for j in range(i0 + 1, min(fit[i0] + 1, top) + 1):
-                            w = fb[j] - base
-                            if v > w:
-                                w = v
-                            if w < nxt[j]:
-                                nxt[j] = w
-                    best, g = nxt, g + 1
-            self._front_cache[key] = best[L]
-        return self._front_cache[key]
+        known = self._front_cache.get(key)  # (value, exact)
+        if known is not None and (known[1] or known[0] >= cap):
+            return known[0]
+        inf = math.inf
+        best, g = [0.0] + [inf] * L, 0  # best[j]: layers 0..j-1 in the stages so far
+        for i, (p, n) in enumerate(zip(chain, Ps)):
+            fb = p.costs.fb
+            left, c, right = crosses[i - 1] if i else 0.0, intra[i], crosses[i] if i < k - 1 else 0.0
+            for s in range(n):
+                fit = p.costs.last_fit(min(P - g, m))
+                edge = 2 * ((left if s == 0 else c) + (c if s < n - 1 else right))
+                top = L - (P - 1 - g)  # a layer for every stage after this one
+                nxt = [inf] * (L + 1)
+                for i0 in range(g, L):
+                    v = best[i0]
+                    if v >= cap:
+                        continue
+                    base = fb[i0] - edge
+                    for j in range(i0 + 1, min(fit[i0] + 1, top) + 1):
+                        w = fb[j] - base
+                        if w >= cap:
+                            break
+                        if v > w:
+                            w = v
+                        if w < nxt[j]:
+                            nxt[j] = w
+                best, g = nxt, g + 1
+        exact = best[L] < cap or cap == inf
+        self._front_cache[key] = (best[L] if exact else cap, exact)
+        return self._front_cache[key][0]
 
     def _pool_sync(self, params: int, shape: Shape, stages: int, D: int) -> tuple:
         return self._sync(params, D, shape.gpu, shape.tp, ((shape.zones[0][0], D),), self._per_node(shape, stages))

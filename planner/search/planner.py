@@ -12,7 +12,9 @@ the K-th best plan found, so the result is the optimum of the space under the
 simulator's model. Every returned plan is re-simulated: its time and cost must
 agree with the search's to 1e-9 and it must keep every limit the user gave
 (verify.py); tests/planner/test_search.py compares with brute force on small
-clusters.
+clusters. Before the first pass queues chains and two-type families, a probe (a best-first
+search over single-pool designs alone, until its first plan) gives a score the optimum cannot
+exceed, so what is bounded above it is dropped when queued (`_probe`).
 
 Activation recomputation (`recompute`): "never", "always" (every stage
 recomputes), or "auto": a second pass over the same space with recomputation,
@@ -91,6 +93,9 @@ class Planner(SinglePool, Chains, TwoTypes):
         self._pass_recomputes = False  # the pass running now
         self.evaluated = 0
         self._sync_cache: dict = {}
+        self._cutoff = math.inf  # what a bound must beat: the K-th best score found, or the probe's
+        self._probe_cut = math.inf  # just above the score of the probe's plan (_probe)
+        self._ring_cache: dict = {}  # (gpu, tp, placed, replicas per node) -> the ring's distinct edges
         self._front_cache: dict = {}
 
     def _zones(self, gpu: str) -> list[tuple[str, int]]:
@@ -200,6 +205,7 @@ class Planner(SinglePool, Chains, TwoTypes):
         best: list = []  # heap of (-score, seq, candidate): the K best so far
         front: list[Candidate] = []
         searched = []  # every pass's shapes stay alive: caches are keyed by id() of their costs
+        self._probe_cut = math.inf
         for recompute in RECOMPUTE_MODES[self.recompute]:  # later passes start with the plans found so far
             self._pass_recomputes = recompute
             searched.append(self.shapes(recompute))
@@ -209,34 +215,57 @@ class Planner(SinglePool, Chains, TwoTypes):
         frontier = [self._materialize(c) for c in sorted(front, key=lambda c: c.outcome.iteration_time_s)]
         return Result(plans, time.process_time() - t0, self.evaluated, frontier)
 
-    def _search(self, shapes: list[Shape], best: list, front: list, top: int, pareto: bool) -> None:
+    def _probe(self, shapes: list[Shape], singles: list) -> float:
+        """Just above the score of the first plan that a best-first search over single-pool designs
+        alone finds (inf: none), found before the chains are expanded. The optimum is at most that
+        score, so what is bounded above it cannot be the best plan, and the search drops it when it
+        queues it. Everything bounded at or below it is searched as before, in the same order, so
+        ties still go to the plan found first. The probe's plan is not offered: the search finds it
+        again (its work is cached)."""
+        probe: list = []
+        evaluated = self.evaluated
+        self._search(shapes, probe, [], 1, False, singles)
+        self.evaluated = evaluated
+        return math.nextafter(-probe[0][0], math.inf) if probe else math.inf
+
+    def _search(self, shapes: list[Shape], best: list, front: list, top: int, pareto: bool,
+                probe: list | None = None) -> None:
+        """probe: these single-pool families alone, until the first plan is found (_probe)."""
         queue: list = []  # (bound, seq, step, function, args)
         seq = itertools.count()
-        for shape in shapes:
-            for P in range(1, min(self.max_stages, sum(c for _, c in shape.zones) // shape.tp) + 1):
-                fam = self._single_family(shape, P)
-                if fam is not None:
-                    heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._single_configs, fam[1]))
-        cutoff = -best[0][0] if len(best) == top and not pareto else math.inf  # from an earlier pass
-        for mbs in self._chain_pools(shapes) if self.two_pools else ():
+        singles = probe if probe is not None else \
+            [fam for shape in shapes for P in range(1, min(self.max_stages, sum(c for _, c in shape.zones) // shape.tp)
+                                                    + 1) if (fam := self._single_family(shape, P)) is not None]
+        if probe is None and top == 1 and not pareto and self._probe_cut == math.inf:
+            self._probe_cut = self._probe(shapes, singles)
+        bar = math.inf if probe is not None else self._probe_cut
+
+        def cutoff() -> float:  # a bound at or past it cannot give the best plan(s)
+            return min(bar, -best[0][0]) if len(best) == top and not pareto else bar
+
+        self._cutoff = cutoff()
+        for fam in singles:
+            if fam[0] < self._cutoff:
+                heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._single_configs, fam[1]))
+        for mbs in self._chain_pools(shapes) if self.two_pools and probe is None else ():
             for bound, entry in self._chain_starts(mbs):
-                if bound < cutoff:
+                if bound < self._cutoff:
                     heapq.heappush(queue, (bound, next(seq), GROUP, self._chain_expand, entry))
         # pipelines of two types side by side: for throughput (for cost, the cheaper type per
         # microbatch alone is as cheap up to fill and sync; see docs/planner.md)
-        classes = self.two_classes and self.goal.objective == "throughput"
+        classes = self.two_classes and self.goal.objective == "throughput" and probe is None
         for x, y in self._class_pairs(shapes) if classes else ():
             for P in range(1, self.max_stages + 1):
-                fam = self._two_class_family(x, y, P)
-                if fam is not None:
+                fam = self._two_class_family(x, y, P, self._cutoff)
+                if fam is not None and fam[0] < self._cutoff:
                     heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._two_class_configs, fam[1]))
         while queue:
             bound, _, step, fn, args = heapq.heappop(queue)
-            if not pareto and len(best) == top and bound >= -best[0][0]:
+            if bound >= cutoff():
                 break  # nothing left can enter the top K
             if step == GROUP:  # a chain of pools: expand into its families and into longer chains
-                for sub_bound, kind, sub in fn(args, -best[0][0] if len(best) == top and not pareto else math.inf):
-                    if pareto or len(best) < top or sub_bound < -best[0][0]:
+                for sub_bound, kind, sub in fn(args, cutoff()):
+                    if sub_bound < cutoff():
                         heapq.heappush(queue, (sub_bound, next(seq), *((FAMILY, self._chain_configs, sub) if
                                                                         kind == "family" else (GROUP, fn, sub))))
             elif step == FAMILY:  # expand into configurations, bounded cheaply
@@ -262,6 +291,8 @@ class Planner(SinglePool, Chains, TwoTypes):
                 heapq.heappush(queue, (bound + extra, next(seq), EVALUATE, evaluate, cfg))
             else:
                 fn(*args, best, front, top, pareto)
+                if probe is not None and best:
+                    return
 
     def _bound(self, t_lb: float, usd_per_s: float) -> float:
         return t_lb if self.goal.objective == "throughput" else t_lb * usd_per_s
@@ -290,8 +321,14 @@ class Planner(SinglePool, Chains, TwoTypes):
         """(seconds, egress USD) of one stage's gradient ring; cached, the search asks again and again."""
         key = (params, D, gpu, tp, placed, per_node_replicas)
         if key not in self._sync_cache:
-            edges = ring_edges_of(gpu, tp, list(placed), per_node_replicas)
-            self._sync_cache[key] = self.sim.edges_sync(params, D, edges) if D > 1 else (0.0, 0.0)
+            if D > 1:
+                ring = (gpu, tp, placed, per_node_replicas)  # its edges do not depend on the parameters
+                edges = self._ring_cache.get(ring)
+                if edges is None:
+                    edges = self._ring_cache[ring] = ring_edges_of(gpu, tp, list(placed), per_node_replicas)
+                self._sync_cache[key] = self.sim.edges_sync(params, D, edges)
+            else:
+                self._sync_cache[key] = (0.0, 0.0)
         return self._sync_cache[key]
 
     @staticmethod
@@ -328,6 +365,8 @@ class Planner(SinglePool, Chains, TwoTypes):
             heapq.heappush(best, entry)
         elif cand.score < -best[0][0]:
             heapq.heapreplace(best, entry)
+        if len(best) == top and not pareto:
+            self._cutoff = min(self._cutoff, -best[0][0])  # what a bound must beat now
         if pareto:
             o = cand.outcome
             if any(f.outcome.iteration_time_s <= o.iteration_time_s and

@@ -125,11 +125,11 @@ def capacity(count: int, per_node: int, stages: int, tp: int) -> int:
 
 def ring_edges_of(gpu: str, tp: int, placed: list[tuple[str, int]], per_node_replicas: int):
     """Distinct edges of a stage's gradient ring (as network.ring_edges of the placed plan)."""
-    counts: dict = {}
+    counts: dict = {}  # (zone, zone, same node) -> how often; endpoints made once per distinct edge
 
     def add(za, zb, same, n=1):
         if n > 0:
-            key = (Endpoint(gpu, za, 0, tp), Endpoint(gpu, zb, 0 if same else 1, tp))
+            key = (za, zb, same)
             counts[key] = counts.get(key, 0) + n
 
     q = per_node_replicas
@@ -144,4 +144,16 @@ def ring_edges_of(gpu: str, tp: int, placed: list[tuple[str, int]], per_node_rep
         add(zl, z0, False)  # back to the first zone
     else:
         add(z0, z0, math.ceil(placed[0][1] / q) == 1)
-    return [(a, b, n) for (a, b), n in counts.items()]
+    return [(_endpoint(gpu, za, 0, tp), _endpoint(gpu, zb, 0 if same else 1, tp), n)
+            for (za, zb, same), n in counts.items()]
+
+
+_ENDPOINTS: dict = {}  # (gpu, zone, node, gpus) -> Endpoint: immutable, so shared (few distinct ones)
+
+
+def _endpoint(gpu: str, zone: str, node: int, gpus: int) -> Endpoint:
+    key = (gpu, zone, node, gpus)
+    end = _ENDPOINTS.get(key)
+    if end is None:
+        end = _ENDPOINTS[key] = Endpoint(gpu, zone, node, gpus)
+    return end

@@ -43,7 +43,8 @@ class TwoTypes:
 
         return crossing(P, math.ceil((M - dy) / dx), times)
 
-    def _two_class_family(self, x: Shape, y: Shape, P: int):
+    def _two_class_family(self, x: Shape, y: Shape, P: int, cutoff: float = math.inf):
+        """(bound, args) of the pipelines of X and Y with P stages each; None if the bound reaches `cutoff`."""
         M = self.gbs // x.mbs
         if min(self._recompute_floor_upto(x, P), self._recompute_floor_upto(y, P)) == math.inf:
             return None  # no stage needs recomputing: the plain family is as good
@@ -56,6 +57,10 @@ class TwoTypes:
         upd = min(x.u, y.u) * x.costs.params(0, self.L - 1) / P
         most = M // P  # every pipeline runs at least P microbatches
         if most < 2:
+            return None
+        # each class runs at least P microbatches, so _balance's time is at least either's time then
+        least = max(lbs[0][0] + (P - 1) * lbs[0][1], lbs[1][0] + (P - 1) * lbs[1][1])
+        if self.goal.objective == "throughput" and least + upd >= cutoff:
             return None
         ideal = self._balance(M, P, [(min(caps[0], most - 1), *lbs[0]), (min(caps[1], most - 1), *lbs[1])])
         if ideal is None:

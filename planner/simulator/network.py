@@ -64,6 +64,8 @@ class Network:
         self.cluster = cluster
         self.fits = fits
         self._cache: dict = {}
+        self._measured: dict | None = None
+        self._links: dict = {}  # (a, b) fields -> (link class, its fit or None)
 
     def link_class(self, a: Endpoint, b: Endpoint) -> str:
         if a.node == b.node:
@@ -75,16 +77,32 @@ class Network:
             return "region"
         return "continent" if za.region.split("-")[0] == zb.region.split("-")[0] else "world"
 
+    def _link(self, a: Endpoint, b: Endpoint) -> tuple:
+        """(link class, fit or None, all-reduce efficiency, latency) of a link; cached, the planner
+        asks for the same links again and again."""
+        key = (a.gpu, a.zone, a.node, a.gpus, b.gpu, b.zone, b.node, b.gpus)
+        got = self._links.get(key)
+        if got is None:
+            kind = self.link_class(a, b)
+            fit = self.fits.intra_fit(a.gpu, 2) if kind == "intra" else self._inter_fit(a, b)
+            # measured by `sailor profile network` where the fit carries them
+            eff = fit.allreduce_efficiency if fit is not None and fit.allreduce_efficiency is not None \
+                else RING_EFFICIENCY
+            if fit is not None and fit.latency_s is not None:
+                lat = fit.latency_s
+            else:
+                lat = 0.0 if kind != "intra" and fit is not None else LATENCY_S[kind]  # 0: measured end to end
+            got = self._links[key] = (kind, fit, eff, lat)
+        return got
+
     def bytes_per_s(self, nbytes: float, a: Endpoint, b: Endpoint) -> float:
         """Bandwidth for moving `nbytes` in total, split evenly over the GPUs taking part."""
-        kind = self.link_class(a, b)
+        kind, fit = self._link(a, b)[:2]
         n = min(a.gpus, b.gpus)
         per_gpu_message = nbytes / n  # fits are indexed by the message each GPU sends
         if kind == "intra":
-            fit = self.fits.intra_fit(a.gpu, 2)
             per_gpu = fit.bytes_per_s(per_gpu_message) if fit else self.cluster.gpu(a.gpu).intra_node_gbps * 1e9
             return per_gpu * n
-        fit = self._inter_fit(a, b)
         if fit is not None:
             return fit.bytes_per_s(per_gpu_message)
         ga, gb = self.cluster.gpu(a.gpu), self.cluster.gpu(b.gpu)
@@ -99,8 +117,12 @@ class Network:
             fit = self.fits.inter_fit(a.zone, a.gpu, a.gpus, b.zone, b.gpu, b.gpus)
             if fit is None and (a.gpus > 1 or b.gpus > 1):
                 # GPU counts beyond the measured ones (e.g. 8 on a 4-GPU fit): the largest measured.
-                counts = {k[2] for k in self.fits.inter if k[0] == a.zone and k[3] == b.zone and k[2] == k[5]
-                          and k[1] in (a.gpu, b.gpu)}
+                if self._measured is None:  # (zone, zone) -> (GPU, count) of the fits with equal counts
+                    self._measured = {}
+                    for k in self.fits.inter:
+                        if k[2] == k[5]:
+                            self._measured.setdefault((k[0], k[3]), []).append((k[1], k[2]))
+                counts = {n for g, n in self._measured.get((a.zone, b.zone), ()) if g in (a.gpu, b.gpu)}
                 counts = [n for n in counts if self.fits.inter_fit(a.zone, a.gpu, n, b.zone, b.gpu, n) is not None]
                 if counts:
                     n = max(c for c in counts if c <= max(a.gpus, b.gpus)) if min(counts) <= max(a.gpus, b.gpus) \
@@ -112,19 +134,10 @@ class Network:
     def allreduce_efficiency(self, a: Endpoint, b: Endpoint) -> float:
         """Share of the link's one-way bandwidth a ring all-reduce reaches over it: measured by
         `sailor profile network` where the fit carries it, else RING_EFFICIENCY (full duplex)."""
-        fit = self.fits.intra_fit(a.gpu, 2) if self.link_class(a, b) == "intra" else self._inter_fit(a, b)
-        if fit is not None and fit.allreduce_efficiency is not None:
-            return fit.allreduce_efficiency
-        return RING_EFFICIENCY
+        return self._link(a, b)[2]
 
     def latency(self, a: Endpoint, b: Endpoint) -> float:
-        kind = self.link_class(a, b)
-        fit = self.fits.intra_fit(a.gpu, 2) if kind == "intra" else self._inter_fit(a, b)
-        if fit is not None and fit.latency_s is not None:
-            return fit.latency_s  # measured by `sailor profile network`
-        if kind != "intra" and fit is not None:
-            return 0.0  # the fit was measured end to end
-        return LATENCY_S[kind]
+        return self._link(a, b)[3]
 
     def p2p_time(self, nbytes: float, a: Endpoint, b: Endpoint) -> float:
         """Seconds to move `nbytes` from a to b, spread over their GPUs."""
@@ -143,9 +156,10 @@ class Network:
         for a, b, _ in edges:
             n = min(a.gpus, b.gpus)
             step = min(nbytes, BUCKET_BYTES * n) / D  # what the edge moves in one ring step
-            bw = self.bytes_per_s(step, a, b) * self.allreduce_efficiency(a, b)
+            _, _, eff, latency = self._link(a, b)
+            bw = self.bytes_per_s(step, a, b) * eff
             worst = max(worst, volume / bw)
-            lat = max(lat, self.latency(a, b))
+            lat = max(lat, latency)
         return worst + 2 * (D - 1) * lat
 
 
