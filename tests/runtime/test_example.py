@@ -2,6 +2,7 @@
 (DATA_TEXT) that the script prepares with `sailor data prepare --tokenizer bytes`."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -25,5 +26,7 @@ def test_example_trains_through_torchrun(tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(m["samples_per_replica"] == [8, 4] and m["tokens"] == 12 * 64 for m in metrics)
-    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "iter_0000003"
+    name, digest = (tmp_path / "ckpt" / "latest").read_text().split()  # the name and its meta.json's SHA-256
+    assert name == "iter_0000003"
+    assert digest == hashlib.sha256((tmp_path / "ckpt" / name / "meta.json").read_bytes()).hexdigest()
     assert (tmp_path / "corpus.bin").stat().st_size == 2 * len(text.read_bytes())  # uint16 bytes, no EOS
