@@ -266,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0 or not getattr(e, "agreed", False):  # an agreed error names its rank; rank 0 says it
             print(f"sailor: error: {e}" if getattr(e, "agreed", False) else f"sailor: error: rank {rank}: {e}",
                   file=sys.stderr, flush=True)
+        if getattr(e, "agreed", False):
+            # Every rank leaves at once, before training wrote anything. Left to the interpreter's exit, the
+            # process group's destructor can find a peer already gone and abort the process (SIGABRT).
+            sys.stdout.flush()
+            os._exit(e.exit_code)
         return e.exit_code
     except RuntimeError as e:
         if not _is_peer_failure(e):
