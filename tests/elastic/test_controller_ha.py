@@ -25,6 +25,13 @@ pytestmark = pytest.mark.slow
 LOSS_RTOL = 1e-5
 
 
+
+def assert_refused_in_one_line(refused, leads: str) -> None:
+    """A second controller on a led job: exit 2 and one line naming the leader."""
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert "another controller" in lines[0] and leads in lines[0]
+
 def train_args(iters: int, save_interval: int = 4) -> list[str]:
     return ["--train-iters", str(iters), "--save", "ckpt", "--save-interval", str(save_interval),
             "--dist-timeout", "60", "--seed", "3"]
@@ -89,9 +96,7 @@ def test_controller_killed_and_restarted_from_its_journal(tmp_path):
         last = finish(job)
     finally:
         job.close()
-    lines = refused.stderr.strip().splitlines()
-    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
-    assert "another controller" in lines[0] and "leads this job" in lines[0]
+    assert_refused_in_one_line(refused, "leads this job")
     metrics = assert_one_epoch_no_restart(job, last, pids)
     expected = reference_losses(tmp_path / "reference", last)
     for m in metrics:
@@ -218,9 +223,7 @@ def test_etcd_a_controller_on_another_port_takes_over(tmp_path, etcd):
         last = finish(job)
     finally:
         job.close()
-    lines = refused.stderr.strip().splitlines()
-    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
-    assert "another controller" in lines[0] and "leads job 'job'" in lines[0]
+    assert_refused_in_one_line(refused, "leads job 'job'")
     expected = reference_losses(tmp_path / "reference", last)
     for m in assert_one_epoch_no_restart(job, last, pids):
         assert m["loss"] == pytest.approx(expected[m["step"]], rel=LOSS_RTOL), m
