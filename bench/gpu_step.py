@@ -29,8 +29,8 @@ time, against the GPU's dense bf16 peak from planner/specs/hardware.py
     python bench/gpu_step.py --layers 2 --steps 3      # a quick look (smaller model)
 
 Needs one CUDA GPU with about 50 GB free (megatron-core's local spec keeps s x s
-attention scores per block); it has NOT been run yet (written
-on a machine without a GPU): no number from it is in the docs.
+attention scores per block; it peaked at 40 GiB on an H100). Results of the
+first runs: bench/results/h100-2026-11-25, docs/runtime.md.
 """
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ def backend_for(device: torch.device, requested: str | None = None) -> str:
         # when its watchdog sees the timeout; 2 ("CleanUpOnly") aborts the communicators and lets the
         # pending operation raise, so train.py can say which rank failed and exit 3, and an elastic
         # worker survives to join the next epoch (its watcher aborts at once on the controller's
-        # word: elastic/abort.py). Not exercised here: this machine has no GPU.
+        # word: elastic/abort.py). Not exercised yet: it needs two GPUs (NCCL takes one rank per GPU).
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     return backend
 

@@ -51,6 +51,11 @@ def init_distributed(layout: Layout, rank: int, local_rank: int, timeout_s: floa
     store: the rendezvous store startup used (default: MASTER_ADDR/MASTER_PORT)."""
     device = compat.pick_device(local_rank)
     backend = devices.backend_for(device, backend)
+    if backend == "gloo" and device.type == "cuda" and layout.plan.pp > 1:
+        error = SailorError(f"gloo cannot send CUDA tensors between pipeline stages, and this plan has "
+                            f"{layout.plan.pp}; use nccl (one rank per GPU) or a one-stage plan")
+        error.agreed = True  # every rank finds the same: rank 0 alone says it
+        raise error
     devices.configure(device)
     dist.init_process_group(backend, rank=rank, world_size=layout.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s),
@@ -232,8 +237,14 @@ class Trainer:
         if not (topo.is_first_stage or topo.is_last_stage):
             return [None] * self.pipeline.num_microbatches
         consumed = self.consumed if consumed is None else consumed
-        return [torch.from_numpy(np.asarray(mb)).to(self.device)
+        return [self._to_device(torch.from_numpy(np.asarray(mb)))
                 for mb in microbatches(source or self.source, self.slicer, consumed, topo.replica)]
+
+    def _to_device(self, tokens: torch.Tensor) -> torch.Tensor:
+        """On CUDA through pinned memory: a copy from pageable memory would wait for the GPU's queue to drain."""
+        if self.device.type == "cuda":
+            return tokens.pin_memory().to(self.device, non_blocking=True)
+        return tokens.to(self.device)
 
     def seed_step(self) -> None:
         """Random streams of the next step (see RNG_RULE)."""
@@ -258,7 +269,7 @@ class Trainer:
         counts_loss = topo.is_last_stage and topo.tp_rank == 0  # one copy of each pipeline's loss
         stats = torch.stack([self.optimizer.local_grad_sumsq(),
                              (loss_sum if counts_loss else torch.zeros_like(loss_sum)).double(),
-                             torch.tensor(float(stop), dtype=torch.float64, device=loss_sum.device)])
+                             torch.full((), float(stop), dtype=torch.float64, device=loss_sum.device)])  # no host copy
         dist.all_reduce(stats, group=topo.world_group)  # grad norm, loss and stop requests in one collective
         skipped = False
         if self.scaler is not None:
@@ -384,6 +395,11 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.load_state_dict(loss_scaler)
 
+    def peak_memory(self) -> dict:
+        """This rank's peak allocated GPU memory so far (bytes, torch's allocator): what the simulator's
+        peak_memory_bytes predicts for its GPU. Nothing on the CPU, where torch keeps no such count."""
+        return {"peak_memory_bytes": torch.cuda.max_memory_allocated(self.device)} if self.device.type == "cuda" else {}
+
     def run(self) -> None:
         args, plan, layout = self.args, self.plan, self.topology.layout
         if self.rank == 0:
@@ -393,12 +409,20 @@ class Trainer:
                   f"on rank 0{' overlapped with the backward pass' if self.grad_sync.overlap else ''}", flush=True)
         samples = [p.samples for p in plan.pipelines]
         tokens = plan.global_batch_size * self.model_spec.seq_len
+        # SAILOR_CUDA_SYNC_DEBUG=1: any host synchronisation inside a step after the first raises (torch's sync
+        # debug mode); log points, checkpoints and validation, outside the step, may synchronise
+        check_syncs = os.environ.get("SAILOR_CUDA_SYNC_DEBUG", "") not in ("", "0") and self.device.type == "cuda"
         while self.step < args.train_iters:
+            if check_syncs and self.step > 0:
+                torch.cuda.set_sync_debug_mode("error")
             r = self.train_step()
+            if check_syncs:
+                torch.cuda.set_sync_debug_mode("default")
             printed = self.rank == 0 and args.log_interval and r.step % args.log_interval == 0
             record = None  # a log point reads the step's numbers (elsewhere they stay on the device)
             if self.metrics.file or printed:
-                record = {**r.record(), "tokens": tokens, "samples_per_replica": samples}
+                record = {**r.record(), "tokens": tokens, "samples_per_replica": samples,
+                          **self.peak_memory()}
             if printed:
                 print(f"step {r.step}/{args.train_iters} | {r.line()} | {r.seconds:.3f} s", flush=True)
             at_interval = args.save_interval and r.step % args.save_interval == 0

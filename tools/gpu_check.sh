@@ -2,7 +2,7 @@
 # The GPU checks in one command, within 10 minutes on one GPU: the CUDA test suite (tests/gpu, NCCL, bf16,
 # fp16, ranks sharing the GPU through gloo, strict device mode) and bench/gpu_step.py (our step time and MFU
 # against megatron-core's own GPTModel on a ~1.1 B LLaMA-shaped model, bf16, sequence 2048; JSON).
-# Not yet run: it was written on a machine without a GPU.
+# Both parts ran on one H100 on 2026-11-25 (bench/results/h100-2026-11-25).
 #   PYTHON=.venv/bin/python    the interpreter (default: the checkout's .venv)
 #   BENCH_ARGS="--steps 5"     extra arguments for the bench
 set -euo pipefail

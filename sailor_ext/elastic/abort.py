@@ -16,7 +16,7 @@ all_reduce, so for gloo we do two things:
 The training loop regains control, and the process group is destroyed and
 formed anew under the next epoch.
 
-NCCL (not exercised here: no GPU) has a working abort. torch's
+NCCL (not exercised yet: it needs two GPUs, one rank each) has a working abort. torch's
 `_abort_process_group()` calls ncclCommAbort on every communicator of the
 process (inside one NCCL group call, so that aborts cannot wait on each
 other): kernels waiting for the dead peer return, the training thread's next

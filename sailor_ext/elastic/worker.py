@@ -441,7 +441,7 @@ class Worker:
             r = trainer.train_step(stop=watcher.stop.is_set())
             watcher.grace = max(watcher.grace, 2 * r.seconds)
             record = {**r.record(), "tokens": tokens, "samples_per_replica": samples, "epoch": a.epoch,
-                      "time": time.time()}
+                      "time": time.time(), **trainer.peak_memory()}
             last = r.step == args.train_iters
             if (args.save_interval and r.step % args.save_interval == 0) or (last and args.save):
                 record["save_blocked_s"] = trainer.save()

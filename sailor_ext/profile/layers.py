@@ -10,7 +10,11 @@ degree, and measures for one microbatch size:
     gets a fixed output gradient (the head's gets the loss). Every repetition
     runs all layers once, so slow drift of the machine affects all layers
     alike; the median over repetitions is kept, and with TP > 1 the slowest
-    TP rank's median (the group moves at its pace);
+    TP rank's median (the group moves at its pace). On CUDA each layer costs
+    the larger of its host launch and its kernels (profile/timing.py), and the
+    blocks are then rescaled to what they take run back to back, forward then
+    backward, as a training step runs them: the host launches ahead while the
+    GPU works, which a layer timed alone cannot show;
   * activation bytes kept for backward, per sample: the storages autograd
     saves during the layer's forward (torch.autograd.graph.saved_tensors_hooks),
     each counted once, parameters and buffers excluded. This is what 1F1B holds
@@ -148,7 +152,17 @@ class LayerBench:
                     bwd[i].append(tb)
         self.stage.zero_grad(set_to_none=True)
         stat = STATISTICS[statistic]
-        medians = torch.tensor([stat(x) for x in fwd] + [stat(x) for x in bwd], dtype=torch.float64)
+        fwd_s, bwd_s = [stat(x) for x in fwd], [stat(x) for x in bwd]
+        blocks = [i for i, kind in enumerate(self.kinds) if kind == BLOCK]
+        if self.clock.cuda and blocks:
+            # Layer by layer, a block's host launch and its kernels cannot overlap; in training the host
+            # launches the next blocks (and the next microbatch's forward during this one's backward)
+            # while the GPU runs, so the blocks cost what they cost back to back: rescale them to that.
+            scale = self._blocks_back_to_back(blocks, inputs, warmup, repeats) / sum(fwd_s[i] + bwd_s[i]
+                                                                                      for i in blocks)
+            for i in blocks:
+                fwd_s[i], bwd_s[i] = fwd_s[i] * scale, bwd_s[i] * scale
+        medians = torch.tensor(fwd_s + bwd_s, dtype=torch.float64)
         if self.tp > 1:  # the group moves at its slowest rank's pace
             medians = medians.to(self.device)
             dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=self.tp_group)
@@ -158,6 +172,29 @@ class LayerBench:
             mbs, self.tp, medians[:n], medians[n:], [b / mbs for b in saved], [b / mbs for b in outputs],
             [sum(p.numel() for p in layer.parameters()) for layer in self.layers],
             self._cuda_peaks(inputs) if self.device.type == "cuda" else None)
+
+    def _blocks_back_to_back(self, blocks: list[int], inputs: dict, warmup: int, repeats: int) -> float:
+        """Seconds of one forward and backward through the built blocks, as training runs them: repeated
+        with no synchronisation in between (CUDA events around all repetitions, over their count)."""
+
+        def one_microbatch():
+            h = inputs["hidden"]
+            for i in blocks:
+                h = self.stage.run_layer(i, h)
+            self._backward(h, inputs["grad"])
+            inputs["hidden"].grad = None
+
+        for _ in range(warmup):
+            one_microbatch()
+        self._sync()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            one_microbatch()
+        end.record()
+        end.synchronize()
+        self.stage.zero_grad(set_to_none=True)
+        return start.elapsed_time(end) / 1e3 / repeats
 
     def _saved_and_output_bytes(self, index: int, inputs: dict) -> tuple[float, float]:
         seen: dict[int, int] = {}

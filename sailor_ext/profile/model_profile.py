@@ -265,7 +265,8 @@ def assemble(model: ModelSpec, settings: Settings, progress: Progress) -> Profil
         "blocks": "every transformer block gets the median of the measured blocks (identical shapes)",
         "warmup": settings.warmup, "repeats": settings.repeats,
         "statistic": STATISTIC_NOTES[settings.statistic],
-        "timer": "cuda events" if settings.device == "cuda" else "perf_counter",
+        "timer": ("max(host launch, cuda events) per layer; blocks rescaled to their back-to-back time"
+                  if settings.device == "cuda" else "perf_counter"),
         "activation_bytes": "storages saved for backward (saved_tensors_hooks) per sample, parameters excluded",
         "optimizer": "sailor_ext.optimizer (AdamW, global norm, clipping) over the built layers",
         "optimizer_s_per_param_by_tp": {str(t): v for t, v in sorted(per_param.items())},

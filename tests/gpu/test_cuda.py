@@ -1,6 +1,6 @@
 """The runtime on a CUDA GPU: NCCL, bf16, fp16, ranks sharing the GPU through gloo.
 
-NOT RUN YET: this suite was written on a machine without a GPU. It runs only
+Ran on one H100 on 2026-11-25: all pass (bench/results/h100-2026-11-25). It runs only
 when selected (`pytest -m cuda tests/gpu`, or tools/gpu_check.sh, which also
 runs bench/gpu_step.py) and skips without CUDA; CI never runs it. One GPU is
 enough. Every training process runs in strict device mode (conftest.py),
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _runtime_helpers import assert_ok, run_plan
+from _runtime_helpers import assert_ok, plan_dict, run_plan
 
 import test_equivalence as eq
 
@@ -51,12 +51,24 @@ def test_fp32_on_cuda_matches_the_cpu(tmp_path, cpu_reference):
 
 
 def test_ranks_sharing_the_gpu_through_gloo(tmp_path, cpu_reference):
-    """Three ranks on one GPU (NCCL refuses two ranks per GPU, gloo all-reduces CUDA tensors): one stage,
-    replicas with TP 2 and TP 1, bf16, within bf16's error of the CPU's fp32 single process."""
-    run = run_plan(tmp_path, eq.PLANS["tp_per_replica"], 3, [*ARGS, "--distributed-backend", "gloo"])
+    """Three ranks on one GPU (NCCL refuses two ranks per GPU; gloo all-reduces CUDA tensors): one stage,
+    replicas with TP 2 and TP 1 and unequal microbatches, bf16, within bf16's error of the CPU's fp32 single
+    process."""
+    plan = plan_dict([((0, 5), [2, 1])], [(3, 2), (2, 3)])
+    run = run_plan(tmp_path, plan, 3, [*ARGS, "--distributed-backend", "gloo"])
     assert_ok(run)
     assert "bf16 on cuda (gloo)" in run.log(0)
     eq.assert_within_bf16(run, cpu_reference)
+
+
+def test_gloo_on_cuda_refuses_pipeline_stages_in_one_line(tmp_path):
+    """gloo cannot send CUDA tensors (its TCP transport reads them as host memory: 'Bad address')."""
+    run = run_plan(tmp_path, eq.PLANS["pp_only"], 3, [*ARGS, "--distributed-backend", "gloo"])
+    assert run.returncodes == [2, 2, 2]
+    assert run.log(0).strip().splitlines()[-1] == (
+        "sailor: error: gloo cannot send CUDA tensors between pipeline stages, and this plan has 3; use nccl "
+        "(one rank per GPU) or a one-stage plan"), run.log(0)[-2000:]
+    assert "Traceback" not in "".join(run.logs)
 
 
 def test_bf16_checkpoint_resumes_on_cuda(tmp_path):
@@ -80,3 +92,12 @@ def test_fp16_overflow_on_cuda_skips_the_step(tmp_path):
     assert_ok(run)
     assert [m["skipped"] for m in run.metrics] == [False, True, False, False]
     assert [m["loss_scale"] for m in run.metrics] == [1024.0, 1024.0, 512.0, 512.0]
+
+
+def test_no_host_synchronisation_inside_a_step(tmp_path):
+    """torch's sync debug mode raises on any synchronising call inside steps 2-4 (bf16, AdamW, clipping,
+    gradient buckets overlapped with the backward pass); the metrics lines read the numbers between steps."""
+    run = run_plan(tmp_path, eq.REFERENCE, 1, ["--train-iters", "4", "--optimizer", "adam", "--clip-grad", "1.0",
+                                               "--dist-timeout", "60"], env={"SAILOR_CUDA_SYNC_DEBUG": "1"})
+    assert_ok(run)
+    assert len(run.metrics) == 4 and all(m["peak_memory_bytes"] > 0 for m in run.metrics)
