@@ -16,6 +16,7 @@ bench/gpu_step.py's LLaMA shape (TinyLlama-1.1B) unless --model names another.
 
     python bench/sim_vs_real_gpu.py [--layers 22] [--global-batch 16] [--steps 8] [--warmup 3] [--keep DIR]
     python bench/sim_vs_real_gpu.py --device cpu --layers 2 --hidden 256 --seq-length 256   # a dry run on CPU
+                                                       (tests/profiler/test_sim_vs_real_gpu.py runs one)
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ def main() -> int:
     ap.add_argument("--micro-batch-sizes", default="1,2,4")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=20, help="timed repetitions of the profile (default 20)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--gpu", help="GPU type (default: recognised from the device name; CPU with --device cpu)")
     ap.add_argument("--keep", metavar="DIR", help="keep the profile, plans and metrics here")
@@ -90,7 +92,7 @@ def main() -> int:
     t0 = time.time()
     profiles = work / "profiles"
     sailor("profile", "model", "--model", model, "--device", args.device, "--micro-batch-sizes",
-           args.micro_batch_sizes, "--tp", "1", "-o", str(profiles), "--quiet",
+           args.micro_batch_sizes, "--tp", "1", "--repeats", str(args.repeats), "-o", str(profiles), "--quiet",
            *([] if args.device == "cpu" else ["--gpu", gpu]))
     profiled_s = time.time() - t0
     picked = work / "plan-pick.json"

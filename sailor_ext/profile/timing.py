@@ -1,16 +1,16 @@
 """Timing one piece of work: wall clock on CPU, CUDA events on a GPU.
 
 On a GPU a layer costs whichever is longer: launching its kernels (host time,
-Python included) or running them. Training keeps the GPU's queue full, so a
-layer's kernels run back to back when the host is ahead, and the GPU idles
-between them when it is behind (small microbatches: measured on an H100, a
-1.1 B LLaMA block at microbatch 1 and 2 took the host's time, not the GPU's).
-So each layer is timed twice at once: the host's wall clock around the launch,
-and CUDA events around its kernels, queued behind a sleep kernel long enough
-for the host to have launched them all before the GPU reaches them (the
-events then see the kernels alone, with no launch gaps). The layer's time is
-the larger. A single event pair without the sleep, after a synchronize, adds
-the two instead: it over-predicted a 1.1 B model's step by 21-42 %. Each measurement is repeated and the median kept: one slow
+Python included) or running them. So each layer is timed twice at once: the
+host's wall clock around the launch, and CUDA events around its kernels,
+queued behind a sleep kernel long enough for the host to have launched them
+all before the GPU reaches them (the events then see the kernels alone, with
+no launch gaps); the layer's time is the larger. On an H100 a 1.1 B LLaMA
+block's forward took 2.5, 1.9 and 2.3 ms at microbatches 1, 2 and 4, nearly
+flat: below 4 the host's launch set the pace. One event pair after a synchronize, the timer before
+this one, adds launch gaps to the kernels: it over-predicted that model's
+steps by 21-42 %. (Blocks are then rescaled to their back-to-back time:
+profile/layers.py.) Each measurement is repeated and the median kept: one slow
 repetition (a page fault, another process taking the core) does not move it.
 Where more processes are busy than there are cores, being descheduled is not
 an outlier but the steady state (each process gets cores/processes of a core
