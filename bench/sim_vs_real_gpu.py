@@ -9,12 +9,18 @@
 4. Run each plan with the training runtime (`sailor launch --local`, NCCL world of
    one) for --warmup + --steps steps; the measured step time is the median after
    warm-up, the measured peak memory torch's peak allocated bytes (the metrics'
-   peak_memory_bytes).
+   peak_memory_bytes). torch does not count the CUDA context and the libraries'
+   own buffers, which the simulator budgets as the GPU's runtime overhead
+   (planner/specs/hardware.py, 1.5 GiB by default): the prediction compared is
+   the simulator's peak without that term (`predicted_peak_gib`; with it:
+   `predicted_peak_with_overhead_gib`).
 
 Nothing is fitted to the runs: the predictions use only the profile. The model is
 bench/gpu_step.py's LLaMA shape (TinyLlama-1.1B) unless --model names another.
 
     python bench/sim_vs_real_gpu.py [--layers 22] [--global-batch 16] [--steps 8] [--warmup 3] [--keep DIR]
+    python bench/sim_vs_real_gpu.py --gpu H100-80 --profiles bench/results/h100-2026-11-25/profiles --predict-only
+                                     # predictions only, from a profile measured before (no GPU needed)
     python bench/sim_vs_real_gpu.py --device cpu --layers 2 --hidden 256 --seq-length 256   # a dry run on CPU
                                                        (tests/profiler/test_sim_vs_real_gpu.py runs one)
 """
@@ -70,14 +76,16 @@ def main() -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--gpu", help="GPU type (default: recognised from the device name; CPU with --device cpu)")
     ap.add_argument("--keep", metavar="DIR", help="keep the profile, plans and metrics here")
+    ap.add_argument("--profiles", metavar="DIR", help="use this profiles directory instead of profiling")
+    ap.add_argument("--predict-only", action="store_true", help="plan and simulate; run nothing (no GPU needed)")
     args = ap.parse_args()
 
     import torch
 
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available() and not args.predict_only:
         print("bench/sim_vs_real_gpu.py needs a CUDA GPU (or --device cpu for a dry run)", file=sys.stderr)
         return 2
-    gpu = "CPU" if args.device == "cpu" else gpu_type(args.gpu)
+    gpu = "CPU" if args.device == "cpu" else (args.gpu if args.predict_only and args.gpu else gpu_type(args.gpu))
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="sailor-simreal-gpu-"))
     work.mkdir(parents=True, exist_ok=True)
     model = args.model
@@ -90,10 +98,11 @@ def main() -> int:
         Path(model).write_text(json.dumps(config))
 
     t0 = time.time()
-    profiles = work / "profiles"
-    sailor("profile", "model", "--model", model, "--device", args.device, "--micro-batch-sizes",
-           args.micro_batch_sizes, "--tp", "1", "--repeats", str(args.repeats), "-o", str(profiles), "--quiet",
-           *([] if args.device == "cpu" else ["--gpu", gpu]))
+    profiles = Path(args.profiles) if args.profiles else work / "profiles"
+    if not args.profiles:
+        sailor("profile", "model", "--model", model, "--device", args.device, "--micro-batch-sizes",
+               args.micro_batch_sizes, "--tp", "1", "--repeats", str(args.repeats), "-o", str(profiles), "--quiet",
+               *([] if args.device == "cpu" else ["--gpu", gpu]))
     profiled_s = time.time() - t0
     picked = work / "plan-pick.json"
     sailor("plan", "--model", model, "--seq-length", str(args.seq_length), "--gpus", f"{gpu}@local=1",
@@ -113,10 +122,14 @@ def main() -> int:
         path = work / f"plan{i}.json"
         path.write_text(json.dumps(plan, indent=1))
         sim = json.loads(sailor("simulate", str(path), "--profiles", str(profiles), "--json").stdout)
-        real = run(path, work, args.steps, args.warmup)
+        allocated = sim["peak_memory_bytes"] - sim["stages"][0]["memory_parts"]["runtime"]  # one stage: one GPU
         row = {"plan": name, "layout": describe(plan), "fits_predicted": sim["fits_in_memory"],
-               "predicted_step_s": round(sim["iteration_time_s"], 4),
-               "predicted_peak_gib": round(sim["peak_memory_bytes"] / 2**30, 3)}
+               "predicted_step_s": round(sim["iteration_time_s"], 4), "predicted_peak_gib": round(allocated / 2**30, 3),
+               "predicted_peak_with_overhead_gib": round(sim["peak_memory_bytes"] / 2**30, 3)}
+        rows.append(row)
+        if args.predict_only:
+            continue
+        real = run(path, work, args.steps, args.warmup)
         if "error" in real:
             row["run_error"] = real["error"]
         else:
@@ -124,13 +137,12 @@ def main() -> int:
                        step_error_pct=round(100 * (sim["iteration_time_s"] - real["step_s"]) / real["step_s"], 1))
             if real["peak_memory_bytes"]:
                 row.update(measured_peak_gib=round(real["peak_memory_bytes"] / 2**30, 3),
-                           memory_error_pct=round(100 * (sim["peak_memory_bytes"] - real["peak_memory_bytes"])
+                           memory_error_pct=round(100 * (allocated - real["peak_memory_bytes"])
                                                   / real["peak_memory_bytes"], 1))
-        rows.append(row)
         print(f"{name}: {json.dumps(row)}", file=sys.stderr, flush=True)
     ok = [r for r in rows if "step_error_pct" in r]
     result = {"device": args.device, "gpu": gpu,
-              "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+              "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" and not args.predict_only else None,
               "torch": torch.__version__, "model": Path(model).stem if args.model else "LLaMA (TinyLlama-1.1B shape)",
               "layers": args.layers, "seq_length": args.seq_length, "global_batch": args.global_batch,
               "steps": args.steps, "warmup": args.warmup, "profile_s": round(profiled_s, 1),
@@ -142,7 +154,7 @@ def main() -> int:
     print(json.dumps(result, indent=1))
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    return 0 if len(ok) == len(rows) else 1
+    return 0 if args.predict_only or len(ok) == len(rows) else 1
 
 
 if __name__ == "__main__":

@@ -74,8 +74,10 @@ class StageCosts:
     """Facts of any layer range on one GPU type, TP degree and microbatch size."""
 
     def __init__(self, times: LayerTimes, mem: LayerMemory, logical: LayerMemory, *, mbs: int,
-                 state_bytes: float, allocator: float, overhead: float, capacity: int, tied_params: int):
+                 state_bytes: float, allocator: float, overhead: float, capacity: int, tied_params: int,
+                 optimizer_step_bytes: float = 0.0):
         self.mem, self.mbs, self.state_bytes, self.allocator = mem, mbs, state_bytes, allocator
+        self.optimizer_step_bytes = optimizer_step_bytes
         self.overhead, self.capacity, self.tied_params = overhead, capacity, tied_params
         self.num_layers = L = len(mem.params)
         self.fb = (0.0, *accumulate(f + b for f, b in zip(times.fwd, times.bwd)))  # prefix sums
@@ -101,8 +103,8 @@ class StageCosts:
         if last == self.L - 1 and first > 0:
             params += self.tied_params
         acts = self._acts[last + 1] - self._acts[first]
-        return self.overhead + self.state_bytes * params + self.allocator * self.mbs * (
-            inflight * acts + self._workspace[first][last - first])
+        transient = self.allocator * self.mbs * (inflight * acts + self._workspace[first][last - first])
+        return self.overhead + self.state_bytes * params + max(transient, self.optimizer_step_bytes * params)
 
     def last_fit(self, inflight: int) -> list[int]:
         """For each first layer j, the last layer a stage starting at j may end at (j-1 if none)."""

@@ -183,6 +183,7 @@ class Planner(SinglePool, Chains, TwoTypes):
         mem = sim.layer_memory(gpu, tp, recompute)
         return StageCosts(sim.layer_times(gpu, mbs, tp, recompute), mem, sim.profile(gpu).layer_memory(1), mbs=mbs,
                           state_bytes=self.rt.state_bytes(sim.precision), allocator=self.rt.allocator_factor,
+                          optimizer_step_bytes=self.rt.optimizer_step_bytes,
                           overhead=spec.runtime_overhead_bytes, capacity=spec.memory_bytes,
                           tied_params=mem.params[0] if self.model.tied_embeddings else 0)
 

@@ -2,8 +2,10 @@
 
     M = R_gpu                                   runtime overhead: CUDA context, cuBLAS, NCCL buffers
       + S * P_stage(t)                          persistent state: S bytes per parameter (runtime_model)
-      + f * b * (n_inflight * A_stage(t)        activations of the microbatches in flight
-                 + A_max(t))                    + backward workspace of the largest layer
+      + max(f * b * (n_inflight * A_stage(t)    activations of the microbatches in flight
+                     + A_max(t)),               + backward workspace of the largest layer,
+            W * P_stage(t))                     or the optimizer step's own tensors, W bytes per
+                                                parameter, allocated once every activation is freed
     n_inflight = min(pp - s, num_microbatches)  1F1B keeps at most pp - s forward passes open on stage s
 
 P_stage(t): parameters of the stage's layers on one GPU of a TP-t group (plus a
@@ -21,22 +23,25 @@ from planner.profiles.profile import LayerMemory
 
 def replica_memory(mem: LayerMemory, first: int, last: int, *, mbs: int, inflight: int,
                    state_bytes_per_param: float, allocator_factor: float, overhead_bytes: float,
-                   extra_params: int = 0) -> float:
+                   optimizer_step_bytes: float = 0.0, extra_params: int = 0) -> float:
     params = mem.stage_params(first, last) + extra_params
     acts = mem.stage_activation_bytes(first, last)
     workspace = mem.stage_workspace_bytes(first, last)
-    return overhead_bytes + state_bytes_per_param * params + allocator_factor * mbs * (inflight * acts + workspace)
+    transient = allocator_factor * mbs * (inflight * acts + workspace)
+    return overhead_bytes + state_bytes_per_param * params + max(transient, optimizer_step_bytes * params)
 
 
 def memory_parts(mem: LayerMemory, first: int, last: int, *, mbs: int, inflight: int, state_bytes_per_param: float,
-                 allocator_factor: float, overhead_bytes: float, extra_params: int = 0) -> dict[str, float]:
-    """The terms of replica_memory, in bytes (for reports and plots)."""
+                 allocator_factor: float, overhead_bytes: float, optimizer_step_bytes: float = 0.0,
+                 extra_params: int = 0) -> dict[str, float]:
+    """The terms of replica_memory, in bytes (for reports and plots); the last is what the optimizer
+    step needs beyond the activations' peak (0 when the activations need more)."""
     params = mem.stage_params(first, last) + extra_params
-    acts = mem.stage_activation_bytes(first, last)
-    workspace = mem.stage_workspace_bytes(first, last)
+    acts = allocator_factor * mbs * inflight * mem.stage_activation_bytes(first, last)
+    workspace = allocator_factor * mbs * mem.stage_workspace_bytes(first, last)
     return {"runtime": overhead_bytes, "weights, grads, optimizer": state_bytes_per_param * params,
-            "activations": allocator_factor * mbs * inflight * acts,
-            "backward workspace": allocator_factor * mbs * workspace}
+            "activations": acts, "backward workspace": workspace,
+            "optimizer step": max(0.0, optimizer_step_bytes * params - acts - workspace)}
 
 
 def inflight_microbatches(stage: int, num_stages: int, num_microbatches: int) -> int:

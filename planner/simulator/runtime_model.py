@@ -29,6 +29,12 @@ class RuntimeModel:
     # True: the activation is split over the TP ranks' links and all-gathered
     # on the receiving side (sailor_ext).
     p2p_split_over_tp: bool
+    # Bytes per parameter the optimizer step allocates for itself, beyond the
+    # persistent state (memory.py: the step's peak, after every activation is
+    # freed). torch's foreach AdamW (sailor_ext) computes sqrt(v) into a new
+    # fp32 tensor per parameter: 4 B/parameter. A fused Adam kernel
+    # (Megatron-DeepSpeed's Apex FusedAdam) updates in place: 0.
+    optimizer_step_bytes: float = 0.0
     # PyTorch's caching allocator holds more than the live tensors: segments are
     # rounded and fragment. Measured peak / live activation bytes.
     allocator_factor: float = 1.10
@@ -44,7 +50,9 @@ RUNTIMES = {
     # state: 24 B/parameter (also Sailor's own accounting).
     "megatron-deepspeed": RuntimeModel("megatron-deepspeed", 24.0, 26.0, p2p_split_over_tp=False),
     # sailor_ext: gradients live in one flat buffer per stage (no extra copy).
-    "sailor": RuntimeModel("sailor", 16.0, 18.0, p2p_split_over_tp=True),
+    # On an H100 the 1.1 B LLaMA's step peaked at 22.60 GiB with microbatches of 1 and 2 recomputing
+    # (bench/results/h100-2026-11-25): 18 + 4 B/parameter, above the activations' peak.
+    "sailor": RuntimeModel("sailor", 16.0, 18.0, p2p_split_over_tp=True, optimizer_step_bytes=4.0),
 }
 
 

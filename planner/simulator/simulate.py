@@ -281,7 +281,7 @@ class Simulator:
             args = (self.layer_memory(r.gpu, r.tp, st.recompute), st.first, st.last)
             kw = dict(mbs=pipe.microbatch_size, inflight=inflight, state_bytes_per_param=rt.state_bytes(self.precision),
                       allocator_factor=rt.allocator_factor, overhead_bytes=gpu.runtime_overhead_bytes,
-                      extra_params=extra)
+                      optimizer_step_bytes=rt.optimizer_step_bytes, extra_params=extra)
             mem = replica_memory(*args, **kw)
             ok = ok and mem <= gpu.memory_bytes
             if mem / gpu.memory_bytes > worst / max(cap, 1):

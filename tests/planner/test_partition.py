@@ -1,6 +1,7 @@
 """The split DP against brute force over every split."""
 from itertools import combinations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,20 +52,28 @@ def test_split_table_is_the_exact_pareto_frontier(data, L, m, comm, capacity):
 def test_stage_memory_is_the_simulators_to_the_bit(data, L, mbs, tied):
     """The planner admits a stage by StageCosts.memory and the simulator checks the plan with
     replica_memory: they must agree exactly, or a plan at the edge of memory flips."""
-    from planner.simulator.memory import replica_memory
+    from planner.simulator.memory import memory_parts, replica_memory
     from planner.simulator.recompute import recomputed_memory
 
     params = data.draw(st.lists(st.integers(1, 10**9), min_size=L, max_size=L))
     acts = data.draw(st.lists(st.floats(1, 1e9), min_size=L, max_size=L))
     outs = data.draw(st.lists(st.floats(1, 1e8), min_size=L, max_size=L))
     plain = LayerMemory(tuple(params), tuple(acts), tuple(outs))
+    step = data.draw(st.sampled_from([0.0, 4.0]))  # the optimizer step's own bytes per parameter
     for mem in (plain, recomputed_memory(plain, tuple(0 < i < L - 1 for i in range(L)))):
         costs = StageCosts(LayerTimes((0.1,) * L, (0.2,) * L), mem, mem, mbs=mbs, state_bytes=24.0, allocator=1.1,
-                           overhead=1.5 * 2**30, capacity=0, tied_params=tied)
+                           overhead=1.5 * 2**30, capacity=0, tied_params=tied, optimizer_step_bytes=step)
         for first in range(L):
             for last in range(first, L):
                 for inflight in (1, 3):
                     extra = tied if (last == L - 1 and first > 0) else 0
-                    assert costs.memory(first, last, inflight) == replica_memory(
-                        mem, first, last, mbs=mbs, inflight=inflight, state_bytes_per_param=24.0,
-                        allocator_factor=1.1, overhead_bytes=1.5 * 2**30, extra_params=extra)
+                    kw = dict(mbs=mbs, inflight=inflight, state_bytes_per_param=24.0, allocator_factor=1.1,
+                              overhead_bytes=1.5 * 2**30, optimizer_step_bytes=step, extra_params=extra)
+                    total = replica_memory(mem, first, last, **kw)
+                    assert costs.memory(first, last, inflight) == total
+                    parts = memory_parts(mem, first, last, **kw)
+                    assert sum(parts.values()) == pytest.approx(total, rel=1e-12)
+                    # the step's tensors come after the activations are freed: the larger of the two counts
+                    transient = parts["activations"] + parts["backward workspace"]
+                    assert parts["optimizer step"] == pytest.approx(
+                        max(0.0, step * (mem.stage_params(first, last) + extra) - transient), rel=1e-12, abs=1e-3)
