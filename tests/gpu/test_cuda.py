@@ -1,6 +1,7 @@
 """The runtime on a CUDA GPU: NCCL, bf16, fp16, ranks sharing the GPU through gloo.
 
-Ran on one H100 on 2026-11-25: all pass (bench/results/h100-2026-11-25). It runs only
+Ran on one H100 on 2026-11-25: every test passed, the sync check after the fix it
+prompted, in a later call (bench/results/h100-2026-11-25). It runs only
 when selected (`pytest -m cuda tests/gpu`, or tools/gpu_check.sh, which also
 runs bench/gpu_step.py) and skips without CUDA; CI never runs it. One GPU is
 enough. Every training process runs in strict device mode (conftest.py),
@@ -95,8 +96,9 @@ def test_fp16_overflow_on_cuda_skips_the_step(tmp_path):
 
 
 def test_no_host_synchronisation_inside_a_step(tmp_path):
-    """torch's sync debug mode raises on any synchronising call inside steps 2-4 (bf16, AdamW, clipping,
-    gradient buckets overlapped with the backward pass); the metrics lines read the numbers between steps."""
+    """torch's sync debug mode raises on any synchronising call inside steps 2-4 (bf16, AdamW, clipping; one
+    rank, so no gradient buckets: those need replicas on two GPUs); the metrics lines read the numbers between
+    steps."""
     run = run_plan(tmp_path, eq.REFERENCE, 1, ["--train-iters", "4", "--optimizer", "adam", "--clip-grad", "1.0",
                                                "--dist-timeout", "60"], env={"SAILOR_CUDA_SYNC_DEBUG": "1"})
     assert_ok(run)
