@@ -13,7 +13,8 @@
    own buffers, which the simulator budgets as the GPU's runtime overhead
    (planner/specs/hardware.py, 1.5 GiB by default): the prediction compared is
    the simulator's peak without that term (`predicted_peak_gib`; with it:
-   `predicted_peak_with_overhead_gib`).
+   `predicted_peak_with_overhead_gib`, against the most the device had in use at
+   a log point, `measured_device_used_gib`: context, libraries and torch's cache).
 
 Nothing is fitted to the runs: the predictions use only the profile. The model is
 bench/gpu_step.py's LLaMA shape (TinyLlama-1.1B) unless --model names another.
@@ -59,7 +60,8 @@ def run(plan_path: Path, work: Path, steps: int, warmup: int) -> dict:
         return {"error": (out.stderr or out.stdout)[-3000:]}
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     return {"step_s": statistics.median(m["step_time_s"] for m in lines[warmup:]),
-            "peak_memory_bytes": max((m.get("peak_memory_bytes", 0) for m in lines), default=0) or None}
+            "peak_memory_bytes": max((m.get("peak_memory_bytes", 0) for m in lines), default=0) or None,
+            "device_used_bytes": max((m.get("device_used_bytes", 0) for m in lines), default=0) or None}
 
 
 def main() -> int:
@@ -139,6 +141,10 @@ def main() -> int:
                 row.update(measured_peak_gib=round(real["peak_memory_bytes"] / 2**30, 3),
                            memory_error_pct=round(100 * (allocated - real["peak_memory_bytes"])
                                                   / real["peak_memory_bytes"], 1))
+            if real["device_used_bytes"]:  # the whole GPU: the prediction with its runtime-overhead term
+                used = real["device_used_bytes"]
+                row.update(measured_device_used_gib=round(used / 2**30, 3),
+                           device_memory_error_pct=round(100 * (sim["peak_memory_bytes"] - used) / used, 1))
         print(f"{name}: {json.dumps(row)}", file=sys.stderr, flush=True)
     ok = [r for r in rows if "step_error_pct" in r]
     result = {"device": args.device, "gpu": gpu,

@@ -396,9 +396,14 @@ class Trainer:
             self.scaler.load_state_dict(loss_scaler)
 
     def peak_memory(self) -> dict:
-        """This rank's peak allocated GPU memory so far (bytes, torch's allocator): what the simulator's
-        peak_memory_bytes predicts for its GPU. Nothing on the CPU, where torch keeps no such count."""
-        return {"peak_memory_bytes": torch.cuda.max_memory_allocated(self.device)} if self.device.type == "cuda" else {}
+        """GPU memory (bytes): this rank's peak allocated and reserved by torch's allocator so far, and what the
+        device has in use now (every process on it, the CUDA context and libraries' buffers included: what
+        the simulator budgets as the GPU's runtime overhead). Nothing on the CPU, where torch keeps no count."""
+        if self.device.type != "cuda":
+            return {}
+        free, total = torch.cuda.mem_get_info(self.device)
+        return {"peak_memory_bytes": torch.cuda.max_memory_allocated(self.device),
+                "peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device), "device_used_bytes": total - free}
 
     def run(self) -> None:
         args, plan, layout = self.args, self.plan, self.topology.layout
