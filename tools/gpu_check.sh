@@ -4,7 +4,7 @@
 # H100), bench/gpu_step.py (our step time and MFU against megatron-core's own GPTModel on a ~1.1 B
 # LLaMA-shaped model, bf16, sequence 2048; JSON; about 1.5 minutes) and bench/sim_vs_real_gpu.py (profile,
 # plan, simulate and run that model on this GPU: the simulator's step-time and peak-memory error; JSON;
-# about 3.5 minutes with the four plans below).
+# about 3.5 minutes with the four plans below, estimated from the six-plan run's 4.8 minutes).
 # Both first parts ran on one H100 on 2026-11-25 (bench/results/h100-2026-11-25); the third ran there with
 # microbatches 1,2,4 (six plans).
 #   PYTHON=.venv/bin/python    the interpreter (default: the checkout's .venv)

@@ -50,8 +50,8 @@ RUNTIMES = {
     # state: 24 B/parameter (also Sailor's own accounting).
     "megatron-deepspeed": RuntimeModel("megatron-deepspeed", 24.0, 26.0, p2p_split_over_tp=False),
     # sailor_ext: gradients live in one flat buffer per stage (no extra copy).
-    # On an H100 the 1.1 B LLaMA's step peaked at 22.60 GiB with microbatches of 1 and 2 recomputing
-    # (bench/results/h100-2026-11-25): 18 + 4 B/parameter, above the activations' peak.
+    # Checked (not fitted) on an H100: the 1.1 B LLaMA's recomputing plans peaked at 22.60-22.67 GiB
+    # allocated, 18 + 4 B/parameter (22.54 GiB), above their activations' peak (docs/profiler.md).
     "sailor": RuntimeModel("sailor", 16.0, 18.0, p2p_split_over_tp=True, optimizer_step_bytes=4.0),
 }
 
