@@ -4,7 +4,7 @@
 # H100), bench/gpu_step.py (our step time and MFU against megatron-core's own GPTModel on a ~1.1 B
 # LLaMA-shaped model, bf16, sequence 2048; JSON; about 1.5 minutes) and bench/sim_vs_real_gpu.py (profile,
 # plan, simulate and run that model on this GPU: the simulator's step-time and peak-memory error; JSON;
-# about 3.5 minutes with the four plans below, estimated from the six-plan run's 4.8 minutes).
+# about 3.5 minutes with the four plans below, estimated from the six-plan run, about 5 minutes).
 # Both first parts ran on one H100 on 2026-11-25 (bench/results/h100-2026-11-25); the third ran there with
 # microbatches 1,2,4 (six plans).
 #   PYTHON=.venv/bin/python    the interpreter (default: the checkout's .venv)
@@ -18,8 +18,8 @@ if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() el
 fi
 "$PYTHON" -c "import torch; print('gpu_check:', torch.cuda.get_device_name(0), 'torch', torch.__version__)"
 status=0
-timeout 210 "$PYTHON" -m pytest -q -m cuda tests/gpu -p no:cacheprovider || status=$?
+timeout 200 "$PYTHON" -m pytest -q -m cuda tests/gpu -p no:cacheprovider || status=$?
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
-timeout 150 "$PYTHON" bench/gpu_step.py ${BENCH_ARGS:-} || status=$?
-timeout 230 "$PYTHON" bench/sim_vs_real_gpu.py --micro-batch-sizes 1,4 --steps 5 --warmup 2 || status=$?
+timeout 120 "$PYTHON" bench/gpu_step.py ${BENCH_ARGS:-} || status=$?
+timeout 270 "$PYTHON" bench/sim_vs_real_gpu.py --micro-batch-sizes 1,4 --steps 5 --warmup 2 || status=$?
 exit $status
