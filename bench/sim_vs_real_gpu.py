@@ -84,10 +84,20 @@ def main() -> int:
 
     import torch
 
+    from planner.errors import SailorError
+
     if args.device == "cuda" and not torch.cuda.is_available() and not args.predict_only:
         print("bench/sim_vs_real_gpu.py needs a CUDA GPU (or --device cpu for a dry run)", file=sys.stderr)
         return 2
-    gpu = "CPU" if args.device == "cpu" else (args.gpu if args.predict_only and args.gpu else gpu_type(args.gpu))
+    if args.device == "cuda" and not args.gpu and not torch.cuda.is_available():
+        print("sailor: error: --predict-only without a visible GPU needs --gpu TYPE (see `sailor list gpus`)",
+              file=sys.stderr)
+        return 2
+    try:
+        gpu = "CPU" if args.device == "cpu" else gpu_type(args.gpu)
+    except SailorError as e:
+        print(f"sailor: error: {e}", file=sys.stderr)
+        return 2
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="sailor-simreal-gpu-"))
     work.mkdir(parents=True, exist_ok=True)
     model = args.model
