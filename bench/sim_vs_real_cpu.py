@@ -185,18 +185,26 @@ def simulate(plan_path: Path, profiles: Path) -> dict:
             "stage_compute_s": [s["compute_s"] for s in d["stages"]]}
 
 
-def run_plan(plan_path: Path, work: Path, steps: int, warmup: int) -> float:
-    """Median step time after warm-up of one training run of the plan."""
+def train(plan_path: Path, work: Path, iters: int, env: dict | None = None) -> list[dict] | str:
+    """The metrics lines of one training run of the plan (`sailor launch --local`), or its error output."""
     metrics = work / f"{plan_path.stem}.metrics.jsonl"
     metrics.unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(plan_path), "--local", "--master-port",
-                          str(free_port()), "--", "--train-iters", str(warmup + steps), "--metrics-file", str(metrics),
-                          "--log-interval", "0"], capture_output=True, text=True, cwd=ROOT, env=env)
+                          str(free_port()), "--", "--train-iters", str(iters), "--metrics-file", str(metrics),
+                          "--log-interval", "0"], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                              "PYTHONWARNINGS": "ignore", **(env or {})})
     if out.returncode:
-        raise SystemExit(f"training run of {plan_path.name} failed:\n{out.stderr[-3000:]}")
-    times = [json.loads(line)["step_time_s"] for line in metrics.read_text().splitlines()][warmup:]
-    return statistics.median(times)
+        return (out.stderr or out.stdout)[-3000:]
+    return [json.loads(line) for line in metrics.read_text().splitlines()]
+
+
+def run_plan(plan_path: Path, work: Path, steps: int, warmup: int) -> float:
+    """Median step time after warm-up of one training run of the plan."""
+    lines = train(plan_path, work, warmup + steps, {"OMP_NUM_THREADS": "1"})
+    if isinstance(lines, str):
+        raise SystemExit(f"training run of {plan_path.name} failed:\n{lines}")
+    return statistics.median(m["step_time_s"] for m in lines[warmup:])
 
 
 def main() -> int:

@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,25 +41,17 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
 
 from gpu_step import LLAMA_1B, gpu_type  # noqa: E402
-from sim_vs_real_cpu import describe, free_port, sailor  # noqa: E402
+from sim_vs_real_cpu import describe, sailor, train  # noqa: E402
 
 
 def run(plan_path: Path, work: Path, steps: int, warmup: int) -> dict:
-    """Median step time after warm-up and peak memory (bytes; None on CPU) of one training run."""
-    metrics = work / f"{plan_path.stem}.metrics.jsonl"
-    metrics.unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT.parent), os.environ.get("PYTHONPATH")])),
-           "PYTHONWARNINGS": "ignore"}
-    out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(plan_path), "--local", "--master-port",
-                          str(free_port()), "--", "--train-iters", str(warmup + steps), "--metrics-file", str(metrics),
-                          "--log-interval", "0", "--optimizer", "adam"],
-                         capture_output=True, text=True, cwd=work, env=env)
-    if out.returncode:
-        return {"error": (out.stderr or out.stdout)[-3000:]}
-    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    """Median step time after warm-up and the largest memory figures of the metrics (None on CPU)."""
+    lines = train(plan_path, work, warmup + steps)
+    if isinstance(lines, str):
+        return {"error": lines}
     return {"step_s": statistics.median(m["step_time_s"] for m in lines[warmup:]),
-            "peak_memory_bytes": max((m.get("peak_memory_bytes", 0) for m in lines), default=0) or None,
-            "device_used_bytes": max((m.get("device_used_bytes", 0) for m in lines), default=0) or None}
+            **{key: max((m.get(key, 0) for m in lines), default=0) or None
+               for key in ("peak_memory_bytes", "device_used_bytes")}}
 
 
 def main() -> int:
