@@ -127,6 +127,14 @@ class Job:
             raise AssertionError(f"the job did not finish within {timeout} s; controller log:\n{self.log()}") \
                 from None
 
+    def run_with_agent(self, name: str = "a", timeout: float = 120) -> int:
+        """One agent joins, the job runs to its end; its exit code (everything is closed after)."""
+        try:
+            self.add_agent(name)
+            return self.wait(timeout)
+        finally:
+            self.close()
+
     def close(self, pids: list[int] = ()) -> None:
         """Leave nothing behind (also `pids`: workers of detached agents; and agents `sailor run --local`
         started, which outlive a killed controller so that a new one can take them over)."""

@@ -76,11 +76,7 @@ def test_every_checkpoint_damaged_ends_the_job_in_one_line(tmp_path):
     (ckpt / "iter_0000004" / "meta.json").write_bytes(meta[:at] + b"5" + meta[at + 1:])
     job = Job(tmp_path / "job", ["--train-iters", "6", "--dist-timeout", "30"], global_batch=12, min_gpus=2,
               controller_args=["--load", str(ckpt)])
-    try:
-        job.add_agent("a")
-        code = job.wait(120)
-    finally:
-        job.close()
+    code = job.run_with_agent()
     log = job.log()
     errors = [line for line in log.splitlines() if line.startswith("sailor: error:")]
     assert code != 0 and len(errors) == 1 and "Traceback" not in log, log

@@ -210,11 +210,7 @@ def test_a_checkpoint_of_another_model_ends_the_job_in_one_line(tmp_path):
     C.commit(Storage(other), 5, [record], {"consumed_samples": 60, "optimizer_steps": 5, "optimizer_state": []})
     job = Job(tmp_path / "job", ["--train-iters", "10", "--dist-timeout", "30"], min_gpus=2,
               controller_args=["--load", str(other)])
-    try:
-        job.add_agent("a")
-        code = job.wait(120)
-    finally:
-        job.close()
+    code = job.run_with_agent()
     errors = [line for line in job.log().splitlines() if line.startswith("sailor: error:")]
     assert code == 2 and len(errors) == 1, job.log()
     assert "has no tensor layers.0" in errors[0] and "saved for another model" in errors[0]
@@ -234,11 +230,7 @@ def test_a_config_json_model_reaches_the_workers_in_the_plan(tmp_path):
         "_name_or_path": "org/tiny-llama"}))
     job = Job(tmp_path / "job", ["--train-iters", "3"], global_batch=4, min_gpus=2, model=str(config),
               controller_args=["--seq-length", "32"])
-    try:
-        job.add_agent("a")
-        code = job.wait(120)
-    finally:
-        job.close()
+    code = job.run_with_agent()
     assert code == 0, job.log()
     start = job.events("job_start")[0]
     assert (start["model"], start["seq_length"]) == ("org/tiny-llama", 32) and "--model" not in start["train_args"]
