@@ -14,7 +14,10 @@ agree with the search's to 1e-9 and it must keep every limit the user gave
 (verify.py); tests/planner/test_search.py compares with brute force on small
 clusters. Before the first pass queues chains and two-type families, a probe (a best-first
 search over single-pool designs alone, until its first plan) gives a score the optimum cannot
-exceed, so what is bounded above it is dropped when queued (`_probe`).
+exceed, so what is bounded above it is dropped when queued (`_probe`). The
+plans found are then tried with their replicas stage by stage over their zones
+(several chains side by side, arrange.py): a pass outside the exact search,
+judged by the simulator, that only ever replaces a plan by a better one.
 
 Activation recomputation (`recompute`): "never", "always" (every stage
 recomputes), or "auto": a second pass over the same space with recomputation,
@@ -37,6 +40,7 @@ from dataclasses import dataclass, field, replace
 
 from planner.errors import SailorError
 from planner.profiles.profile import Profile
+from planner.search.arrange import rearrange
 from planner.search.chains import Chains
 from planner.search.goal import Goal, Outcome
 from planner.search.partition import StageCosts
@@ -72,7 +76,8 @@ class Result:
 class Planner(SinglePool, Chains, TwoTypes):
     def __init__(self, sim: Simulator, global_batch: int, goal: Goal, runtime: str = "sailor",
                  max_stages: int | None = None, microbatch_sizes: list[int] | None = None, two_pools: bool = True,
-                 two_classes: bool = True, max_tp: int | None = None, recompute: str = "auto"):
+                 two_classes: bool = True, max_tp: int | None = None, recompute: str = "auto",
+                 arrange: bool = True):
         if global_batch < 1:
             raise SailorError("--global-batch must be positive")
         if not sim.cluster.available:
@@ -87,6 +92,7 @@ class Planner(SinglePool, Chains, TwoTypes):
         self.max_tp = max_tp  # e.g. what an elastic job's vocabulary padding allows
         self.two_pools = two_pools  # also search designs that chain pools (types or zones) in a pipeline
         self.two_classes = two_classes  # also search plans with pipelines of two GPU types
+        self.arrange = arrange  # also try the best plans' replicas stage by stage over their zones (arrange.py)
         if recompute not in RECOMPUTE_MODES:
             raise SailorError(f"unknown recompute mode {recompute!r}: use one of {', '.join(RECOMPUTE_MODES)}")
         self.recompute = recompute
@@ -213,6 +219,10 @@ class Planner(SinglePool, Chains, TwoTypes):
             self._search(searched[-1], best, front, top, pareto)
         ranked = sorted((entry[2] for entry in best), key=lambda c: c.score)
         plans = [self._materialize(c) for c in ranked]
+        if self.arrange:  # several chains side by side, where the simulator finds them faster or cheaper
+            arranged = [rearrange(p, e, self.sim, self.rt, self.goal) for p, e in plans]
+            plans = sorted((pe for i, pe in enumerate(arranged) if all(pe[0] != q for q, _ in arranged[:i])),
+                           key=lambda pe: self.goal.score_estimate(pe[1]))
         frontier = [self._materialize(c) for c in sorted(front, key=lambda c: c.outcome.iteration_time_s)]
         return Result(plans, time.process_time() - t0, self.evaluated, frontier)
 

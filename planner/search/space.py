@@ -14,7 +14,9 @@ A plan is built from
       two_types.py    pipelines of two GPU types side by side, each type with its own
                       TP degree and microbatch count (throughput objective);
   * the number of pipelines D;
-  * node placement by the simulator's rule (simulator/placement.py).
+  * node placement by the simulator's rule (simulator/placement.py);
+  * after the search, the best plans' replicas also tried stage by stage over
+    their zones: several chains side by side (arrange.py).
 """
 from __future__ import annotations
 

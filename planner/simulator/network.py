@@ -78,8 +78,8 @@ class Network:
         return "continent" if za.region.split("-")[0] == zb.region.split("-")[0] else "world"
 
     def _link(self, a: Endpoint, b: Endpoint) -> tuple:
-        """(link class, fit or None, all-reduce efficiency, latency) of a link; cached, the planner
-        asks for the same links again and again."""
+        """(link class, fit or None, all-reduce efficiency, latency, bytes/s of an unmeasured link or None)
+        of a link; cached, the planner asks for the same links again and again."""
         key = (a.gpu, a.zone, a.node, a.gpus, b.gpu, b.zone, b.node, b.gpus)
         got = self._links.get(key)
         if got is None:
@@ -92,24 +92,27 @@ class Network:
                 lat = fit.latency_s
             else:
                 lat = 0.0 if kind != "intra" and fit is not None else LATENCY_S[kind]  # 0: measured end to end
-            got = self._links[key] = (kind, fit, eff, lat)
+            got = self._links[key] = (kind, fit, eff, lat, None if fit is not None else self._catalog(kind, a, b))
         return got
 
-    def bytes_per_s(self, nbytes: float, a: Endpoint, b: Endpoint) -> float:
-        """Bandwidth for moving `nbytes` in total, split evenly over the GPUs taking part."""
-        kind, fit = self._link(a, b)[:2]
-        n = min(a.gpus, b.gpus)
-        per_gpu_message = nbytes / n  # fits are indexed by the message each GPU sends
+    def _catalog(self, kind: str, a: Endpoint, b: Endpoint) -> float:
+        """Bytes/s of a link without a measured fit, from the GPU catalog (any message size)."""
         if kind == "intra":
-            per_gpu = fit.bytes_per_s(per_gpu_message) if fit else self.cluster.gpu(a.gpu).intra_node_gbps * 1e9
-            return per_gpu * n
-        if fit is not None:
-            return fit.bytes_per_s(per_gpu_message)
+            return self.cluster.gpu(a.gpu).intra_node_gbps * 1e9 * min(a.gpus, b.gpus)
         ga, gb = self.cluster.gpu(a.gpu), self.cluster.gpu(b.gpu)
         share = min(ga.node_nic_gbps * a.gpus / ga.gpus_per_node, gb.node_nic_gbps * b.gpus / gb.gpus_per_node)
         if kind in WAN_GBPS:
             share = min(share, WAN_GBPS[kind])
         return share * 1e9
+
+    def bytes_per_s(self, nbytes: float, a: Endpoint, b: Endpoint, link: tuple | None = None) -> float:
+        """Bandwidth for moving `nbytes` in total, split evenly over the GPUs taking part (link: _link's)."""
+        kind, fit, _, _, flat = link or self._link(a, b)
+        if flat is not None:
+            return flat
+        n = min(a.gpus, b.gpus)
+        per_gpu = fit.bytes_per_s(nbytes / n)  # fits are indexed by the message each GPU sends
+        return per_gpu * n if kind == "intra" else per_gpu
 
     def _inter_fit(self, a: Endpoint, b: Endpoint):
         key = (a.gpu, a.zone, a.gpus, b.gpu, b.zone, b.gpus)
@@ -156,8 +159,9 @@ class Network:
         for a, b, _ in edges:
             n = min(a.gpus, b.gpus)
             step = min(nbytes, BUCKET_BYTES * n) / D  # what the edge moves in one ring step
-            _, _, eff, latency = self._link(a, b)
-            bw = self.bytes_per_s(step, a, b) * eff
+            link = self._link(a, b)
+            eff, latency = link[2], link[3]
+            bw = self.bytes_per_s(step, a, b, link) * eff
             worst = max(worst, volume / bw)
             lat = max(lat, latency)
         return worst + 2 * (D - 1) * lat

@@ -152,6 +152,11 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                             break  # D pipelines do not fit, nor will more
                         for cut in _splits(L, P):
                             consider(_stages(L, cut, [[Replica(gpu, tp, z) for z in zs]] * P), mbs, D, recompute)
+                            if P > 1 and len(set(zs)) > 1:  # the same replicas stage by stage, zones in any order
+                                for order in permutations(dict.fromkeys(zs)):
+                                    slots = [z for z in order for _ in range(zs.count(z) * P)]
+                                    reps = [[Replica(gpu, tp, z) for z in slots[s * D:(s + 1) * D]] for s in range(P)]
+                                    consider(_stages(L, cut, reps), mbs, D, recompute)
         # chains of two pools: the first stages on pool A (up to FIRST_POOL_STAGES, by B's type), the rest on B
         chains = [(pair, tps) for pair in permutations(pools, 2) for tps in product((1, 2, 4), repeat=2)]
         # zone chains: one type and TP over its first k >= 3 zones in fill order (cheapest, then largest)
