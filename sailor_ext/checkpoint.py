@@ -51,7 +51,7 @@ import torch
 from planner.errors import SailorError
 from sailor_ext import devices
 from sailor_ext.sharding import ParamShard
-from sailor_ext.storage import Storage
+from sailor_ext.storage import Storage, open_storage
 
 FORMAT = "sailor-checkpoint"
 VERSION = 3  # 3: raw tensor files, SHA-256 per block of rows, a sealed meta.json and `latest` (2: torch.save)
@@ -190,7 +190,7 @@ def _step(name: str) -> int:
 def claimed(load_dir: str) -> tuple[str, int] | None:
     """(name, step) of the newest checkpoint the directory claims, unverified (cheap): what
     `latest` names, else the newest iter_* directory with a meta.json; None if there is none."""
-    storage = Storage(load_dir)
+    storage = open_storage(load_dir)
     try:
         m = _LATEST.match(storage.get("latest").decode(errors="replace"))
     except FileNotFoundError:
@@ -241,12 +241,12 @@ def choose(load_dir: str, known_bad: tuple[tuple[str, str], ...] = ()) -> Choice
     """The newest checkpoint under `load_dir` whose meta.json and `latest` verify (or `load_dir`
     itself if it is one checkpoint directory), skipping the names in `known_bad` (their data
     failed on some rank). Only kilobytes are read: the tensors are verified as they are loaded."""
-    storage = Storage(load_dir)
+    storage = open_storage(load_dir)
     root, bad = storage.url, dict(known_bad)
     if not storage.exists("latest") and storage.exists("meta.json"):  # one checkpoint directory
         parent, _, name = root.rpartition("/")
         try:
-            meta, _ = read_meta(Storage(parent or "/"), name)
+            meta, _ = read_meta(open_storage(parent or "/"), name)
         except Damaged as e:
             raise SailorError(f"checkpoint {root} is damaged ({e}); load its parent directory to fall back to an "
                               "older checkpoint") from None
@@ -379,7 +379,7 @@ class Checkpoint:
 
 def open_choice(choice: Choice) -> Checkpoint:
     """The chosen checkpoint's index (its meta.json, verified again: it is a few kilobytes)."""
-    storage = Storage(choice.root)
+    storage = open_storage(choice.root)
     try:
         meta, _ = read_meta(storage, choice.name)
     except Damaged as e:

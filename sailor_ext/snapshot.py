@@ -39,7 +39,7 @@ import torch
 from sailor_ext import checkpoint, devices
 from sailor_ext.checkpoint import FileRecord, Piece
 from sailor_ext.sharding import ParamShard
-from sailor_ext.storage import Storage
+from sailor_ext.storage import open_storage
 
 IN_MEMORY = 2
 
@@ -162,7 +162,7 @@ class Persister:
     def __init__(self, target: PersistTarget, board: StoreBoard, meta: dict,
                  log: Callable[[str], None] = lambda line: None):
         self.target, self.board, self.meta, self.log = target, board, meta, log
-        self.storage = Storage(target.save_dir)
+        self.storage = open_storage(target.save_dir)
         self.queue: queue.Queue = queue.Queue()
         self.cancelled = threading.Event()
         self.committed: list[int] = []  # steps rank 0 committed

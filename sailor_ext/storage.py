@@ -1,4 +1,5 @@
-"""Where checkpoints live: a local directory or any fsspec URL (s3://, gs://, ...).
+"""Where checkpoints live: a local directory, any fsspec URL (s3://, gs://, ...), or the nodes'
+own disks (node:NAME, NodeStorage below).
 
 Nodes of a geo-distributed job share no filesystem; they share an object
 store. The checkpoint protocol (checkpoint.py) therefore needs only what an
@@ -8,6 +9,14 @@ deletion. No directory rename: on S3 that is a copy of every byte.
 
 A local path keeps the POSIX guarantees on top: each file is written to a
 temporary name, fsynced, renamed, and its directory fsynced.
+
+node:NAME (elastic jobs, `sailor run`): no shared store at all. Each node
+keeps NAME below its agent's --node-dir; a file written there is written to
+one other node too (the next in the job's node order: its buddy) before the
+write returns, so every committed file is on two nodes and losing any one
+node loses nothing committed. Reads look on this node first, then ask the
+other nodes (planner/elastic/files.py serves each --node-dir). Listing is
+the union over the nodes that answer; removal goes to all of them.
 """
 from __future__ import annotations
 
@@ -18,6 +27,22 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from planner.errors import SailorError
+
+
+NODE_SCHEME = "node:"
+_NODES: dict = {}  # this process's node: its --node-dir, the other nodes' file clients, its buddy (configure_nodes)
+
+
+def configure_nodes(node_dir: str, peers: list, buddy: int | None) -> None:
+    """Where node:NAME lives for this worker: its node's directory, the other live nodes as (url, token)
+    (job order), and which of them gets a copy of every file written here (None: no other node)."""
+    _NODES.clear()
+    _NODES.update(node_dir=node_dir, peers=list(peers), buddy=buddy)
+
+
+def open_storage(url: str | os.PathLike) -> "Storage":
+    """A checkpoint root: node:NAME on the nodes' own disks, else a local path or fsspec URL."""
+    return NodeStorage(str(url)) if str(url).startswith(NODE_SCHEME) else Storage(url)
 
 
 class Storage:
@@ -105,6 +130,93 @@ class Storage:
             self.fs.rm(self._path(rel), recursive=True)
         except FileNotFoundError:
             pass
+
+
+class NodeStorage:
+    """node:NAME: this node's NAME below its --node-dir, with a copy of each file on its buddy."""
+
+    def __init__(self, url: str):
+        from planner.elastic.files import FileClient
+
+        self.url = url.rstrip("/")
+        name = self.url[len(NODE_SCHEME):].strip("/")
+        if not name or ".." in name.split("/"):
+            raise SailorError(f"checkpoint location {url}: give node:NAME, a directory name below each node's "
+                              "--node-dir")
+        if not _NODES:
+            raise SailorError(f"--save {url} keeps checkpoints on the nodes' own disks: it needs an elastic job "
+                              "(`sailor run`) whose agents were started with --node-dir DIR")
+        self.here = Storage(os.path.join(_NODES["node_dir"], name))
+        self.local = False
+        self.peers = [FileClient(u, token, name) for u, token in _NODES["peers"]]
+        self.buddy = self.peers[_NODES["buddy"]] if _NODES["buddy"] is not None else None
+
+    def where(self, *parts: str) -> str:
+        return "/".join([self.url, *parts])
+
+    def _first(self, what):
+        """what(source) from this node, else from the first other node that has it."""
+        for source in (self.here, *self.peers):
+            try:
+                return what(source)
+            except FileNotFoundError:
+                continue
+            except OSError:  # a node that does not answer (lost) holds nothing we can read
+                continue
+        raise FileNotFoundError
+
+    def put(self, rel: str, data: bytes | memoryview) -> None:
+        self.here.put(rel, data)
+        if self.buddy is not None:
+            try:
+                self.buddy.put(rel, bytes(data))
+            except OSError as e:
+                raise OSError(f"{self.where(rel)}: its copy on another node failed ({e})") from None
+
+    def get(self, rel: str, start: int | None = None, stop: int | None = None) -> bytes:
+        try:
+            return self._first(lambda s: s.get(rel, start, stop))
+        except FileNotFoundError:
+            raise FileNotFoundError(self.where(rel)) from None
+
+    def read_into(self, rel: str, start: int, buffer: memoryview) -> int:
+        if os.path.isfile(self.here._path(rel)):
+            return self.here.read_into(rel, start, buffer)
+        data = self.get(rel, start, start + len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def size(self, rel: str) -> int:
+        try:
+            return self._first(lambda s: s.size(rel))
+        except FileNotFoundError:
+            raise FileNotFoundError(self.where(rel)) from None
+
+    def exists(self, rel: str = "") -> bool:
+        if not rel:
+            return bool(self.children())
+        try:
+            self.size(rel)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def children(self, rel: str = "") -> list[str]:
+        names = set(self.here.children(rel))
+        for peer in self.peers:
+            try:
+                names.update(peer.children(rel))
+            except OSError:
+                pass
+        return sorted(names)
+
+    def remove(self, rel: str) -> None:
+        self.here.remove(rel)
+        for peer in self.peers:
+            try:
+                peer.remove(rel)
+            except OSError:
+                pass
 
 
 def _fsync_dir(path: str) -> None:

@@ -91,7 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "--eval-interval; without it: one evaluation, after the last step)")
     g = p.add_argument_group("checkpoints and logging")
     g.add_argument("--save", help="checkpoint directory, or an fsspec URL (s3://bucket/prefix, gs://...) that every "
-                   "node reaches: no shared filesystem needed")
+                   "node reaches: no shared filesystem needed; or, in `sailor run`, node:NAME: on each node's own "
+                   "disk (its agent's --node-dir) with a copy on another node")
     g.add_argument("--save-interval", type=int, default=0, help="save every N steps (and at the end)")
     g.add_argument("--keep-checkpoints", type=int, default=3,
                    help="committed checkpoints to keep on disk (0: all); older ones are the fallback when the "

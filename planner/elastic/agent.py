@@ -1,6 +1,6 @@
 """A node's agent: joins the job, keeps its heartbeat, owns its workers.
 
-    sailor agent --store HOST:PORT --gpus A100-40@us-central1-a=4 [--node-id NAME]
+    sailor agent --store HOST:PORT --gpus A100-40@us-central1-a=4 [--node-id NAME] [--node-dir DIR]
 
 It registers the node (GPU type, zone, GPU count) in the controller's store
 and starts one worker per GPU right away, so the workers import torch while
@@ -19,6 +19,10 @@ sees the connection drop at once. Its workers die with it (the kernel kills
 them, PR_SET_PDEATHSIG) unless --detach-workers puts them in their own
 session, as torchrun does; the controller then fences the node and the
 orphans exit at their next look at the store.
+
+With --node-dir it also serves that directory to the job's other nodes
+(files.py): checkpoints saved to node:NAME live on the nodes' own disks, each
+file on its node and one other.
 
 Torch-free: the agent never imports torch; its workers do.
 """
@@ -54,8 +58,9 @@ def _set_parent_death_signal() -> None:
 class Agent:
     def __init__(self, store: str, info: P.NodeInfo, heartbeat_s: float = 0.5,
                  detach_workers: bool = False, max_restarts: int = 3, python: str = sys.executable,
-                 controller_wait_s: float = 0.0):
+                 controller_wait_s: float = 0.0, node_dir: str | None = None):
         self.store, self.info, self.heartbeat_s = store, info, heartbeat_s
+        self.node_dir = node_dir  # served to the other nodes: checkpoints saved to node:NAME (files.py)
         self.controller_wait_s = controller_wait_s
         self.detach, self.max_restarts, self.python = detach_workers, max_restarts, python
         self.workers: dict[int, subprocess.Popen] = {}
@@ -68,6 +73,8 @@ class Agent:
         cmd = [self.python, "-m", "sailor_ext.elastic.worker", "--store", self.store, "--node", self.info.id,
                "--index", str(index), "--controller-wait-s", str(self.controller_wait_s)]
         env = dict(os.environ)
+        if self.node_dir:
+            env["SAILOR_NODE_DIR"] = self.node_dir
         if self.info.gpu == "CPU":
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, self.info.gpus))))
         if self.detach:
@@ -95,6 +102,14 @@ class Agent:
         if client.check([P.fence_key(self.info.id)]) or client.check([P.node_key(self.info.id)]):
             raise SailorError(f"node id {self.info.id!r} is already taken in this job; start the agent with "
                               "another --node-id")
+        server = None
+        if self.node_dir:
+            from dataclasses import replace
+
+            from planner.elastic.files import FileServer
+
+            server = FileServer(self.node_dir)
+            self.info = replace(self.info, files=f"http://{self.info.host}:{server.port}", files_token=server.token)
         client.set(P.node_key(self.info.id), self.info.to_json())
         self.workers = {i: self.spawn(i) for i in range(self.info.gpus)}
         beat = 0
@@ -159,6 +174,9 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
                         "workers train on meanwhile)")
     p.add_argument("--max-restarts", type=flags.integer(0, 10**6), default=3, metavar="N",
                    help="fresh workers to start after crashes (default 3)")
+    p.add_argument("--node-dir", metavar="DIR",
+                   help="this node's own disk for checkpoints saved to node:NAME (a copy of each file goes to "
+                        "another node); served to the job's other nodes over HTTP")
     p.set_defaults(func=run)
     return p
 
@@ -176,9 +194,18 @@ def run(args) -> int:
     if "/" in node_id:
         raise SailorError(f"--node-id {node_id!r} may not contain '/'")
     info = P.NodeInfo(node_id, pool.gpu, pool.zone, pool.count, args.host or socket.gethostname(), os.getpid())
+    node_dir = None
+    if args.node_dir:
+        node_dir = os.path.abspath(args.node_dir)
+        try:
+            os.makedirs(node_dir, exist_ok=True)
+        except OSError as e:
+            raise SailorError(f"--node-dir {args.node_dir}: cannot create it ({e.strerror})") from None
+        if not os.access(node_dir, os.W_OK):
+            raise SailorError(f"--node-dir {args.node_dir}: not writable; give a directory on this node's disk")
     try:
         return Agent(args.store, info, args.heartbeat_s, args.detach_workers, args.max_restarts,
-                     controller_wait_s=args.controller_wait_s).run()
+                     controller_wait_s=args.controller_wait_s, node_dir=node_dir).run()
     except StoreClosed as e:
         raise SailorError(f"{e}; is `sailor run` running? (--store {args.store})") from None
 

@@ -676,6 +676,9 @@ def run(args) -> int:
     cluster = load_cluster(args.cluster)
     if args.max_tp & (args.max_tp - 1):
         raise SailorError(f"--max-tp {args.max_tp} must be a power of two (1, 2, 4, 8...)")
+    if args.load and args.load.startswith("node:"):
+        raise SailorError(f"--load {args.load}: checkpoints on the nodes' own disks are resumed from --save: give "
+                          f"`-- --save {args.load}` to the job, and start the agents with the same --node-dir")
     if args.load and "://" not in args.load and not Path(args.load).is_dir():
         raise SailorError(f"no checkpoint in {args.load}: it is not a directory; give --load the --save directory of "
                           "a previous run")

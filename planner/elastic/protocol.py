@@ -5,7 +5,8 @@ Everything goes through the controller's store (store.py). Keys:
     job/args               the training arguments (JSON list), set by the controller
     job/done               the job is over: agents and workers exit
     job/liveness           the workers' heartbeat period and stall limit (JSON), set by the controller
-    node/<id>              a node's NodeInfo (JSON), set by its agent when it joins
+    node/<id>              a node's NodeInfo (JSON), set by its agent when it joins (with the URL and
+                           token of its --node-dir's file server, files.py, if it has one)
     hb/<id>                the agent's heartbeat counter
     wb/<id>/<i>            worker i's heartbeat counter (its own thread; stops when the process is frozen)
     hung/<id>/<i>          the controller found worker i frozen: its agent kills it and starts a fresh one
@@ -109,6 +110,8 @@ class NodeInfo:
     gpus: int
     host: str = "127.0.0.1"
     pid: int = 0
+    files: str = ""  # URL of its --node-dir's file server (files.py), "" without one
+    files_token: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

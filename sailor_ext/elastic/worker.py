@@ -306,6 +306,7 @@ class Worker:
                                     world_size=a.world_size, timeout=datetime.timedelta(seconds=args.dist_timeout),
                                     device_id=device if backend == "nccl" else None)
             t_pg = time.time()
+            self.locate_nodes(a)
             if rank >= a.plan_world:
                 result = self.donate(a, layout, rank, device, model.tied_embeddings)
                 return result
@@ -357,6 +358,29 @@ class Worker:
             gc.collect()
             self.left_at = time.time()
         return result
+
+    def locate_nodes(self, a: P.Assignment) -> None:
+        """For checkpoints on the nodes' own disks (--save node:NAME, storage.NodeStorage): this node's
+        --node-dir, the other nodes of the epoch in job order from the next one on, and the next one
+        with a file server as the buddy that gets a copy of every file written here."""
+        if not any(str(d or "").startswith("node:") for d in (self.args.save, a.load)):
+            return
+        from sailor_ext.storage import configure_nodes
+
+        node_dir = os.environ.get("SAILOR_NODE_DIR")
+        if not node_dir:
+            raise SailorError(f"--save {self.args.save} keeps checkpoints on the nodes' own disks: start every "
+                              "node's agent with --node-dir DIR")
+        order = list(dict.fromkeys(n for n, _ in a.ranks + a.donors))
+        at = order.index(self.node)
+        peers = []
+        for node in order[at + 1:] + order[:at]:
+            info = P.NodeInfo.from_json(self.client.get(P.node_key(node), 5.0))
+            if not info.files:
+                raise SailorError(f"--save {self.args.save}: node {node}'s agent has no --node-dir; start every "
+                                  "node's agent with one")
+            peers.append((info.files, info.files_token))
+        configure_nodes(node_dir, peers, 0 if peers else None)
 
     def restore(self, trainer, a: P.Assignment, rank: int, device) -> str:
         """Fill the trainer from memory or disk (collective over every rank,

@@ -54,9 +54,11 @@ class Job:
         self.address = address.read_text().strip()
 
     # -- nodes ------------------------------------------------------------------------
-    def add_agent(self, name: str, gpus: int = 2, detach: bool = False) -> subprocess.Popen:
+    def add_agent(self, name: str, gpus: int = 2, detach: bool = False, node_dir: Path | None = None) -> subprocess.Popen:
+        """node_dir: the node's own disk (checkpoints saved to node:NAME)."""
         cmd = [PYTHON, "-m", "planner.elastic.agent", "--store", self.store, "--gpus", f"CPU@local={gpus}",
-               "--node-id", name, "--heartbeat-s", "0.25", *(["--detach-workers"] if detach else [])]
+               "--node-id", name, "--heartbeat-s", "0.25", *(["--detach-workers"] if detach else []),
+               *(["--node-dir", str(node_dir), "--host", "127.0.0.1"] if node_dir else [])]
         self.agents[name] = subprocess.Popen(cmd, cwd=self.workdir, env=env(),
                                              stdout=open(self.workdir / f"agent-{name}.log", "w"),
                                              stderr=subprocess.STDOUT)

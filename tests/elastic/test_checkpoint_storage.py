@@ -1,6 +1,7 @@
 """Checkpoints without a shared filesystem: an elastic job saving to S3 (a local S3-compatible
-server, moto, through s3fs) loses a node, and nothing committed is lost; every checkpoint damaged
-ends the job with one line."""
+server, moto, through s3fs), or to the nodes' own disks (node:NAME, a copy of each file on another
+node), loses a node, and nothing committed is lost; every checkpoint damaged ends the job with one
+line."""
 from __future__ import annotations
 
 import shutil
@@ -52,6 +53,57 @@ def test_node_loss_with_checkpoints_on_s3(tmp_path, s3_root):
         one, meta, _ = C.load_logical(f"{root}/iter_{step:07d}")
         assert meta["step"] == step and meta["optimizer_steps"] == step and one.notes() == [], (step, root)
     assert len(params) > 10
+
+
+@pytest.mark.timeout(240)
+def test_node_loss_with_checkpoints_on_the_nodes_own_disks(tmp_path):
+    """Three nodes, each with a directory of its own (--node-dir), save to node:ckpt: no shared
+    filesystem, no object store. SIGKILL rank 0's node right after a checkpoint is committed and delete
+    its directory (its disk is gone with it): the survivors go on, every step is trained once, and every
+    committed checkpoint, before and after the loss, verifies in full from the two surviving disks
+    (read through their file servers, as a resuming job reads them)."""
+    from planner.elastic.files import FileServer
+    from sailor_ext import checkpoint as C
+    from sailor_ext import storage
+
+    iters, disks = 12, {n: tmp_path / f"disk-{n}" for n in "abc"}
+
+    def committed() -> int:
+        steps = [int(f.read_text().split()[0][len("iter_"):]) for f in
+                 (d / "ckpt" / "latest" for d in disks.values()) if f.exists()]
+        return max(steps, default=0)
+
+    job = Job(tmp_path, ["--train-iters", str(iters), "--save", "node:ckpt", "--save-interval", str(INTERVAL),
+                         "--keep-checkpoints", "0", "--dist-timeout", "30", "--seed", "3"])
+    try:
+        for name in "abc":
+            job.add_agent(name, node_dir=disks[name])
+        job.wait_epoch_started(1)
+        job.wait_for(lambda: committed() >= INTERVAL, 120, "a checkpoint committed on the nodes' disks")
+        victim = next(e for e in job.events("epoch_published") if e["epoch"] == 1)["nodes"][0]  # rank 0's
+        # it holds committed files of its own: rank 0's, the checkpoint's meta.json and `latest`
+        assert list((disks[victim] / "ckpt").glob("iter_*/meta.json")) and (disks[victim] / "ckpt" / "latest").exists()
+        job.kill_agent(victim)
+        shutil.rmtree(disks[victim])
+        assert job.wait(180) == 0, job.log()
+    finally:
+        job.close()
+    assert [e["node"] for e in job.events("node_lost")] == [victim]
+    assert sorted({m["step"] for m in job.metrics()}) == list(range(1, iters + 1))
+    first, *others = [n for n in "abc" if n != victim]
+    servers = [FileServer(str(disks[n]), host="127.0.0.1") for n in others]
+    storage.configure_nodes(str(disks[first]), [(f"http://127.0.0.1:{s.port}", s.token) for s in servers], None)
+    try:
+        choice, meta, params = C.load_logical("node:ckpt")
+        assert choice.step == iters and meta["consumed_samples"] == iters * GLOBAL_BATCH and choice.notes() == []
+        for step in range(INTERVAL, iters + 1, INTERVAL):  # each committed checkpoint, read and checked whole
+            one, meta, _ = C.load_logical(f"node:ckpt/iter_{step:07d}")
+            assert meta["step"] == step and meta["optimizer_steps"] == step and one.notes() == [], step
+        assert len(params) > 10
+    finally:
+        storage._NODES.clear()
+        for s in servers:
+            s.close()
 
 
 @pytest.mark.timeout(240)
