@@ -266,6 +266,8 @@ class Planner(SinglePool, Chains, TwoTypes):
         # microbatch alone is as cheap up to fill and sync; see docs/planner.md)
         classes = self.two_classes and self.goal.objective == "throughput" and probe is None
         for x, y in self._class_pairs(shapes) if classes else ():
+            if max(x.costs.compute(0, self.L - 1), y.costs.compute(0, self.L - 1)) >= self._cutoff:
+                continue  # every family's time holds a whole microbatch's F+B on each type (_two_class_family)
             for P in range(1, self.max_stages + 1):
                 fam = self._two_class_family(x, y, P, self._cutoff)
                 if fam is not None and fam[0] < self._cutoff:
