@@ -1,6 +1,6 @@
 """Plan-independent checkpoints: the logical model and optimizer, in pieces, at any fsspec URL.
 
-Layout below SAVE (a local directory, s3://bucket/prefix, gs://..., storage.py):
+Layout below SAVE (a local directory, s3://bucket/prefix, gs://..., node:NAME; storage.py):
 
     latest                              "iter_0000010 <SHA-256 of its meta.json>"
     iter_0000010/meta.json              sealed: {"sha256": <of the body's bytes>, "meta": <body>}; the body has

@@ -132,8 +132,9 @@ class Storage:
             pass
 
 
-class NodeStorage:
-    """node:NAME: this node's NAME below its --node-dir, with a copy of each file on its buddy."""
+class NodeStorage(Storage):
+    """node:NAME: this node's NAME below its --node-dir, with a copy of each file on its buddy (Storage's
+    interface, every method its own)."""
 
     def __init__(self, url: str):
         from planner.elastic.files import FileClient

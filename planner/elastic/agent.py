@@ -102,14 +102,14 @@ class Agent:
         if client.check([P.fence_key(self.info.id)]) or client.check([P.node_key(self.info.id)]):
             raise SailorError(f"node id {self.info.id!r} is already taken in this job; start the agent with "
                               "another --node-id")
-        server = None
         if self.node_dir:
             from dataclasses import replace
 
             from planner.elastic.files import FileServer
 
-            server = FileServer(self.node_dir)
-            self.info = replace(self.info, files=f"http://{self.info.host}:{server.port}", files_token=server.token)
+            self.files = FileServer(self.node_dir)  # serves until the agent exits
+            self.info = replace(self.info, files=f"http://{self.info.host}:{self.files.port}",
+                                files_token=self.files.token)
         client.set(P.node_key(self.info.id), self.info.to_json())
         self.workers = {i: self.spawn(i) for i in range(self.info.gpus)}
         beat = 0

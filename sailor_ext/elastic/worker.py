@@ -361,9 +361,9 @@ class Worker:
 
     def locate_nodes(self, a: P.Assignment) -> None:
         """For checkpoints on the nodes' own disks (--save node:NAME, storage.NodeStorage): this node's
-        --node-dir, the other nodes of the epoch in job order from the next one on, and the next one
-        with a file server as the buddy that gets a copy of every file written here."""
-        if not any(str(d or "").startswith("node:") for d in (self.args.save, a.load)):
+        --node-dir, and the epoch's other nodes in job order from the next one on, which is the buddy
+        that gets a copy of every file written here. (--load node:NAME is refused by the controller.)"""
+        if not str(self.args.save or "").startswith("node:"):
             return
         from sailor_ext.storage import configure_nodes
 
