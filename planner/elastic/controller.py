@@ -494,13 +494,15 @@ class Controller:
         return 0
 
     def start_local_agents(self, nodes: list[tuple[str, str, int]], heartbeat_s: float, cluster: str | None,
-                           store: str) -> None:
+                           store: str, node_dirs: str | None = None) -> None:
         for i, (gpu, zone, count) in enumerate(nodes):
             cmd = [sys.executable, "-m", "planner.elastic.agent", "--store", store, "--gpus",
                    f"{gpu}@{zone}={count}", "--node-id", f"node{i}", "--heartbeat-s", str(heartbeat_s),
                    "--controller-wait-s", str(self.s.wait_s)]
             if cluster:
                 cmd += ["--cluster", cluster]
+            if node_dirs:  # each its own "disk", as separate machines would have
+                cmd += ["--node-dir", os.path.join(node_dirs, f"node{i}"), "--host", "127.0.0.1"]
             # in their own session: they outlive a controller that dies, and the next one takes them over
             self.local_agents.append(subprocess.Popen(cmd, start_new_session=True))
 
@@ -552,6 +554,8 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=flags.integer(1, 1024), metavar="N",
                    help="with --local: GPUs per agent (default: the type's node size)")
     p.add_argument("--local", action="store_true", help="start the node agents on this machine")
+    p.add_argument("--node-dirs", metavar="DIR",
+                   help="with --local: agent i's --node-dir is DIR/node<i> (checkpoints saved to node:NAME)")
     p.add_argument("--objective", default="throughput", choices=["throughput", "cost", "cost-per-token"],
                    help="what each plan of the job optimizes (default throughput)")
     p.add_argument("--host", default="127.0.0.1", help="address to serve the job's store on (default 127.0.0.1)")
@@ -625,6 +629,13 @@ def _train_args(args, model) -> tuple[list[str], int, int]:
     if parsed.seq_length is not None and parsed.seq_length != model.seq_len:
         raise SailorError(f"training argument --seq-length {parsed.seq_length} contradicts the job's sequence length "
                           f"{model.seq_len}; give it to sailor run as --seq-length")
+    if parsed.save and parsed.save.startswith("node:"):
+        name = parsed.save[len("node:"):].strip("/")
+        if not name or ".." in name.split("/"):
+            raise SailorError(f"--save {parsed.save}: give node:NAME, a directory name below each node's --node-dir")
+        if args.local and not args.node_dirs:
+            raise SailorError(f"--save {parsed.save} keeps checkpoints on the nodes' own disks: with --local, give "
+                              "--node-dirs DIR (agent i keeps its files in DIR/node<i>)")
     if args.load and "--load" not in rest:
         rest += ["--load", args.load]
     return rest, parsed.train_iters, parsed.make_vocab_size_divisible_by
@@ -694,6 +705,14 @@ def run(args) -> int:
     pools = parse_gpus(args.gpus, cluster) if args.gpus is not None else ()
     if args.local and not pools:
         raise SailorError("--local needs --gpus TYPE@ZONE=N,... to know which agents to start")
+    if args.node_dirs is not None and not args.local:
+        raise SailorError("--node-dirs names the disks of the agents --local starts; without --local start each "
+                          "agent with --node-dir")
+    if args.node_dirs is not None:
+        try:
+            os.makedirs(args.node_dirs, exist_ok=True)
+        except OSError as e:
+            raise SailorError(f"--node-dirs {args.node_dirs}: cannot create it ({e.strerror})") from None
     if args.gpus_per_node is not None and not args.local:
         raise SailorError("--gpus-per-node sizes the agents --local starts; without --local each agent says its own")
     nodes = local_nodes(pools, args.gpus_per_node, cluster) if args.local else []
@@ -735,7 +754,7 @@ def run(args) -> int:
                            seq_length_source=seq_source)
     if nodes and not adopted:
         store = args.state if args.state.startswith("etcd://") else f"{host}:{port}"
-        controller.start_local_agents(nodes, args.heartbeat_s, args.cluster, store)
+        controller.start_local_agents(nodes, args.heartbeat_s, args.cluster, store, args.node_dirs)
     return controller.run()
 
 

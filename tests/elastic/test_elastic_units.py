@@ -297,6 +297,12 @@ def test_provider_list_file_and_command(tmp_path):
     (["--max-tp", "3", "--", "--train-iters", "5"], "--max-tp 3 must be a power of two"),
     (["--local", "--", "--train-iters", "5"], "--local needs --gpus"),
     (["--load", "/nonexistent", "--", "--train-iters", "5"], "no checkpoint in /nonexistent"),
+    (["--load", "node:ckpt", "--", "--train-iters", "5"], "are resumed from --save"),
+    (["--gpus", "CPU@local=2", "--local", "--", "--train-iters", "5", "--save", "node:ckpt"], "give --node-dirs DIR"),
+    (["--node-dirs", "d", "--", "--train-iters", "5"], "--node-dirs names the disks of the agents --local starts"),
+    (["--", "--train-iters", "5", "--save", "node:../x"], "give node:NAME"),
+    (["--gpus", "CPU@local=2", "--local", "--node-dirs", "/etc/passwd/d", "--", "--train-iters", "5", "--save",
+      "node:ckpt"], "--node-dirs /etc/passwd/d: cannot create it"),
 ])
 def test_sailor_run_refuses_bad_input_in_one_line(extra, fragment):
     out = subprocess.run([sys.executable, "-m", "planner.cli", "run", "--model", "tiny", "--global-batch", "12",
