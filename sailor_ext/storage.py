@@ -21,11 +21,11 @@ the union over the nodes that answer; removal goes to all of them.
 from __future__ import annotations
 
 import os
-import uuid
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from planner.elastic.files import FileClient, write_atomically
 from planner.errors import SailorError
 
 
@@ -69,15 +69,7 @@ class Storage:
         if not self.local:
             self.fs.pipe_file(path, bytes(data))
             return
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(directory)
+        write_atomically(path, data)
 
     def get(self, rel: str, start: int | None = None, stop: int | None = None) -> bytes:
         """Bytes [start, stop) of `rel` (the whole object by default); FileNotFoundError if absent."""
@@ -137,8 +129,6 @@ class NodeStorage(Storage):
     interface, every method its own)."""
 
     def __init__(self, url: str):
-        from planner.elastic.files import FileClient
-
         self.url = url.rstrip("/")
         name = self.url[len(NODE_SCHEME):].strip("/")
         if not name or ".." in name.split("/"):
@@ -218,16 +208,3 @@ class NodeStorage(Storage):
                 peer.remove(rel)
             except OSError:
                 pass
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

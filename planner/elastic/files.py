@@ -35,7 +35,9 @@ TOKEN_HEADER = "X-Sailor-Token"
 CHUNK = 1 << 20
 
 
-def write_atomically(path: str, data: bytes) -> None:
+def write_atomically(path: str, data: bytes | memoryview) -> None:
+    """A local file, whole or not at all: a temporary name, fsync, rename, fsync of the directory
+    (which some filesystems refuse; the rename is then as durable as they make it)."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
@@ -44,9 +46,14 @@ def write_atomically(path: str, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
     try:
         os.fsync(fd)
+    except OSError:
+        pass
     finally:
         os.close(fd)
 

@@ -68,7 +68,7 @@ def rearrange(plan: Plan, est, sim: Simulator, rt: RuntimeModel, goal: Goal):
             scores[order] = (goal.score_estimate(e) if e.fits_in_memory else float("inf"), cand, e)
         return scores[order][0]
 
-    zones = tuple(dict.fromkeys(r.zone for k in range(plan.dp) for st in plan.stages for r in (st.replicas[k],)))
+    zones = tuple(dict.fromkeys(st.replicas[k].zone for k in range(plan.dp) for st in plan.stages))  # plan's order
     if len(zones) <= EXHAUSTIVE_ZONES:
         for order in itertools.permutations(zones):
             score(order)
