@@ -33,6 +33,14 @@ norm, optimizer). With activation recomputation (non-reentrant checkpoint) a
 parameter still receives one accumulation per microbatch. Without overlap
 `finish` starts every bucket after the schedule, the runtime's old behaviour.
 
+Sharded (--use-distributed-optimizer). Each bucket's buffer is padded to a
+multiple of its owner count d and reduce-scattered instead of all-reduced:
+owner r (its rank in the bucket's group) receives the sum of elements
+[r*n/d, (r+1)*n/d), the part of the bucket whose optimizer state it keeps
+(distributed_optimizer.py). The other elements of the buffer then hold
+partial sums that nobody reads; the same bytes cross the wire as with an
+all-reduce once the optimizer has all-gathered the updated weights.
+
 Deadlock freedom. Every rank starts its buckets in one order: by the key of
 the bucket's last chunk, (position of its parameter in backward order,
 chunk), which every holder of that chunk computes alike, because all replicas
@@ -122,7 +130,8 @@ class Bucket:
     viewed: list[bool]  # per item: the parameter's .grad is a view into `flat`
     params: set[str] = field(default_factory=set)  # local names with a chunk here
     pending: int = 0  # of `params`, how many still wait for their last microbatch's gradient
-    work: object | None = None  # the all-reduce in flight
+    work: object | None = None  # the all-reduce (or reduce-scatter) in flight
+    shard: tuple[int, int] | None = None  # sharded: [start, stop) of `flat` this rank's optimizer owns
 
     @property
     def tied(self) -> bool:
@@ -134,12 +143,13 @@ class GradSync:
 
     def __init__(self, params: dict[str, torch.Tensor], shards: dict[str, ParamShard], topology: Topology,
                  bucket_numel: int = DEFAULT_BUCKET_NUMEL, num_microbatches: int = 1,
-                 leaves: dict[str, torch.Tensor] | None = None, overlap: bool = False):
+                 leaves: dict[str, torch.Tensor] | None = None, overlap: bool = False, sharded: bool = False):
         """params: the fp32 main parameters by local name; leaves: the model's parameters (autograd's
         leaves, whose accumulation hooks fire; default `params`, as in fp32 runs); num_microbatches:
-        backward passes per step, after which a gradient is final."""
+        backward passes per step, after which a gradient is final; sharded: reduce-scatter each bucket
+        (the distributed optimizer's layout) instead of all-reducing it."""
         self.topology, self.params = topology, params
-        self.num_microbatches, self.overlap = num_microbatches, overlap
+        self.num_microbatches, self.overlap, self.sharded = num_microbatches, overlap, sharded
         self.buckets = [self._bucket(b) for b in plan_buckets(bucket_items(shards, topology), bucket_numel)]
         self._viewed = {it.name for b in self.buckets for it, v in zip(b.items, b.viewed) if v}
         self._buckets_of: dict[str, list[Bucket]] = {}
@@ -155,8 +165,13 @@ class GradSync:
         self.zero_grad()
 
     def _bucket(self, items: list[Item]) -> Bucket:
-        params = self.params
+        params, owners = self.params, items[0].chunk.owners
         numel = sum(it.numel for it in items)
+        shard = None
+        if self.sharded:  # pad to d equal parts; this rank owns the part of its rank in the group
+            part = -(-numel // len(owners))
+            position = dist.get_group_rank(self.topology.group(owners), self.topology.rank)
+            shard, numel = (position * part, (position + 1) * part), part * len(owners)
         flat = torch.zeros(numel, dtype=torch.float32, device=params[items[0].name].device)
         viewed, offset = [], 0
         for it in items:
@@ -166,7 +181,7 @@ class GradSync:
                 param.grad = flat[offset: offset + it.numel].view_as(param)
             viewed.append(whole)
             offset += it.numel
-        return Bucket(items[0].chunk.owners, items, flat, viewed, {it.name for it in items})
+        return Bucket(owners, items, flat, viewed, {it.name for it in items}, shard=shard)
 
     def zero_grad(self) -> None:
         """Zero the bucket-held gradients in place; drop the others; a new step begins."""
@@ -216,18 +231,26 @@ class GradSync:
                 segment.view(view.shape).copy_(view)
             if it.scale != 1.0:
                 segment.mul_(it.scale)
-        bucket.work = dist.all_reduce(bucket.flat, group=self.topology.group(bucket.owners), async_op=True)
+        group = self.topology.group(bucket.owners)
+        if bucket.shard is None:
+            bucket.work = dist.all_reduce(bucket.flat, group=group, async_op=True)
+        else:  # in place: this rank's part of the buffer receives its sum
+            bucket.work = dist.reduce_scatter_tensor(bucket.flat[slice(*bucket.shard)], bucket.flat, group=group,
+                                                     async_op=True)
 
     @torch.no_grad()
     def finish(self) -> None:
         """Start the buckets not started yet, in order, and wait for all: afterwards every local
-        gradient is its sum over the replicas of its stage."""
+        gradient is its sum over the replicas of its stage (sharded: every element of this rank's part
+        of each bucket; the optimizer reads nothing else)."""
         self.started_in_backward = self._next
         for bucket in self.buckets[self._next:]:
             self._start(bucket)
         self._next = len(self.buckets)
         for bucket in self.buckets:
             bucket.work.wait()
+            if bucket.shard is not None:
+                continue
             offset = 0
             for it, viewed in zip(bucket.items, bucket.viewed):
                 if not viewed:

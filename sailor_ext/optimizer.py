@@ -58,11 +58,27 @@ class Optimizer:
                  config: OptimizerConfig):
         """params: the fp32 main parameters by the model's parameter names."""
         self.config, self.shards = config, shards
-        named = dict(params)
-        self.params = named
-        decay = [p for p in named.values() if p.dim() > 1]
-        no_decay = [p for p in named.values() if p.dim() <= 1]
-        groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        self.params = dict(params)
+        me = topology.rank
+        # the chunks whose squares this rank adds to the global norm
+        self._norm_views = [(self.params[ch.param_name], ch) for ch in chunks_of(shards, topology)
+                            if ch.designated == me and self._counts(ch.param_name)]
+        self.step_count = 0
+        self._build(self._stepped())
+
+    def _counts(self, name: str) -> bool:
+        """Whether this rank steps (and so counts in the norm) its designated chunks of `name` whole."""
+        return True
+
+    def _stepped(self) -> list[tuple[torch.Tensor, bool]]:
+        """(tensor, takes weight decay) for every tensor this rank's optimizer steps."""
+        return [(p, p.dim() > 1) for p in self.params.values()]
+
+    def _build(self, stepped: list[tuple[torch.Tensor, bool]]) -> None:
+        config = self.config
+        self.stepped = [t for t, _ in stepped]
+        groups = [{"params": [t for t, decay in stepped if decay], "weight_decay": config.weight_decay},
+                  {"params": [t for t, decay in stepped if not decay], "weight_decay": 0.0}]
         if config.kind == "sgd":
             self.inner = torch.optim.SGD(groups, lr=config.lr, momentum=config.sgd_momentum, foreach=True)
             self.state_keys: tuple[str, ...] = ("momentum_buffer",) if config.sgd_momentum else ()
@@ -70,16 +86,23 @@ class Optimizer:
             self.inner = torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
                                            eps=config.eps, foreach=True)
             self.state_keys = ("exp_avg", "exp_avg_sq")
-        me = topology.rank
-        # the chunks whose squares this rank adds to the global norm
-        self._norm_views = [(named[ch.param_name], ch) for ch in chunks_of(shards, topology) if ch.designated == me]
-        self.step_count = 0
+
+    def stepped_numel(self) -> int:
+        """Elements this rank steps: its optimizer state holds len(state_keys) fp32 numbers per element."""
+        return sum(t.numel() for t in self.stepped)
+
+    def grads(self) -> list[torch.Tensor]:
+        """The (synced) gradients this rank's optimizer reads."""
+        return [t.grad for t in self.stepped if t.grad is not None]
+
+    def _norm_grads(self) -> list[torch.Tensor]:
+        return [chunk.shard.chunk_view(param.grad, chunk.chunk) for param, chunk in self._norm_views
+                if param.grad is not None]
 
     @torch.no_grad()
     def local_grad_sumsq(self) -> torch.Tensor:
-        """Sum of squares of the gradient chunks this rank counts (float64)."""
-        grads = [chunk.shard.chunk_view(param.grad, chunk.chunk) for param, chunk in self._norm_views
-                 if param.grad is not None]
+        """Sum of squares of the gradient elements this rank counts (float64)."""
+        grads = self._norm_grads()
         device = next(iter(self.params.values())).device
         if not grads:
             return torch.zeros((), dtype=torch.float64, device=device)
@@ -89,7 +112,7 @@ class Optimizer:
     @torch.no_grad()
     def unscale(self, scale: float) -> None:
         """Divide every gradient by the fp16 loss scale (a power of two: exact)."""
-        torch._foreach_mul_([p.grad for p in self.params.values() if p.grad is not None], 1.0 / scale)
+        torch._foreach_mul_(self.grads(), 1.0 / scale)
 
     @property
     def lr(self) -> float:
@@ -100,7 +123,7 @@ class Optimizer:
     def step(self, grad_norm: torch.Tensor) -> float:
         """Clip to the global norm (a float64 device tensor), take one optimizer step; returns the LR used."""
         clip = self.config.clip_grad
-        grads = [p.grad for p in self.params.values() if p.grad is not None]
+        grads = self.grads()
         if clip > 0 and grads:
             # coefficient = clip / (norm + 1e-6) where norm > clip, else 1: multiplying by exactly 1 changes
             # nothing, so this equals a host-side `if` bit for bit (fp32 gradients x the fp32-rounded coefficient)
@@ -111,9 +134,23 @@ class Optimizer:
             group["lr"] = lr
         self.inner.step()
         self.step_count += 1
+        self._after_step()
         return lr
 
+    def _after_step(self) -> None:
+        """What must follow each step (the distributed optimizer gathers the weights)."""
+
+    def params_restored(self) -> None:
+        """The main parameters were overwritten (a checkpoint, a reshard, Hugging Face weights)."""
+
     # -- state by local parameter name (checkpoint.py keys it by logical name) --
+    def copy_state_into(self, buffers: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Copy every local parameter's state (state_keys) into buffers[name][key], tensors of the
+        parameter's local logical shape (snapshot.py's host buffers). Collective in subclasses."""
+        for name, held in buffers.items():
+            for key, value in self.state_of(name).items():
+                held[key].copy_(self.shards[name].view(value))
+
     def state_of(self, name: str) -> dict[str, torch.Tensor]:
         """The per-element state tensors (state_keys) of a local parameter."""
         param = self.params[name]

@@ -104,14 +104,13 @@ class SnapshotRing:
                 reuse = None
         tensors: dict[str, dict[str, torch.Tensor]] = {}  # in the logical layout (ParamShard.view)
         for name, param in params.items():
-            live = {k: shards[name].view(v) for k, v in {"param": param, **optimizer.state_of(name)}.items()}
             if reuse is not None:
-                held = reuse.tensors[name]
-                for k, v in live.items():
-                    held[k].copy_(v)
-                tensors[name] = held
+                tensors[name] = reuse.tensors[name]
             else:
-                tensors[name] = {k: devices.to_host(v) for k, v in live.items()}
+                tensors[name] = {k: devices.as_host(torch.empty(shards[name].local_shape))
+                                 for k in ("param", *optimizer.state_keys)}
+            tensors[name]["param"].copy_(shards[name].view(param))
+        optimizer.copy_state_into(tensors)  # the distributed optimizer gathers its parts here (collective)
         snap = Snapshot(step, consumed, optimizer.step_count, tuple(optimizer.state_keys), dict(shards), tensors,
                         tuple(designated), loss_scaler)
         self.slots.append(snap)

@@ -111,6 +111,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=True,
                    help="start each gradient bucket's all-reduce as soon as the last microbatch's backward has "
                    "finished its gradients (default: on)")
+    g.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="shard the optimizer state over the replicas (ZeRO-1, as Megatron's flag): gradients "
+                   "reduce-scattered, each rank steps its part, the weights all-gathered")
     g.add_argument("--grad-bucket-numel", type=int, default=2**22,
                    help="elements per gradient bucket (default 2^22: 16 MiB of fp32)")
     return p.parse_args(argv)

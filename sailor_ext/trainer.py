@@ -30,6 +30,7 @@ from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
 from sailor_ext import checkpoint, compat, devices
 from sailor_ext.data import BatchSlicer, DataSources, Source, evaluation, microbatches, open_training_data
+from sailor_ext.distributed_optimizer import DistributedOptimizer
 from sailor_ext.grad_sync import GradSync
 from sailor_ext.model import StageModel, StageSpec, init_from_seed
 from sailor_ext.optimizer import Optimizer, OptimizerConfig
@@ -196,13 +197,22 @@ class Trainer:
         shape = PipelineShape(self.pipeline.microbatch_size, self.pipeline.num_microbatches, model_spec.seq_len,
                               model_spec.hidden, plan.global_batch_size * model_spec.seq_len)
         self.schedule = OneFOneB(self.model, StageLinks(topology, self.precision.dtype), topology, shape)
+        sharded = getattr(args, "use_distributed_optimizer", False)
+        if sharded and device.type == "cuda" and dist.get_backend() == "gloo":
+            error = SailorError("--use-distributed-optimizer needs nccl on CUDA (gloo cannot all-gather CUDA "
+                                "tensors); drop the flag or --distributed-backend gloo")
+            error.agreed = True
+            raise error
         self.grad_sync = GradSync(self.params, self.model.shards, topology, args.grad_bucket_numel,
-                                  self.pipeline.num_microbatches, self.main.model_params, args.overlap_grad_reduce)
-        self.optimizer = Optimizer(self.params, self.model.shards, topology, OptimizerConfig(
+                                  self.pipeline.num_microbatches, self.main.model_params, args.overlap_grad_reduce,
+                                  sharded)
+        config = OptimizerConfig(
             kind=args.optimizer, sgd_momentum=args.sgd_momentum, lr=args.lr, min_lr=args.min_lr,
             weight_decay=args.weight_decay, beta1=args.adam_beta1, beta2=args.adam_beta2, eps=args.adam_eps,
             clip_grad=args.clip_grad, warmup_iters=args.lr_warmup_iters, decay_iters=args.lr_decay_iters,
-            decay_style=args.lr_decay_style))
+            decay_style=args.lr_decay_style)
+        self.optimizer = DistributedOptimizer(self.params, self.model.shards, topology, config, self.grad_sync) \
+            if sharded else Optimizer(self.params, self.model.shards, topology, config)
         self.evaluation = evaluation(args)
         self.data = data or open_training_data(args, model_spec)
         self.source = self.data.train
@@ -290,7 +300,7 @@ class Trainer:
 
     def _inject_overflow(self) -> None:
         """The test hook: an inf in this rank's first gradient (after the sync), as an fp16 overflow leaves it."""
-        grad = next(p.grad for p in self.params.values() if p.grad is not None)
+        grad = next(g for g in self.optimizer.grads() if g.numel())
         grad.view(-1)[0] = float("inf")
 
     def evaluate(self) -> float:
@@ -327,6 +337,7 @@ class Trainer:
         from sailor_ext import hf
 
         hf.load_stage(self.model, directory, self.params)
+        self.optimizer.params_restored()
         self.main.copy_to_model()
         if self.rank == 0:
             log(f"loaded Hugging Face weights from {directory}")
@@ -390,6 +401,7 @@ class Trainer:
 
     def resume_at(self, step: int, consumed: int, loss_scaler: dict | None = None) -> None:
         """After the main parameters were restored (disk or memory): the model, the position, the scale."""
+        self.optimizer.params_restored()
         self.main.copy_to_model()
         self.step, self.consumed = step, consumed
         if self.scaler is not None:
@@ -412,6 +424,9 @@ class Trainer:
                   f"{plan.dp} replicas), global batch {plan.global_batch_size}, {self.precision.name} "
                   f"on {self.device.type} ({dist.get_backend()}), {self.grad_sync.num_collectives} gradient buckets "
                   f"on rank 0{' overlapped with the backward pass' if self.grad_sync.overlap else ''}", flush=True)
+            if self.grad_sync.sharded:
+                print(f"sailor: distributed optimizer: rank 0 steps {self.optimizer.stepped_numel()} of its "
+                      f"{sum(p.numel() for p in self.params.values())} parameters", flush=True)
         samples = [p.samples for p in plan.pipelines]
         tokens = plan.global_batch_size * self.model_spec.seq_len
         # SAILOR_CUDA_SYNC_DEBUG=1: any host synchronisation inside a step after the first raises (torch's sync

@@ -98,6 +98,8 @@ def _train_options() -> argparse.ArgumentParser:
     p.add_argument("--load")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--fp16", action="store_true")
+    p.add_argument("--use-distributed-optimizer", action="store_true")
+    p.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction)
     return p
 
 
@@ -151,6 +153,10 @@ def training_args(train_args: list[str], plan, model) -> list[str]:
         out.append("--fp16")
     elif a.bf16:
         out.append("--bf16")
+    if a.use_distributed_optimizer:
+        out.append("--use-distributed-optimizer")
+    if a.overlap_grad_reduce:  # Megatron's default is off, ours on: passed where the flag is given
+        out.append("--overlap-grad-reduce")
     if a.eval_interval:  # sailor validates only when asked; Megatron would every 1000 steps
         out += [f"--eval-interval {a.eval_interval}", f"--eval-iters {a.eval_iters or 10}"]
     else:

@@ -66,7 +66,8 @@ keys = ("data_parallel_size", "tensor_model_parallel_size", "pipeline_model_para
         "position_embedding_type", "group_query_attention", "num_query_groups", "add_bias_linear",
         "rotary_base", "untie_embeddings_and_output_weights", "decoder_first_pipeline_num_layers",
         "decoder_last_pipeline_num_layers", "pipeline_model_parallel_layout", "mock_data", "tokenizer_type",
-        "vocab_size", "recompute_granularity", "bf16", "seq_length")
+        "vocab_size", "recompute_granularity", "bf16", "seq_length", "use_distributed_optimizer",
+        "overlap_grad_reduce")
 print("RESULT " + json.dumps({k: getattr(args, k, None) for k in keys}, default=str))
 """
 
@@ -106,10 +107,13 @@ def test_gpt_and_opt_plans_pass_megatrons_parser(megatron_src, tmp_path):
         (2, 2, 4)
     assert (got["micro_batch_size"], got["global_batch_size"], got["train_iters"], got["lr"]) == (2, 64, 100, 3e-4)
     assert got["mock_data"] and got["tokenizer_type"] == "NullTokenizer" and got["vocab_size"] == 50272
+    assert not got["use_distributed_optimizer"] and not got["overlap_grad_reduce"]
     gpt2 = _with_model(tmp_path, HOMO, GPT2)
-    argv, env, _ = megatron_args(tmp_path, gpt2, "--train-iters", "10", "--data-path", "corpus_text_document")
+    argv, env, _ = megatron_args(tmp_path, gpt2, "--train-iters", "10", "--data-path", "corpus_text_document",
+                                 "--use-distributed-optimizer", "--overlap-grad-reduce")
     got = parse(megatron_src, argv, env, 16)
     assert got["num_layers"] == 4 and not got["untie_embeddings_and_output_weights"] and not got["mock_data"]
+    assert got["use_distributed_optimizer"] and got["overlap_grad_reduce"]
 
 
 def test_llama_plan_with_an_uneven_split_passes_megatrons_parser(megatron_src, tmp_path):

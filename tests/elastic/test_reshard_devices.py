@@ -38,6 +38,10 @@ class Adam:  # what reshard and snapshots ask of the runtime's Optimizer
         return self.state.get(name) or {k: torch.zeros_like(self.params[name]) for k in self.state_keys}
     def set_state(self, name, tensors):
         self.state[name] = {k: v.to(self.params[name].device).clone() for k, v in tensors.items()}
+    def copy_state_into(self, buffers):
+        for name, held in buffers.items():
+            for k, v in self.state_of(name).items():
+                held[k].copy_(v)
 
 rank = int(os.environ["RANK"])
 device = torch.device("cpu")

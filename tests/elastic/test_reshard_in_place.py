@@ -117,8 +117,10 @@ class ScriptedController:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("family", ["opt", "llama", "llama-bf16"])
+@pytest.mark.parametrize("family", ["opt", "llama", "llama-bf16", "opt-distributed-optimizer"])
 def test_workers_reshard_in_memory_across_plans(tmp_path, family):
+    """opt-distributed-optimizer: each epoch's ranks keep only their parts of the AdamW moments
+    (distributed_optimizer.py); snapshots gather them, so drains and the abort restore as without."""
     model, last = "tiny", 5
     if family.startswith("llama"):
         model, last = str(tmp_path / "config.json"), 6
@@ -127,6 +129,8 @@ def test_workers_reshard_in_memory_across_plans(tmp_path, family):
     args = ARGS + ["--bf16"] * bf16
     epochs = plans(model, last)
     reference = run_plan(tmp_path / "reference", plan_dict([((0, last), [1])], [(12, 1)], model=model), 1, args)
+    if family.endswith("distributed-optimizer"):
+        args = args + ["--use-distributed-optimizer"]
     assert_ok(reference)
     expected = {m["step"]: m["loss"] for m in reference.metrics}
 

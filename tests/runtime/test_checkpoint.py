@@ -14,25 +14,36 @@ PLAN_A = plan_dict([((0, 5), [4, 2])], [(3, 2), (2, 3)])  # 1 stage, replicas wi
 PLAN_B = plan_dict([((0, 2), [2, 1]), ((3, 5), [1, 2])], [(2, 4), (1, 4)])  # 2 stages x 2 replicas
 
 
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory):
+    """The reference: 4 steps in one process."""
+    root = tmp_path_factory.mktemp("ref")
+    ref = run_plan(root, REFERENCE, 1, ["--train-iters", "4", "--save", "ckpt", *ARGS])
+    assert_ok(ref)
+    return ref
+
+
 @pytest.mark.slow
-def test_resume_under_another_plan_continues_the_same_run(tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--use-distributed-optimizer"]], ids=["whole", "distributed-optimizer"])
+def test_resume_under_another_plan_continues_the_same_run(tmp_path, four_steps, flags):
     """4 steps in one process == 2 steps on plan A, then 2 more on plan B from
-    plan A's checkpoint (weights, AdamW moments, step and data position)."""
+    plan A's checkpoint (weights, AdamW moments, step and data position). With the distributed
+    optimizer each rank saves the moments gathered from its bucket's owners and keeps its own part
+    of them on loading, under plans whose replicas shard the weights differently (TP 4 and 2)."""
     from sailor_ext.checkpoint import read_logical
 
-    ref = run_plan(tmp_path / "ref", REFERENCE, 1, ["--train-iters", "4", "--save", "ckpt", *ARGS])
-    assert_ok(ref)
-    first = run_plan(tmp_path / "a", PLAN_A, 6, ["--train-iters", "2", "--save", "ckpt", *ARGS])
+    ref = four_steps
+    first = run_plan(tmp_path / "a", PLAN_A, 6, ["--train-iters", "2", "--save", "ckpt", *ARGS, *flags])
     assert_ok(first)
     second = run_plan(tmp_path / "b", PLAN_B, 6,
-                      ["--train-iters", "4", "--load", str(tmp_path / "a" / "ckpt"), "--save", "ckpt", *ARGS])
+                      ["--train-iters", "4", "--load", str(tmp_path / "a" / "ckpt"), "--save", "ckpt", *ARGS, *flags])
     assert_ok(second)
 
     assert [m["step"] for m in second.metrics] == [3, 4]
     losses = first.losses + second.losses
     assert losses == pytest.approx(ref.losses, rel=1e-5)
     meta, mine = read_logical(str(tmp_path / "b" / "ckpt"))
-    _, theirs = read_logical(str(tmp_path / "ref" / "ckpt"))
+    _, theirs = read_logical(str(ref.workdir / "ckpt"))
     assert meta["step"] == 4 and meta["consumed_samples"] == 48
     for name in theirs:
         torch.testing.assert_close(mine[name], theirs[name], rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
