@@ -27,6 +27,12 @@ time, against the GPU's dense bf16 peak from planner/specs/hardware.py
 
     python bench/gpu_step.py [--steps 10] [--warmup 3] [--micro-batch-size 1] [--num-microbatches 8]
     python bench/gpu_step.py --layers 2 --steps 3      # a quick look (smaller model)
+    python bench/gpu_step.py --sides ours --micro-batch-size 4 --num-microbatches 4 --profile-top 20
+
+--profile-top N profiles one more step of ours with torch.profiler and adds
+where its GPU time went: GEMMs, attention, the rest (elementwise, norms,
+copies, the optimizer), and the N kernels that took longest, beside the step's
+wall time (the difference is time the GPU waited for the host).
 
 Needs one CUDA GPU with about 50 GB free (megatron-core's local spec keeps s x s
 attention scores per block; it peaked at 40 GiB on an H100). Results of the
@@ -96,15 +102,50 @@ def run_ours(config: Path, opts, out: Path) -> None:
     _single_rank_env()
     mbs, n = opts.micro_batch_size, opts.num_microbatches
     args = parse_args(["--model", str(config), "--seq-length", str(opts.seq_length), "--global-batch-size",
-                       str(mbs * n), "--micro-batch-size", str(mbs), "--train-iters", str(opts.warmup + opts.steps),
-                       "--bf16", "--optimizer", "adam", "--lr", "1e-4", "--clip-grad", "1.0", "--mock-data"])
+                       str(mbs * n), "--micro-batch-size", str(mbs), "--train-iters", str(opts.warmup + opts.steps + 1),
+                       "--bf16", "--optimizer", "adam", "--lr", "1e-4", "--clip-grad", "1.0", "--mock-data",
+                       *opts.ours_args.split()])
     plan, model, layout = resolve_plan(args, 1)
     device = init_distributed(layout, 0, 0, args.dist_timeout)
     trainer = Trainer(args, plan, model, layout, 0, device)
     times = _timed_steps(trainer.train_step, opts.steps, opts.warmup)
-    out.write_text(json.dumps({"times": times, "peak_bytes": torch.cuda.max_memory_allocated(),
-                               "params": sum(p.numel() for p in trainer.params.values())}))
+    result = {"times": times, "peak_bytes": torch.cuda.max_memory_allocated(),
+              "params": sum(p.numel() for p in trainer.params.values())}
+    if opts.profile_top:
+        result["profile"] = _kernel_profile(trainer.train_step, opts.profile_top)
+    out.write_text(json.dumps(result))
     torch.distributed.destroy_process_group()
+
+
+KERNEL_KINDS = (("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas")), ("attention", ("flash", "fmha", "attention")))
+
+
+def _kernel_profile(step, top: int) -> dict:
+    """One step under torch.profiler: GPU time by kind of kernel and the `top` longest kernels, in ms."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not getattr(e, "is_user_annotation", False)]  # record_function ranges span kernels
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3
+    kinds = {kind: 0.0 for kind, _ in KERNEL_KINDS} | {"other": 0.0}
+    for name, ms in by_name.items():
+        kind = next((k for k, marks in KERNEL_KINDS if any(m in name.lower() for m in marks)), "other")
+        kinds[kind] += ms
+    busy = sum(by_name.values())
+    # the profiler slows the host: wall_ms_profiled is above the step's usual time, the kernels' times are not
+    return {"wall_ms_profiled": round(wall * 1e3, 1), "gpu_busy_ms": round(busy, 1),
+            "by_kind_ms": {k: round(v, 1) for k, v in kinds.items()},
+            "top_kernels_ms": [[name[:120], round(ms, 2)] for name, ms in
+                               sorted(by_name.items(), key=lambda kv: -kv[1])[:top]]}
 
 
 # -- megatron-core ---------------------------------------------------------------------------------
@@ -213,7 +254,7 @@ def summary(side: dict, flops_per_step: float, tokens: int, peak: float) -> dict
     t = statistics.median(side["times"])
     return {"median_step_s": round(t, 4), "min_step_s": round(min(side["times"]), 4), "tokens_per_s": round(tokens / t),
             "mfu": round(flops_per_step / t / peak, 4), "peak_memory_gib": round(side["peak_bytes"] / 2**30, 2),
-            "params": side["params"], **({"layer_spec": side["layer_spec"]} if "layer_spec" in side else {})}
+            "params": side["params"], **{k: side[k] for k in ("layer_spec", "profile") if k in side}}
 
 
 def main() -> int:
@@ -227,6 +268,11 @@ def main() -> int:
     ap.add_argument("--seq-length", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=LLAMA_1B["num_hidden_layers"], help="transformer blocks")
     ap.add_argument("--gpu", help="GPU type for the bf16 peak (default: recognised from the device name)")
+    ap.add_argument("--sides", default="ours,megatron", help="which to run, comma-separated: ours, megatron")
+    ap.add_argument("--ours-args", default="", metavar="ARGS",
+                    help="more sailor_ext.train arguments for ours, e.g. '--no-rope-fusion --no-bias-swiglu-fusion'")
+    ap.add_argument("--profile-top", type=int, default=0, metavar="N",
+                    help="profile one more step of ours: GPU time by kind of kernel and the N longest kernels")
     ap.add_argument("--side", choices=("ours", "megatron"), help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -241,6 +287,10 @@ def main() -> int:
     from planner.specs.hardware import CATALOG
     from planner.specs.model import get_model
 
+    sides = [s for s in opts.sides.split(",") if s]
+    if not sides or set(sides) - {"ours", "megatron"}:
+        print(f"bench/gpu_step.py: --sides takes ours, megatron or both, got {opts.sides!r}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("bench/gpu_step.py needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
@@ -262,24 +312,25 @@ def main() -> int:
                             "params": model.total_params(padded=True)},
                   "global_batch": {"micro_batch_size": opts.micro_batch_size,
                                    "num_microbatches": opts.num_microbatches, "tokens": tokens},
-                  "model_tflops_per_step": round(flops / 1e12, 2)}
-        for side in ("ours", "megatron"):
+                  "model_tflops_per_step": round(flops / 1e12, 2),
+                  **({"ours_args": opts.ours_args} if opts.ours_args else {})}
+        for side in sides:
             out = work / f"{side}.json"
             argv = [sys.executable, __file__, "--side", side, "--config", str(config), "--out", str(out),
                     "--steps", str(opts.steps), "--warmup", str(opts.warmup), "--micro-batch-size",
                     str(opts.micro_batch_size), "--num-microbatches", str(opts.num_microbatches), "--seq-length",
-                    str(opts.seq_length)]
+                    str(opts.seq_length), "--profile-top", str(opts.profile_top), f"--ours-args={opts.ours_args}"]
             done = subprocess.run(argv, cwd=work, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
                                   text=True)
             if done.returncode != 0:
                 result[side] = {"error": (done.stderr.strip() or done.stdout.strip())[-3000:]}
                 continue
             result[side] = summary(json.loads(out.read_text()), flops, tokens, peak)
-        if "median_step_s" in result["ours"] and "median_step_s" in result["megatron"]:
+        if all("median_step_s" in result.get(s, {}) for s in ("ours", "megatron")):
             result["ours_over_megatron_step_time"] = round(result["ours"]["median_step_s"] /
                                                           result["megatron"]["median_step_s"], 3)
     print(json.dumps(result, indent=1))
-    return 0 if all("error" not in result[s] for s in ("ours", "megatron")) else 1
+    return 0 if all("error" not in result[s] for s in sides) else 1
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@
    Trainer, its GradSync.overlap switched off for that step), and torch
    DistributedDataParallel on the same model (the same megatron-built stage,
    the same initial weights) take turns on the same microbatches (who goes
-   first rotates), so all three see the same conditions.
+   first rotates), so all three see the same conditions. A fourth contender
+   is our runtime with --use-distributed-optimizer (a second Trainer in the
+   same processes): its step time, and the bytes of optimizer state each
+   rank holds, counted from the tensors the optimizers allocated.
    DDP runs the textbook loop: no_sync for all but the last microbatch, loss
    summed over tokens / global tokens, clip_grad_norm_, AdamW(foreach); it
    overlaps its bucketed all-reduce with the backward pass (25 MB buckets,
@@ -86,12 +89,14 @@ def worker(config: str, plan_path: str, steps: int, warmup: int, out: str, bucke
     from sailor_ext.trainer import Trainer, init_distributed
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    args = parse_args(["--plan", plan_path, "--model", config, "--train-iters", str(steps), *TRAIN_ARGS,
-                       "--grad-bucket-numel", bucket_numel, "--overlap-grad-reduce"])
+    argv = ["--plan", plan_path, "--model", config, "--train-iters", str(steps), *TRAIN_ARGS,
+            "--grad-bucket-numel", bucket_numel, "--overlap-grad-reduce"]
+    args = parse_args(argv)
     plan, model_spec, layout = resolve_plan(args, world)
     device = init_distributed(layout, rank, 0, args.dist_timeout)
     ours = Trainer(args, plan, model_spec, layout, rank, device)
     assert plan.pp == 1 and ours.topology.tp == 1, "the DDP comparison needs a pure data-parallel plan"
+    sharded = Trainer(parse_args([*argv, "--use-distributed-optimizer"]), plan, model_spec, layout, rank, device)
 
     baseline = StageModel(ours.spec, ours.topology.tp_group, device)
     init_from_seed(baseline, args.seed)
@@ -122,7 +127,8 @@ def worker(config: str, plan_path: str, steps: int, warmup: int, out: str, bucke
             return ours.train_step().seconds
         return step
 
-    contenders = {"ours": ours_step(True), "ours_no_overlap": ours_step(False), "ddp": ddp_step}
+    contenders = {"ours": ours_step(True), "ours_no_overlap": ours_step(False), "ddp": ddp_step,
+                  "ours_distributed_optimizer": lambda _batches: sharded.train_step().seconds}
     names = list(contenders)
     times = {name: [] for name in names}
     early = []
@@ -135,9 +141,15 @@ def worker(config: str, plan_path: str, steps: int, warmup: int, out: str, bucke
                 early.append(ours.grad_sync.started_in_backward)
             if i >= warmup:
                 times[name].append(seconds)
+
+    def state_bytes(trainer) -> int:
+        return sum(t.numel() * t.element_size() for state in trainer.optimizer.inner.state.values()
+                   for key, t in state.items() if key != "step")
+
     if rank == 0:
         Path(out).write_text(json.dumps({**times, "buckets": ours.grad_sync.num_collectives,
-                                         "started_in_backward": max(early)}))
+                                         "started_in_backward": max(early), "state_bytes": state_bytes(ours),
+                                         "state_bytes_distributed": state_bytes(sharded)}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -150,7 +162,7 @@ def homogeneous(work: Path, config: Path, replicas: int, steps: int, warmup: int
     _spawn(replicas, [str(Path(__file__).resolve()), "--worker", str(config), "dp.json", str(steps), str(warmup),
                       str(out), str(bucket_numel)], work, "dp")
     t = json.loads(out.read_text())
-    med = {k: statistics.median(t[k]) for k in ("ours", "ours_no_overlap", "ddp")}
+    med = {k: statistics.median(t[k]) for k in ("ours", "ours_no_overlap", "ddp", "ours_distributed_optimizer")}
 
     def pairwise(a: str, b: str) -> float:
         return round(statistics.median(x / y for x, y in zip(t[a], t[b])), 4)
@@ -162,7 +174,13 @@ def homogeneous(work: Path, config: Path, replicas: int, steps: int, warmup: int
             "ddp_median_s": round(med["ddp"], 4), "ratio": round(med["ours"] / med["ddp"], 4),
             "ratio_stepwise_median": pairwise("ours", "ddp"), "within_10_percent": med["ours"] <= 1.10 * med["ddp"],
             "no_overlap_over_overlap": round(med["ours_no_overlap"] / med["ours"], 4),
-            "no_overlap_over_overlap_stepwise_median": pairwise("ours_no_overlap", "ours")}
+            "no_overlap_over_overlap_stepwise_median": pairwise("ours_no_overlap", "ours"),
+            "distributed_optimizer": {
+                "median_s": round(med["ours_distributed_optimizer"], 4),
+                "over_ours_stepwise_median": pairwise("ours_distributed_optimizer", "ours"),
+                "optimizer_state_bytes_rank0": t["state_bytes_distributed"],
+                "without_it_bytes_rank0": t["state_bytes"],
+                "state_ratio": round(t["state_bytes_distributed"] / t["state_bytes"], 4)}}
 
 
 def measure_profiles(work: Path, config: Path, worlds: set[int]) -> dict[int, Path]:

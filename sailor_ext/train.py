@@ -116,6 +116,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "reduce-scattered, each rank steps its part, the weights all-gathered")
     g.add_argument("--grad-bucket-numel", type=int, default=2**22,
                    help="elements per gradient bucket (default 2^22: 16 MiB of fp32)")
+    g = p.add_argument_group("kernel fusion (CUDA only; sailor_ext/model.py KernelFusion)")
+    g.add_argument("--no-bias-swiglu-fusion", dest="swiglu_fusion", action="store_false",
+                   help="run SwiGLU as separate kernels (default on CUDA: one compiled kernel, megatron's)")
+    g.add_argument("--no-rope-fusion", dest="rope_fusion", action="store_false",
+                   help="run rotary positions as separate kernels (default on CUDA: one compiled kernel)")
     return p.parse_args(argv)
 
 

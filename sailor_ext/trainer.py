@@ -32,7 +32,7 @@ from sailor_ext import checkpoint, compat, devices
 from sailor_ext.data import BatchSlicer, DataSources, Source, evaluation, microbatches, open_training_data
 from sailor_ext.distributed_optimizer import DistributedOptimizer
 from sailor_ext.grad_sync import GradSync
-from sailor_ext.model import StageModel, StageSpec, init_from_seed
+from sailor_ext.model import KernelFusion, StageModel, StageSpec, init_from_seed
 from sailor_ext.optimizer import Optimizer, OptimizerConfig
 from sailor_ext.p2p import StageLinks
 from sailor_ext.precision import LossScaler, MainParams, precision_config
@@ -185,7 +185,11 @@ class Trainer:
             embedding_stages=embedding_stages, stage=topology.stage,
             stage_chunks=topology.stage_tp(topology.stage),
             embedding_chunks=max(topology.stage_tp(s) for s in embedding_stages), recompute=stage.recompute)
-        self.model = StageModel(self.spec, topology.tp_group, device)
+        on_cuda = device.type == "cuda"
+        fusion = KernelFusion(swiglu=on_cuda and getattr(args, "swiglu_fusion", True),
+                              rope=on_cuda and getattr(args, "rope_fusion", True))
+        self.model = StageModel(self.spec, topology.tp_group, device, fusion)
+        self.fused = fusion.applied(model_spec)
         init_from_seed(self.model, args.seed)
 
         # bf16/fp16: the model is cast, fp32 main parameters and gradients stay (precision.py)
@@ -423,7 +427,8 @@ class Trainer:
             print(f"sailor: training {self.model_spec.name} on {layout.world_size} ranks ({plan.pp} stages x "
                   f"{plan.dp} replicas), global batch {plan.global_batch_size}, {self.precision.name} "
                   f"on {self.device.type} ({dist.get_backend()}), {self.grad_sync.num_collectives} gradient buckets "
-                  f"on rank 0{' overlapped with the backward pass' if self.grad_sync.overlap else ''}", flush=True)
+                  f"on rank 0{' overlapped with the backward pass' if self.grad_sync.overlap else ''}"
+                  f"{', compiled ' + ' and '.join(self.fused) + ' kernels' if self.fused else ''}", flush=True)
             if self.grad_sync.sharded:
                 print(f"sailor: distributed optimizer: rank 0 steps {self.optimizer.stepped_numel()} of its "
                       f"{sum(p.numel() for p in self.params.values())} parameters", flush=True)

@@ -100,6 +100,8 @@ def _train_options() -> argparse.ArgumentParser:
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--use-distributed-optimizer", action="store_true")
     p.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction)
+    p.add_argument("--no-bias-swiglu-fusion", action="store_true")
+    p.add_argument("--no-rope-fusion", action="store_true")
     return p
 
 
@@ -157,6 +159,8 @@ def training_args(train_args: list[str], plan, model) -> list[str]:
         out.append("--use-distributed-optimizer")
     if a.overlap_grad_reduce:  # Megatron's default is off, ours on: passed where the flag is given
         out.append("--overlap-grad-reduce")
+    out += [flag for flag, off in (("--no-bias-swiglu-fusion", a.no_bias_swiglu_fusion),
+                                   ("--no-rope-fusion", a.no_rope_fusion)) if off]
     if a.eval_interval:  # sailor validates only when asked; Megatron would every 1000 steps
         out += [f"--eval-interval {a.eval_interval}", f"--eval-iters {a.eval_iters or 10}"]
     else:

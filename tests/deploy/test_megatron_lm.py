@@ -67,7 +67,7 @@ keys = ("data_parallel_size", "tensor_model_parallel_size", "pipeline_model_para
         "rotary_base", "untie_embeddings_and_output_weights", "decoder_first_pipeline_num_layers",
         "decoder_last_pipeline_num_layers", "pipeline_model_parallel_layout", "mock_data", "tokenizer_type",
         "vocab_size", "recompute_granularity", "bf16", "seq_length", "use_distributed_optimizer",
-        "overlap_grad_reduce")
+        "overlap_grad_reduce", "bias_swiglu_fusion", "apply_rope_fusion")
 print("RESULT " + json.dumps({k: getattr(args, k, None) for k in keys}, default=str))
 """
 
@@ -125,6 +125,10 @@ def test_llama_plan_with_an_uneven_split_passes_megatrons_parser(megatron_src, t
     assert got["group_query_attention"] and got["num_query_groups"] == 2 and not got["add_bias_linear"]
     assert got["rotary_base"] == 500000 and got["untie_embeddings_and_output_weights"]
     assert (got["decoder_first_pipeline_num_layers"], got["decoder_last_pipeline_num_layers"]) == (2, 4)
+    assert got["bias_swiglu_fusion"] and got["apply_rope_fusion"]  # Megatron's defaults, as ours on CUDA
+    argv, env, _ = megatron_args(tmp_path, plan, "--train-iters", "10", "--no-bias-swiglu-fusion", "--no-rope-fusion")
+    got = parse(megatron_src, argv, env, 16)
+    assert not got["bias_swiglu_fusion"] and not got["apply_rope_fusion"]
     # four stages with unequal middles: Megatron's explicit layout
     plan["stages"] = [{**HOMO["stages"][0], "layers": l} for l in ([0, 1], [2, 2], [3, 5], [6, 8])]
     argv, env, _ = megatron_args(tmp_path, plan, "--train-iters", "10")

@@ -1,7 +1,7 @@
-"""The runtime on a CUDA GPU: NCCL, bf16, fp16, ranks sharing the GPU through gloo.
+"""The runtime on a CUDA GPU: NCCL, bf16, fp16, ranks sharing the GPU through gloo, compiled kernels.
 
-Ran on one H100 on 2026-11-25: every test passed, the sync check after the fix it
-prompted, in a later call (bench/results/h100-2026-11-25). It runs only
+Ran on one H100 on 2026-11-25 and 2026-11-27 (bench/results/h100-*): every test
+passed, some after the fixes they prompted (docs/runtime.md). It runs only
 when selected (`pytest -m cuda tests/gpu`, or tools/gpu_check.sh, which also
 runs bench/gpu_step.py) and skips without CUDA; CI never runs it. One GPU is
 enough. Every training process runs in strict device mode (conftest.py),
@@ -12,6 +12,8 @@ the tolerances those of the CPU's bf16 tests (tests/runtime/test_equivalence.py:
 bf16 rounding, measured there).
 """
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -60,6 +62,39 @@ def test_ranks_sharing_the_gpu_through_gloo(tmp_path, cpu_reference):
     assert_ok(run)
     assert "bf16 on cuda (gloo)" in run.log(0)
     eq.assert_within_bf16(run, cpu_reference)
+
+
+def test_gloo_on_cuda_refuses_the_distributed_optimizer_in_one_line(tmp_path):
+    """Its reduce-scatters and all-gathers of CUDA tensors need NCCL (seen on an H100: the refusal, before
+    any process group work)."""
+    plan = plan_dict([((0, 5), [2, 1])], [(3, 2), (2, 3)])
+    run = run_plan(tmp_path, plan, 3, [*ARGS, "--distributed-backend", "gloo", "--use-distributed-optimizer"])
+    assert run.returncodes == [2, 2, 2]
+    assert run.log(0).strip().splitlines()[-1] == (
+        "sailor: error: --use-distributed-optimizer needs nccl on CUDA (gloo cannot all-gather CUDA tensors); "
+        "drop the flag or --distributed-backend gloo"), run.log(0)[-2000:]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """The CPU tests' LLaMA shape (RMSNorm, SwiGLU, rotary, grouped queries) and its fp32 run on the CPU."""
+    config = tmp_path_factory.mktemp("llama") / "config.json"
+    config.write_text(json.dumps(eq.LLAMA))
+    plan = plan_dict([((0, 6), [1])], [(12, 1)], model=str(config))
+    reference = run_plan(tmp_path_factory.mktemp("llama-cpu-fp32"), plan, 1, ARGS, env=CPU_ONLY)
+    assert_ok(reference)
+    return plan, reference
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["compiled", "eager"])
+def test_llama_with_and_without_kernel_fusion_matches_the_cpu_fp32_run(tmp_path, llama, fused):
+    """SwiGLU and rotary positions as compiled kernels (the CUDA default) or as megatron's separate ones
+    (--no-bias-swiglu-fusion --no-rope-fusion): both within bf16's error of the CPU's fp32 run."""
+    plan, reference = llama
+    run = run_plan(tmp_path, plan, 1, [*ARGS, *([] if fused else ["--no-bias-swiglu-fusion", "--no-rope-fusion"])])
+    assert_ok(run)
+    assert ("compiled swiglu and rope kernels" in run.log(0)) == fused, run.log(0)[-2000:]
+    eq.assert_within_bf16(run, reference)
 
 
 def test_gloo_on_cuda_refuses_pipeline_stages_in_one_line(tmp_path):

@@ -209,3 +209,31 @@ def test_init_is_plan_independent(world_of_one):
     other = init_tensor("layers.3.mlp.linear_fc1.weight", (256, 64), seed=3, num_blocks=4)
     assert torch.equal(full, again) and not torch.equal(full, other)
     assert full.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_kernel_fusion_applies_where_the_model_has_the_layers(tmp_path):
+    """Compiled SwiGLU and rotary kernels (CUDA only, tests/gpu runs them) go to the models that have those
+    layers: megatron's SwiGLU fusion only for gated SiLU MLPs, rotary only without learned positions. Where
+    a stage does not ask, the rotary call is megatron's own function, bitwise."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from sailor_ext import compat
+    from sailor_ext.model import KernelFusion, _rotary, transformer_config
+
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, '
+                      '"num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 512, '
+                      '"max_position_embeddings": 64}')
+    llama, opt = get_model(str(config), seq_len=32), get_model("tiny")
+    on = KernelFusion(swiglu=True, rope=True)
+    assert on.applied(llama) == ["swiglu", "rope"] and on.applied(opt) == []
+    assert KernelFusion.default(torch.device("cpu")) == KernelFusion()
+    assert KernelFusion.default(torch.device("cuda")) == on
+    assert transformer_config(llama, 1, on).bias_activation_fusion
+    assert not transformer_config(llama, 1).bias_activation_fusion
+    assert not transformer_config(opt, 1, on).bias_activation_fusion
+    eager = transformer_config(llama, 1)
+    t, freqs = torch.randn(32, 2, 8, 8), torch.randn(32, 1, 1, 8)
+    cp = compat.NO_CONTEXT_PARALLEL  # what megatron's SelfAttention passes in our stages
+    assert torch.equal(_rotary(t, freqs, eager, cp_group=cp),
+                       rope_utils.apply_rotary_pos_emb(t, freqs, eager, cp_group=cp))
