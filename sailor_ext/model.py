@@ -108,9 +108,10 @@ class KernelFusion:
     rope: bool = False  # megatron's unfused rotary function, compiled whole
 
     @classmethod
-    def default(cls, device: torch.device) -> KernelFusion:
+    def default(cls, device: torch.device, swiglu: bool = True, rope: bool = True) -> KernelFusion:
+        """On CUDA, each unless its flag is off; never on CPU."""
         on = device.type == "cuda"
-        return cls(swiglu=on, rope=on)
+        return cls(swiglu=on and swiglu, rope=on and rope)
 
     def applied(self, model: ModelSpec) -> list[str]:
         """The fusions this model has the layers for."""

@@ -185,9 +185,7 @@ class Trainer:
             embedding_stages=embedding_stages, stage=topology.stage,
             stage_chunks=topology.stage_tp(topology.stage),
             embedding_chunks=max(topology.stage_tp(s) for s in embedding_stages), recompute=stage.recompute)
-        on_cuda = device.type == "cuda"
-        fusion = KernelFusion(swiglu=on_cuda and getattr(args, "swiglu_fusion", True),
-                              rope=on_cuda and getattr(args, "rope_fusion", True))
+        fusion = KernelFusion.default(device, swiglu=args.swiglu_fusion, rope=args.rope_fusion)
         self.model = StageModel(self.spec, topology.tp_group, device, fusion)
         self.fused = fusion.applied(model_spec)
         init_from_seed(self.model, args.seed)
