@@ -50,6 +50,11 @@ class BandwidthFit:
         gbps = self.c0 * y * y + self.c1 * y + self.c2
         return max(min(gbps * 1e9, self.max_bytes_per_s), 1e6)  # never below 1 MB/s
 
+    @property
+    def peak_bytes_per_s(self) -> float:
+        """No message size gets more (bytes_per_s is capped)."""
+        return max(self.max_bytes_per_s, 1e6)
+
 
 @dataclass(frozen=True)
 class BottleneckFit:
@@ -60,6 +65,10 @@ class BottleneckFit:
 
     def bytes_per_s(self, nbytes: float) -> float:
         return min(self.a.bytes_per_s(nbytes), self.b.bytes_per_s(nbytes))
+
+    @property
+    def peak_bytes_per_s(self) -> float:
+        return min(self.a.peak_bytes_per_s, self.b.peak_bytes_per_s)
 
     @property
     def latency_s(self) -> float | None:

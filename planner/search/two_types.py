@@ -16,6 +16,7 @@ from planner.search.goal import Outcome
 from planner.search.partition import JointSplitTable
 from planner.search.space import Shape, capacity, crossing, ring_edges_of, spread
 from planner.simulator.network import Endpoint
+from planner.simulator.simulate import GRAD_BYTES
 
 class TwoTypes:
     """Methods of Planner; see planner.py for the search loop that calls them."""
@@ -65,9 +66,34 @@ class TwoTypes:
         ideal = self._balance(M, P, [(min(caps[0], most - 1), *lbs[0]), (min(caps[1], most - 1), *lbs[1])])
         if ideal is None:
             return None
+        # every configuration's ring has min(caps, most) replicas (_two_class_configs), largest stage >= average
+        sync = self._mixed_edge_floor(x, y, min(caps[0] + caps[1], most), math.ceil(x.costs.params(0, self.L - 1) / P))
         price = min(x.prices.values()) * P * x.tp + min(y.prices.values()) * P * y.tp  # one pipeline each
-        bound = ideal[0] + upd if self.goal.objective == "throughput" else (ideal[0] + upd) * price
+        t = ideal[0] + upd + sync
+        bound = t if self.goal.objective == "throughput" else t * price
         return bound, (x, y, P, caps, lbs, upd)
+
+    def _mixed_edge_floor(self, x: Shape, y: Shape, members: int, params: int) -> float:
+        """Least sync seconds of any ring of `members` replicas of both types over stages of `params`
+        parameters or more: the ring has an edge from an X node to a Y node and one back, and takes at
+        least as long as its slower one at the fastest rate any of the types' zones give it
+        (Network.peak_ring_rate; allreduce_time's formula)."""
+        key = ("pair-rate", x.gpu, x.tp, y.gpu, y.tp)
+        got = self._sync_cache.get(key)
+        if got is None:
+            net, rates, lats = self.sim.network, [], []
+            for a, b in ((x, y), (y, x)):
+                links = [net.peak_ring_rate(Endpoint(a.gpu, za, 0, a.tp), Endpoint(b.gpu, zb, 1, b.tp))
+                         for za, _ in a.zones for zb, _ in b.zones]
+                rates.append(max(r for r, _ in links))
+                lats.append(min(lat for _, lat in links))
+            got = self._sync_cache[key] = (min(rates), max(lats))
+        rate, lat = got
+        D = members
+        if D < 2:
+            return 0.0
+        volume = 2 * (D - 1) / D * (GRAD_BYTES * params)
+        return (volume / rate + 2 * (D - 1) * lat) * (1 - 1e-12)  # float rounding never lifts it past the sync
 
     def _class_facts(self, sh: Shape, P: int) -> tuple:
         """(pipelines of P stages the type's zones hold, (fill, slot) lower bounds of one): a type

@@ -114,6 +114,13 @@ class Network:
         per_gpu = fit.bytes_per_s(nbytes / n)  # fits are indexed by the message each GPU sends
         return per_gpu * n if kind == "intra" else per_gpu
 
+    def peak_ring_rate(self, a: Endpoint, b: Endpoint) -> tuple[float, float]:
+        """(bytes/s, latency s) such that no message size lets a ring edge a -> b stream faster
+        than that rate: what allreduce_time divides by, at its largest (bounds for the planner)."""
+        kind, fit, eff, lat, flat = self._link(a, b)
+        rate = flat if flat is not None else fit.peak_bytes_per_s * (min(a.gpus, b.gpus) if kind == "intra" else 1)
+        return rate * eff, lat
+
     def _inter_fit(self, a: Endpoint, b: Endpoint):
         key = (a.gpu, a.zone, a.gpus, b.gpu, b.zone, b.gpus)
         if key not in self._cache:

@@ -506,3 +506,31 @@ def test_more_zones_never_make_the_pick_worse(sailor_store, objective, floor):
     alone = [best((z,)) for z in zones]
     assert alone[0] != alone[1], "the case needs zones whose measured links differ"
     assert both <= min(alone) * (1 + 1e-9), (both, alone)
+
+
+def test_two_type_sync_floor_is_below_every_mixed_ring(sailor_store):
+    """The two-type families' sync bound (`_mixed_edge_floor`) never exceeds the sync of a ring the
+    configurations build: every fill of both types over their zones (measured fits, catalog links,
+    zones of three regions), ring and stage sizes, as _evaluate_two_class times them. Where both
+    types sit in one zone whose links are all alike, the bound is that ring's sync."""
+    from planner.specs.model import get_model
+
+    def rings(zones):
+        c = replace(load_cluster(None), available=tuple(Pool(g, z, 16) for g in ("A100-40", "V100-16") for z in zones))
+        sim = Simulator(get_model("opt-350m"), c, sailor_store, "fp16")
+        planner = Planner(sim, 256, Goal())
+        shapes = {(s.gpu, s.tp): s for s in planner.shapes() if s.mbs == 1}
+        for (ta, tb), P in product(product((1, 2, 4), repeat=2), (1, 2)):
+            x, y = shapes[("A100-40", ta)], shapes[("V100-16", tb)]
+            for nx, ny in product(range(1, len(zones) + 1), repeat=2):  # each type fills its first n zones
+                placed = ([(z, 2) for z, _ in x.zones[:nx]], [(z, 3) for z, _ in y.zones[:ny]])
+                edges = planner._class_ring((x, y), P, placed)
+                for params in (1_000, 3_000_000, 400_000_000):
+                    floor = planner._mixed_edge_floor(x, y, 2 * nx + 3 * ny, params)
+                    yield floor, sim.edges_sync(params, 2 * nx + 3 * ny, edges)[0], (ta, tb, P, placed, params)
+
+    for floor, sync, case in rings(("us-central1-a", "us-central1-b", "us-west1-b", "us-east1-c")):
+        assert 0 < floor <= sync, (case, floor, sync)
+    for floor, sync, case in rings(("us-east1-c",)):  # no measured fits: every node-to-node link alike
+        if case[-1] > 1_000:  # (a tiny ring is bound by a measured NVLink fit at its smallest messages)
+            assert floor == pytest.approx(sync, rel=1e-9), case
