@@ -167,7 +167,8 @@ def cmd_plan(args) -> int:
     cluster, sim = _context(args, model, cluster=cluster)  # the precision follows the GPU types offered
     goal = Goal(args.objective, args.max_cost_per_iter, args.max_cost_per_hour, args.min_throughput, args.max_gpus)
     planner = Planner(sim, args.global_batch, goal, args.runtime, args.max_stages,
-                      list(args.microbatch_sizes) if args.microbatch_sizes else None, recompute=args.recompute)
+                      list(args.microbatch_sizes) if args.microbatch_sizes else None, recompute=args.recompute,
+                      distributed_optimizer=args.use_distributed_optimizer)
     result = planner.run(top=args.top if args.top == 1 else args.top * SHORTLIST_DEPTH,
                          pareto=args.pareto or bool(args.plot))
     if not result.plans:
@@ -194,6 +195,7 @@ def cmd_plan(args) -> int:
             "plan": plan_to_dict(best_plan),
             **seq,
             "precision": sim.precision,
+            "distributed_optimizer": best_plan.distributed_optimizer,
             "estimated": provenance(sim, best_plan, args.model).to_dict(),
             "iteration_time_s": best.iteration_time_s,
             "throughput_iters_per_s": best.throughput_iters_per_s,
@@ -216,7 +218,8 @@ def cmd_plan(args) -> int:
                 f"{args.global_batch}, objective {args.objective}" + (" (Pareto front)" if args.pareto else ""),
                 provenances=[provenance(sim, p, args.model) for p, _ in shown])
     _print_seq_length(seq)
-    print(f"precision {sim.precision}")
+    print(f"precision {sim.precision}" + (", distributed optimizer (each stage's optimizer state split over its "
+                                          "replicas)" if best_plan.distributed_optimizer else ""))
     print(f"search: {result.search_time_s:.2f} s CPU, {result.evaluated} candidate plans evaluated; best plan written "
           f"to {args.output}" + (f", plot to {args.plot}" if args.plot and result.pareto else ""))
     return 0
@@ -367,6 +370,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--recompute", choices=("auto", "never", "always"), default="auto",
                    help="activation recomputation: where it makes a better plan possible (auto, the default), "
                         "never, or on every stage")
+    p.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="plans split each stage's optimizer state and step over its replicas (ZeRO-1, the "
+                        "runtime's flag of that name, which the plan then turns on): less memory per GPU")
     p.add_argument("--plot", metavar="FILE", type=flags.plot_file,
                    help="write the throughput-vs-cost Pareto front (.png, .svg or .pdf; needs matplotlib)")
     _common(p)

@@ -11,7 +11,8 @@ without talking to each other:
     `--nproc-per-node` may differ between nodes.
 
 The plan's precision, if it records one, goes to every rank as its flag
-(--bf16, --fp16 or --no-bf16: planner/specs/precision.py), whatever the target.
+(--bf16, --fp16 or --no-bf16: planner/specs/precision.py), whatever the target;
+so does --use-distributed-optimizer where the plan's memory counts on it.
 
 Nothing here imports torch: `sailor launch` runs on the planner's machine.
 """
@@ -32,6 +33,8 @@ from planner.specs.model import ModelSpec
 from planner.specs.plan import Pipeline, Plan, Replica, Stage, check_plan_for, load_plan, plan_model, with_model
 from planner.specs.precision import launch_flags
 from planner.trainer_output import run_trainer
+
+DISTRIBUTED_OPTIMIZER = "--use-distributed-optimizer"  # the runtime's flag (sailor_ext/train.py, Megatron-LM's)
 
 
 @dataclass(frozen=True)
@@ -233,6 +236,8 @@ def run(args) -> int:
         check_output(args.output, (args.plan, args.cluster), "launch file (-o)")
     plan = load_plan(args.plan)
     train_args = launch_flags(plan.precision, train_args)  # the runtime trains in the plan's precision
+    if plan.distributed_optimizer and DISTRIBUTED_OPTIMIZER not in train_args:
+        train_args = [DISTRIBUTED_OPTIMIZER, *train_args]  # the plan's memory counts on it
     cluster = load_cluster(args.cluster)
     model = plan_model(plan)
     check_plan_for(plan, model, cluster, f"plan file {args.plan}")  # issue 18: zones, GPU types, TP (validation)

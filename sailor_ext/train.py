@@ -151,6 +151,8 @@ def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:
                             gbs, mbs, gpu=spec.name)
     check_runnable(plan, model, cluster)
     follow_plan_precision(args, plan)
+    if plan.distributed_optimizer:  # the plan's memory counts on it (an elastic job's plans too)
+        args.use_distributed_optimizer = True
     layout = rank_layout(plan, cluster)
     if layout.world_size != world_size:
         raise SailorError(f"the plan needs {layout.world_size} ranks but {world_size} were started; start "

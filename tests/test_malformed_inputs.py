@@ -45,7 +45,7 @@ NAN, INF = float("nan"), float("inf")
 
 # -- the valid workspace ------------------------------------------------------------------
 PLAN = {"format": "sailor-plan", "version": 1, "model": "tiny", "seq_length": 64, "global_batch_size": 8,
-        "runtime": "sailor",
+        "runtime": "sailor", "distributed_optimizer": False,
         "stages": [{"layers": [0, 2], "recompute": False,
                     "replicas": [{"gpu": "CPU", "tp": 1, "zone": "local", "count": 2}]},
                    {"layers": [3, 5], "replicas": [{"gpu": "CPU", "tp": 1, "zone": "local", "count": 2}]}],
@@ -277,7 +277,8 @@ R = ("stages", 0, "replicas", 0)
 PLAN_FIELDS = [
     (("format",), "str", False, None, None), (("version",), "int", False, 1, 1), (("model",), "str", True, None, None),
     (("seq_length",), "int", False, 1, 1 << 24), (("global_batch_size",), "int", True, 1, 1 << 24),
-    (("runtime",), "str", False, None, None), (("stages",), "list", True, None, None),
+    (("runtime",), "str", False, None, None), (("distributed_optimizer",), "bool", False, None, None),
+    (("stages",), "list", True, None, None),
     (("stages", 0), "object", True, None, None), (("stages", 0, "layers"), "list", True, None, None),
     (("stages", 0, "layers", 0), "int", True, 0, 8192), (("stages", 0, "layers", 1), "int", True, 0, 8192),
     (("stages", 0, "recompute"), "bool", False, None, None), (("stages", 0, "replicas"), "list", True, None, None),

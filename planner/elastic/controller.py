@@ -55,6 +55,7 @@ from planner.elastic import protocol as P
 from planner.elastic.replan import Proposal, Replanner, pays_off
 from planner.elastic.store import StoreServer
 from planner.errors import SailorError
+from planner.launch import DISTRIBUTED_OPTIMIZER
 
 FORBIDDEN_TRAIN_ARGS = ("--plan", "--global-batch-size", "--micro-batch-size", "--tensor-model-parallel-size",
                         "--pipeline-model-parallel-size")
@@ -701,7 +702,8 @@ def run(args) -> int:
     from planner.specs.precision import flags_precision
 
     precision = args.precision or flags_precision(train_args)  # None: the default rule per node set
-    replanner = Replanner(model, cluster, profiles, args.global_batch, Goal(args.objective), precision, max_tp)
+    replanner = Replanner(model, cluster, profiles, args.global_batch, Goal(args.objective), precision, max_tp,
+                          distributed_optimizer=DISTRIBUTED_OPTIMIZER in train_args)
     pools = parse_gpus(args.gpus, cluster) if args.gpus is not None else ()
     if args.local and not pools:
         raise SailorError("--local needs --gpus TYPE@ZONE=N,... to know which agents to start")

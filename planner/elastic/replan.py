@@ -51,9 +51,10 @@ class Replanner:
     """Plans with the planner for a set of nodes (no torch)."""
 
     def __init__(self, model: ModelSpec, cluster: Cluster, profiles, global_batch: int, goal,
-                 precision: str | None = None, max_tp: int = 8):
+                 precision: str | None = None, max_tp: int = 8, distributed_optimizer: bool = False):
         self.model, self.cluster, self.profiles = model, cluster, profiles
         self.global_batch, self.goal, self.precision, self.max_tp = global_batch, goal, precision, max_tp
+        self.distributed_optimizer = distributed_optimizer  # the job's workers split their optimizer state
 
     def cluster_for(self, nodes: list[NodeInfo]) -> Cluster:
         """The cluster with each GPU type's node size taken from the nodes (the smallest, if they differ)."""
@@ -78,7 +79,8 @@ class Replanner:
         # the job's precision, else the default rule for the GPU types these nodes have (specs/precision.py)
         precision = resolve_precision(self.precision, [cluster.gpu(p.gpu) for p in cluster.available])
         sim = Simulator(self.model, cluster, self.profiles, precision)
-        return cluster, Planner(sim, self.global_batch, self.goal, max_tp=self.max_tp)
+        return cluster, Planner(sim, self.global_batch, self.goal, max_tp=self.max_tp,
+                                distributed_optimizer=self.distributed_optimizer)
 
     def explain(self, nodes: list[NodeInfo]) -> str:
         """Why no plan runs on `nodes` (for a job that could never start)."""

@@ -134,7 +134,7 @@ class Chains:
         d_most = min(M, *(n // p.tp for p in rep for _, n in p.zones))
         if d_most < 1:
             return math.inf
-        total, u = sum(layers), min(a.u, b.u) * a.costs.params(0, L - 1)
+        total, u = sum(layers), min(a.u, b.u) * a.costs.params(0, L - 1) / self._shards(d_most)
         return (total + (math.ceil(M / d_most) - 1) * max(total / top, max(layers)) + u / top) * (1 - 1e-9)
 
     def _canonical(self, chain: tuple, nxt: Shape) -> bool:
@@ -184,7 +184,7 @@ class Chains:
             if d < 1:
                 continue
             slot, floor = spread4 / P, minmax[P]
-            t = (math.ceil(M / d) - 1) * (slot if slot >= floor else floor) + u / P
+            t = (math.ceil(M / d) - 1) * (slot if slot >= floor else floor) + u / (P * self._shards(d))
             if t < best:
                 best = t
         return least + 2 * cross + best
@@ -291,14 +291,15 @@ class Chains:
                     d_cap = min(d_cap, max_gpus // per_pipe)
                 if d_cap < 1:
                     continue
-                fill, upd = least + 2 * comm, u / P
+                fill, upd = least + 2 * comm, u / P  # one replica's step (configurations split it)
                 slot_lb = max((least + 4 * comm) / P, floor, minmax[P])
                 m_min = -(-M // d_cap)
-                t_lb = fill + (m_min - 1) * slot_lb + upd
+                t_lb = fill + (m_min - 1) * slot_lb + upd / self._shards(d_cap)
                 if throughput:
                     bound = t_lb
                 else:
-                    bound = min((fill + (m - 1) * slot_lb + upd) * usd * -(-M // m) for m in (m_min, M))
+                    bound = min((fill + (m - 1) * slot_lb + upd / self._shards(d_cap)) * usd * -(-M // m)
+                                for m in (m_min, M))
                 if bound < cutoff and self._could_admit(t_lb, 0.0):
                     yield bound, (chain, Ps, d_cap, tuple(f[k][1] for f, k in zip(facts, Ps)), crosses, fill,
                                   slot_lb, upd, usd)
@@ -360,12 +361,13 @@ class Chains:
             return  # no stage needs recomputing: the plain family is as good
         throughput = self.goal.objective == "throughput"
         for m, D in self._microbatch_counts(M, d_cap):
+            upd_d = upd / self._shards(D)
             # a bottleneck of at least `cap` puts the bound at or past the K-th best plan found
-            cap = (self._cutoff - fill - upd) / (m - 1) if throughput and m > 1 else math.inf
-            slot = max(slot_lb, floor, self._least_slot(chain, Ps, m, intra, crosses, cap))
+            cap = (self._cutoff - fill - upd_d) / (m - 1) if throughput and m > 1 else math.inf
+            slot = max(slot_lb, floor, self._least_slot(chain, Ps, m, intra, crosses, cap, self._shards(D)))
             if slot == math.inf:
                 continue  # no split fits in memory
-            t_lb = fill + (m - 1) * slot + upd
+            t_lb = fill + (m - 1) * slot + upd_d
             if self._could_admit(t_lb, usd * D):
                 yield self._bound(t_lb, usd * D), self._refine_chain, (chain, Ps, D, m, intra, crosses)
 
@@ -376,13 +378,14 @@ class Chains:
         usd = D * sum(n * p.tp * p.prices[p.zones[0][0]] for p, n in zip(chain, Ps))
         return self._bound(sync, usd), usd, self._evaluate_chain, (chain, Ps, D, m, intra, crosses, sync)
 
-    def _least_slot(self, chain, Ps, m, intra, crosses, cap: float = math.inf) -> float:
+    def _least_slot(self, chain, Ps, m, intra, crosses, cap: float = math.inf, shards: int = 1) -> float:
         """The least 1F1B bottleneck (F+B and p2p of a stage) over every split of the chain whose stages
         fit in memory: a min-max dynamic program over layers. Partial splits whose bottleneck reaches
         `cap` are dropped (a stage's F+B grows with its last layer): if none is left the answer is
-        at least `cap`, and `cap` is returned, a lower bound; inf: no split fits."""
+        at least `cap`, and `cap` is returned, a lower bound; inf: no split fits. shards: the optimizer
+        state's split (Planner._shards)."""
         L, P, k = self.L, sum(Ps), len(chain)
-        key = ("least-slot", tuple(id(p) for p in chain), Ps, min(m, P), intra, crosses)
+        key = ("least-slot", tuple(id(p) for p in chain), Ps, min(m, P), intra, crosses, shards)
         known = self._front_cache.get(key)  # (value, exact)
         if known is not None and (known[1] or known[0] >= cap):
             return known[0]
@@ -392,7 +395,7 @@ class Chains:
             fb = p.costs.fb
             left, c, right = crosses[i - 1] if i else 0.0, intra[i], crosses[i] if i < k - 1 else 0.0
             for s in range(n):
-                fit = p.costs.last_fit(min(P - g, m))
+                fit = p.costs.sharded(shards).last_fit(min(P - g, m))
                 edge = 2 * ((left if s == 0 else c) + (c if s < n - 1 else right))
                 top = L - (P - 1 - g)  # a layer for every stage after this one
                 nxt = [inf] * (L + 1)
@@ -419,13 +422,14 @@ class Chains:
 
     # -- exact evaluation -------------------------------------------------------------
     def _segment(self, pool: Shape, lo: int, n: int, left: float, c: float, right: float, room: int,
-                 inflights: tuple[int, ...]) -> dict:
+                 inflights: tuple[int, ...], shards: int = 1) -> dict:
         """For each end j (pool holds layers lo..j-1, j <= L - room): the (slot, params, first layers)
         frontier of its splits into n stages. Its first stage has a boundary costing `left` before it
         (0: the pipeline's first stage), its stages `c` between them, its last `right` after it."""
-        key = ("seg", id(pool.costs), lo, n, left, c, right, room, inflights)
+        costs = pool.costs.sharded(shards)
+        key = ("seg", id(costs), lo, n, left, c, right, room, inflights)
         if key not in self._front_cache:
-            costs, L = pool.costs, self.L
+            L = self.L
             front = {lo: [(0.0, 0, ())]}
             for s in range(n):
                 fit = costs.last_fit(inflights[s])
@@ -457,7 +461,8 @@ class Chains:
             used[z] = used.get(z, 0) + D * n * p.tp
         gpus_per_zone, gpus = tuple(used.items()), sum(used.values())
         comm = 2 * (sum((n - 1) * c for n, c in zip(Ps, intra)) + sum(crosses))
-        upd_lb = min(p.u for p in chain) * chain[0].costs.params(0, L - 1) / P
+        d = self._shards(D)
+        upd_lb = min(p.u for p in chain) * chain[0].costs.params(0, L - 1) / (P * d)
         # a pool is one zone, so its rings cross none (0 USD), but counted as the simulator does:
         # egress is linear in the parameters, so per parameter, times those of all the pool's stages
         ring_usd = [self._pool_sync(1, p, n, D)[1] for p, n in zip(chain, Ps)]
@@ -475,7 +480,7 @@ class Chains:
         for i, (p, n) in enumerate(zip(chain, Ps)):
             room = P - starts[i] - n
             seg_args = (n, crosses[i - 1] if i else 0.0, intra[i], crosses[i] if i < k - 1 else 0.0, room,
-                        tuple(min(P - starts[i] - s, m) for s in range(n)))
+                        tuple(min(P - starts[i] - s, m) for s in range(n)), d)
             costs, nxt = p.costs, {}
             for lo, partial in labels.items():
                 for j, seg in self._segment(p, lo, *seg_args).items():
@@ -485,7 +490,7 @@ class Chains:
                     add_ring = ring_usd[i] * costs.params(lo, j - 1)
                     cell = nxt.setdefault(j, [])
                     for s1, p1, b1 in seg:
-                        sy1, up1 = self._pool_sync(p1, p, n, D)[0], p.u * p1
+                        sy1, up1 = self._pool_sync(p1, p, n, D)[0], p.u * p1 / d
                         for c0, sl, sy, up, rg, bd in partial:
                             c0, sl, sy, up = c0 + add, max(sl, s1), max(sy, sy1), max(up, up1)
                             t_lb = c0 + rest + comm + bubbles * sl + max(sy, sync_lb) + max(up, upd_lb)

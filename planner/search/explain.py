@@ -1,6 +1,8 @@
 """Why no plan was found: one line that names the binding limit and what to do."""
 from __future__ import annotations
 
+import math
+
 from planner.search.goal import Goal
 
 
@@ -10,9 +12,11 @@ def explain_infeasible(planner, goal: Goal) -> str:
     if not shapes:
         return (f"no usable microbatch size: none of the profiled sizes divides the global batch {planner.gbs}, "
                 "or no profile covers the GPUs given; change --global-batch or profile more sizes")
-    # Memory: even the largest TP degree cannot hold one layer of the model.
-    smallest = min(min(sh.costs.memory(i, i, 1) for i in range(planner.L)) for sh in shapes)
-    fits_one = [sh for sh in shapes if any(sh.costs.last_fit(1)[i] >= i for i in range(planner.L))]
+    # Memory: even the largest TP degree cannot hold one layer of the model (with the distributed
+    # optimizer, split over as many replicas as could ever be: the least memory any plan needs)
+    least = {id(sh): sh.costs.sharded(math.inf) for sh in shapes}
+    smallest = min(min(least[id(sh)].memory(i, i, 1) for i in range(planner.L)) for sh in shapes)
+    fits_one = [sh for sh in shapes if any(least[id(sh)].last_fit(1)[i] >= i for i in range(planner.L))]
     largest_gpu = max(sim.cluster.gpu(sh.gpu).memory_bytes for sh in shapes)
     if not fits_one:
         return (f"{model.name} does not fit: its smallest layer needs {smallest / 1e9:.1f} GB per GPU at the "
@@ -50,13 +54,13 @@ def _again(planner, goal: Goal, **changes):
     kw = dict(runtime=planner.runtime, max_stages=planner.max_stages,
               microbatch_sizes=sorted(planner.mbs_filter) if planner.mbs_filter else None,
               two_pools=planner.two_pools, two_classes=planner.two_classes, max_tp=planner.max_tp,
-              recompute=planner.recompute)
+              recompute=planner.recompute, distributed_optimizer=planner.distributed_optimizer)
     return type(planner)(planner.sim, planner.gbs, goal, **{**kw, **changes})
 
 
 def _least_memory(planner, shape) -> tuple[float, str, str]:
     """The smallest peak memory per GPU any split of the model reaches on this shape's GPUs."""
-    costs, L = shape.costs, planner.L
+    costs, L = shape.costs.sharded(math.inf), planner.L
     gpus = sum(c for _, c in shape.zones)
     best = (float("inf"), "", shape.gpu)
     for P in range(1, min(L, gpus // shape.tp, planner.max_stages) + 1):

@@ -25,6 +25,7 @@ split's stage times.
 """
 from __future__ import annotations
 
+from copy import copy
 from itertools import accumulate
 
 from planner.profiles.profile import LayerMemory, LayerTimes
@@ -75,9 +76,11 @@ class StageCosts:
 
     def __init__(self, times: LayerTimes, mem: LayerMemory, logical: LayerMemory, *, mbs: int,
                  state_bytes: float, allocator: float, overhead: float, capacity: int, tied_params: int,
-                 optimizer_step_bytes: float = 0.0):
+                 optimizer_step_bytes: float = 0.0, sharded_bytes: float = 0.0):
         self.mem, self.mbs, self.state_bytes, self.allocator = mem, mbs, state_bytes, allocator
         self.optimizer_step_bytes = optimizer_step_bytes
+        self.sharded_bytes = sharded_bytes  # of state_bytes, what the distributed optimizer splits
+        self._shards: dict[float, StageCosts] = {1: self}
         self.overhead, self.capacity, self.tied_params = overhead, capacity, tied_params
         self.num_layers = L = len(mem.params)
         self.fb = (0.0, *accumulate(f + b for f, b in zip(times.fwd, times.bwd)))  # prefix sums
@@ -89,6 +92,20 @@ class StageCosts:
         self._gpu_params, self._acts = mem.params_prefix, mem.activation_prefix
         ws = mem.workspace_bytes or mem.activation_bytes
         self._workspace = [list(accumulate(ws[j:], max)) for j in range(L)]
+
+    def sharded(self, d: float) -> "StageCosts":
+        """These facts with the optimizer state and step split d ways (the distributed optimizer over
+        d replicas; d = inf: the least memory any replica count gives). Itself without sharding."""
+        if not self.sharded_bytes:
+            return self
+        got = self._shards.get(d)
+        if got is None:
+            got = copy(self)
+            got.state_bytes = self.state_bytes - self.sharded_bytes * (1 - 1 / d)
+            got.optimizer_step_bytes = self.optimizer_step_bytes / d
+            got._last_fit, got.sharded_bytes = {}, 0.0  # (split once)
+            self._shards[d] = got
+        return got
 
     def compute(self, first: int, last: int) -> float:
         return self.fb[last + 1] - self.fb[first]

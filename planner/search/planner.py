@@ -29,6 +29,12 @@ beat the first pass's if one of its stages does not fit without recomputing
 (else the same plan without it is faster), so that stage's time bounds the
 family's bottleneck from below (`_recompute_floor`), and families without
 such a stage are skipped.
+
+With the distributed optimizer (`distributed_optimizer`) every stage's D replicas split its
+optimizer state and step, so what fits depends on D: the exact evaluations take the stage
+facts of their own D (StageCosts.sharded), the optimizer step in a bound is divided by the
+most pipelines its family can have, and whether a stage must recompute is judged at D = 1
+(needs it) against D = inf (fits with it), so every bound holds for every D.
 """
 from __future__ import annotations
 
@@ -54,6 +60,7 @@ from planner.simulator.simulate import Estimate, Simulator
 from planner.specs.plan import Plan, with_model
 
 GROUP, FAMILY, CONFIG, REFINE, EVALUATE = 0, 1, 2, 3, 4  # what a queue entry asks for
+PROBE_MARGIN = 1e-12  # relative: the probe's cut lies this far above its plan's score (_probe)
 RECOMPUTE_MODES = {"never": (False,), "always": (True,), "auto": (False, True)}  # the passes of each mode
 
 
@@ -77,7 +84,7 @@ class Planner(SinglePool, Chains, TwoTypes):
     def __init__(self, sim: Simulator, global_batch: int, goal: Goal, runtime: str = "sailor",
                  max_stages: int | None = None, microbatch_sizes: list[int] | None = None, two_pools: bool = True,
                  two_classes: bool = True, max_tp: int | None = None, recompute: str = "auto",
-                 arrange: bool = True):
+                 arrange: bool = True, distributed_optimizer: bool = False):
         if global_batch < 1:
             raise SailorError("--global-batch must be positive")
         if not sim.cluster.available:
@@ -85,6 +92,10 @@ class Planner(SinglePool, Chains, TwoTypes):
         self.sim, self.gbs, self.goal = sim, global_batch, goal
         self.rt: RuntimeModel = runtime_model(runtime)
         self.runtime = runtime
+        if distributed_optimizer and not self.rt.sharded_state_bytes:
+            raise SailorError(f"the distributed optimizer is sailor's runtime's, not {runtime}'s; drop "
+                              "--use-distributed-optimizer or plan for --runtime sailor")
+        self.distributed_optimizer = distributed_optimizer  # plans split their optimizer state (ZeRO-1)
         self.model = sim.model
         self.L = self.model.num_layers
         self.max_stages = min(max_stages or self.L, self.L)
@@ -176,7 +187,10 @@ class Planner(SinglePool, Chains, TwoTypes):
     def _least_needed_stage(self, shape: Shape, inflight: int) -> float:
         key = ("needed", inflight)
         if key not in shape.tables:
-            plain, recomputed, least = shape.plain.last_fit(inflight), shape.costs.last_fit(inflight), math.inf
+            # with the distributed optimizer, any replica count: a stage needs recomputing with one replica
+            # at most (the most memory per GPU), fits with it with infinitely many at least
+            plain, least = shape.plain.last_fit(inflight), math.inf
+            recomputed = shape.costs.sharded(math.inf).last_fit(inflight)
             for j in range(self.L):
                 i = plain[j] + 1  # the shortest stage from layer j that needs recomputing...
                 if i <= recomputed[j]:  # ...and fits with it; longer ones take longer
@@ -190,6 +204,7 @@ class Planner(SinglePool, Chains, TwoTypes):
         return StageCosts(sim.layer_times(gpu, mbs, tp, recompute), mem, sim.profile(gpu).layer_memory(1), mbs=mbs,
                           state_bytes=self.rt.state_bytes(sim.precision), allocator=self.rt.allocator_factor,
                           optimizer_step_bytes=self.rt.optimizer_step_bytes,
+                          sharded_bytes=self.rt.sharded_state_bytes if self.distributed_optimizer else 0.0,
                           overhead=spec.runtime_overhead_bytes, capacity=spec.memory_bytes,
                           tied_params=mem.params[0] if self.model.tied_embeddings else 0)
 
@@ -232,12 +247,14 @@ class Planner(SinglePool, Chains, TwoTypes):
         score, so what is bounded above it cannot be the best plan, and the search drops it when it
         queues it. Everything bounded at or below it is searched as before, in the same order, so
         ties still go to the plan found first. The probe's plan is not offered: the search finds it
-        again (its work is cached)."""
+        again (its work is cached), so "just above" is a relative 1e-12: the sum that bounds it may
+        round a few units in the last place above its score (t_lb·usd + sync·usd against
+        (t_lb + sync)·usd), and it must not be dropped for that."""
         probe: list = []
         evaluated = self.evaluated
         self._search(shapes, probe, [], 1, False, singles)
         self.evaluated = evaluated
-        return math.nextafter(-probe[0][0], math.inf) if probe else math.inf
+        return -probe[0][0] + abs(probe[0][0]) * PROBE_MARGIN if probe else math.inf
 
     def _search(self, shapes: list[Shape], best: list, front: list, top: int, pareto: bool,
                 probe: list | None = None) -> None:
@@ -344,6 +361,10 @@ class Planner(SinglePool, Chains, TwoTypes):
                 self._sync_cache[key] = (0.0, 0.0)
         return self._sync_cache[key]
 
+    def _shards(self, D: int) -> int:
+        """Ways each stage of D replicas splits its optimizer state and step (Simulator.optimizer_shards)."""
+        return D if self.distributed_optimizer else 1
+
     @staticmethod
     def _per_node(shape: Shape, stages: int) -> int:
         """Replicas of one stage that share a node under the placement rule."""
@@ -392,7 +413,7 @@ class Planner(SinglePool, Chains, TwoTypes):
     def _materialize(self, c: Candidate) -> tuple[Plan, Estimate]:
         """The plan of a candidate, simulated again and held to every promise (verify.py)."""
         plan = with_model(self._design(c.design).to_plan(self.model.name, self.L, self.gbs, self.runtime), self.model)
-        plan = replace(plan, precision=self.sim.precision)
+        plan = replace(plan, precision=self.sim.precision, distributed_optimizer=self.distributed_optimizer)
         if c.recompute == "per stage":  # the stages that do not fit without recomputing (as the search chose)
             fits = [self.sim.stage_fits(plan, s, self.rt) for s in range(plan.pp)]
             plan = replace(plan, stages=tuple(replace(s, recompute=not ok) for s, ok in zip(plan.stages, fits)))

@@ -37,18 +37,20 @@ class SinglePool:
         slot_lb = max((fb_total + 4 * (P - 1) * c_min) / P, self._recompute_floor_upto(shape, P))
         if slot_lb == math.inf:
             return None
-        upd = shape.u * params_total / P
+        upd = shape.u * params_total / P  # one replica's step; each of D steps 1/D with the distributed optimizer
+        least_upd = upd / self._shards(d_cap)
         price = min(shape.prices.values()) * P * tp
         m_min = math.ceil(M / d_cap)
-        if not self._could_admit(fill + (m_min - 1) * slot_lb + upd, 0.0):
+        if not self._could_admit(fill + (m_min - 1) * slot_lb + least_upd, 0.0):
             return None
         if self.goal.objective == "throughput":
             # with D >= 2 pipelines there is a ring to sync, and it is at least as slow as a ring of two
             per = n // (P * tp) if same_node else n // tp
             two = self._sync(math.ceil(params_total / P), 2, shape.gpu, tp, ((shape.zones[0][0], 2),), per)[0]
-            bound = min(fill + (M - 1) * slot_lb + upd, fill + (m_min - 1) * slot_lb + upd + two)
+            bound = min(fill + (M - 1) * slot_lb + upd, fill + (m_min - 1) * slot_lb + least_upd + two)
         else:
-            bound = min(self._bound(fill + (m - 1) * slot_lb + upd, price * math.ceil(M / m)) for m in (m_min, M))
+            bound = min(self._bound(fill + (m - 1) * slot_lb + least_upd, price * math.ceil(M / m))
+                        for m in (m_min, M))
         return bound, (shape, P, caps, d_cap, fill, slot_lb, upd)
 
     def _single_configs(self, shape, P, caps, d_cap, fill, slot_lb, upd):
@@ -75,7 +77,7 @@ class SinglePool:
                     continue  # the same zones and counts as an earlier order
                 seen.add(frozenset(placed))
                 usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
-                t_lb = fill + (m - 1) * slot_lb + upd
+                t_lb = fill + (m - 1) * slot_lb + upd / self._shards(D)
                 if self._could_admit(t_lb, usd):
                     yield self._bound(t_lb, usd), self._refine_single, (shape, P, D, m, placed)
 
@@ -87,20 +89,22 @@ class SinglePool:
         usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
         return self._bound(sync, usd), usd, self._evaluate_single, (shape, P, D, m, placed)
 
-    def _table(self, shape: Shape, comm: float, m: int, P: int, per_stage: bool = False) -> SplitTable:
-        """per_stage: with per-stage recomputation (auto mode's recomputing pass; single-pool designs)."""
-        plain = shape.plain if per_stage else None
-        key = (comm, m if m < P else None, plain is not None)
+    def _table(self, shape: Shape, comm: float, m: int, P: int, per_stage: bool = False, D: int = 1) -> SplitTable:
+        """per_stage: with per-stage recomputation (auto mode's recomputing pass; single-pool designs).
+        D: the stage's replicas (what fits depends on them with the distributed optimizer)."""
+        d = self._shards(D)
+        plain = shape.plain.sharded(d) if per_stage and shape.plain is not None else None
+        key = (comm, m if m < P else None, plain is not None, d)
         if key not in shape.tables:
-            shape.tables[key] = SplitTable(shape.costs, comm, m if m < P else self.max_stages, self.max_stages,
-                                           plain)
+            shape.tables[key] = SplitTable(shape.costs.sharded(d), comm, m if m < P else self.max_stages,
+                                           self.max_stages, plain)
         return shape.tables[key]
 
     def _evaluate_single(self, shape: Shape, P: int, D: int, m: int, placed, best, front, top, pareto) -> None:
-        costs, tp, n = shape.costs, shape.tp, shape.per_node
+        costs, tp, n, d = shape.costs, shape.tp, shape.per_node, self._shards(D)
         same_node = P * tp <= n
         c = {z: (shape.comm[(z, same_node)] if P > 1 else 0.0) for z, _ in placed}
-        splits = self._table(shape, max(c.values()), m, P, per_stage=True).frontier(P)
+        splits = self._table(shape, max(c.values()), m, P, per_stage=True, D=D).frontier(P)
         if not splits:
             return  # no split fits in memory
         micro = spread(self.gbs // shape.mbs, D)
@@ -118,11 +122,11 @@ class SinglePool:
         for split in splits:
             params, bounds = split[1], split[2]
             # F+B of each stage (a stage recomputes only where the most microbatches in flight need it)
-            fb = split_compute(costs, shape.plain, bounds, m, self.L)
+            fb = split_compute(costs.sharded(d), shape.plain and shape.plain.sharded(d), bounds, m, self.L)
             t_pp = max(sum(fb) + 2 * (P - 1) * cz + (mz - 1) * max(
                 t + 2 * cz * ((s > 0) + (s < P - 1)) for s, t in enumerate(fb)) for cz, mz in busiest)
             sync = self._sync(params, D, shape.gpu, tp, tuple(placed), per)[0]
-            T = t_pp + sync + shape.u * params
+            T = t_pp + sync + shape.u * params / d
             self._consider(Outcome(T, T * usd_per_s + egress, D * P * tp, gpus_per_zone),
                            (shape.mbs, ((shape.gpu, tp, P, zones_k),), bounds, D), best, front, top, pareto,
                            "per stage" if shape.plain is not None else None)

@@ -55,10 +55,11 @@ class TwoTypes:
             caps = [min(c, M) for c in caps]
         if min(caps) < 1:
             return None
-        upd = min(x.u, y.u) * x.costs.params(0, self.L - 1) / P
         most = M // P  # every pipeline runs at least P microbatches
         if most < 2:
             return None
+        members = min(caps[0] + caps[1], most)  # every configuration's ring (_two_class_configs)
+        upd = min(x.u, y.u) * x.costs.params(0, self.L - 1) / (P * self._shards(members))
         # each class runs at least P microbatches, so _balance's time is at least either's time then
         least = max(lbs[0][0] + (P - 1) * lbs[0][1], lbs[1][0] + (P - 1) * lbs[1][1])
         if self.goal.objective == "throughput" and least + upd >= cutoff:
@@ -66,8 +67,8 @@ class TwoTypes:
         ideal = self._balance(M, P, [(min(caps[0], most - 1), *lbs[0]), (min(caps[1], most - 1), *lbs[1])])
         if ideal is None:
             return None
-        # every configuration's ring has min(caps, most) replicas (_two_class_configs), largest stage >= average
-        sync = self._mixed_edge_floor(x, y, min(caps[0] + caps[1], most), math.ceil(x.costs.params(0, self.L - 1) / P))
+        # the ring's largest stage has at least the average number of parameters
+        sync = self._mixed_edge_floor(x, y, members, math.ceil(x.costs.params(0, self.L - 1) / P))
         price = min(x.prices.values()) * P * x.tp + min(y.prices.values()) * P * y.tp  # one pipeline each
         t = ideal[0] + upd + sync
         bound = t if self.goal.objective == "throughput" else t * price
@@ -213,9 +214,11 @@ class TwoTypes:
         for sh, pl in zip(shapes, placed):
             same = P * sh.tp <= sh.per_node
             comms.append({z: (sh.comm[(z, same)] if P > 1 else 0.0) for z, _ in pl})
-        key = ("classes", id(x.costs), id(y.costs), max(comms[0].values()), max(comms[1].values()))
+        d = self._shards(dx + dy)
+        costs = [x.costs.sharded(d), y.costs.sharded(d)]
+        key = ("classes", id(costs[0]), id(costs[1]), max(comms[0].values()), max(comms[1].values()))
         if key not in self._front_cache:
-            self._front_cache[key] = JointSplitTable([x.costs, y.costs], [max(c.values()) for c in comms],
+            self._front_cache[key] = JointSplitTable(costs, [max(c.values()) for c in comms],
                                                      [self.max_stages] * 2, self.max_stages)
         splits = self._front_cache[key].frontier(P)
         edges = self._class_ring((x, y), P, placed)
@@ -249,7 +252,7 @@ class TwoTypes:
             best_split = (found[0], spread(m_x_total, dx), spread(M - m_x_total, dy))
             t_pp, micro_x, micro_y = best_split
             sync = self.sim.edges_sync(params, dx + dy, edges)[0]
-            T = t_pp + sync + u * params
+            T = t_pp + sync + u * params / d
             zones_x = tuple(z for z, k in placed[0] for _ in range(k))
             zones_y = tuple(z for z, k in placed[1] for _ in range(k))
             self._consider(Outcome(T, T * usd_per_s + egress, gpus, tuple(gpus_per_zone.items())),

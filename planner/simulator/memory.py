@@ -14,7 +14,11 @@ head is not on the embedding's stage). A_stage(t): activation bytes the stage
 keeps per sample; A_max(t) the largest single layer's backward workspace (as
 large as what the layer stored; with recomputation, as large as what it would
 have stored, see recompute.py). f is the allocator
-factor (runtime_model), b the microbatch size, s the 0-based stage index.
+factor (runtime_model), b the microbatch size, s the 0-based stage index. With the
+distributed optimizer the stage's D replicas split the optimizer state and step:
+S = S_whole - 8 (1 - 1/D) (Adam's moments, 8/D B/parameter each) and W / D
+(RuntimeModel.state_bytes; tensors each TP rank keeps whole are split D*tp ways
+by the runtime, counted D ways here).
 """
 from __future__ import annotations
 

@@ -38,10 +38,17 @@ class RuntimeModel:
     # PyTorch's caching allocator holds more than the live tensors: segments are
     # rounded and fragment. Measured peak / live activation bytes.
     allocator_factor: float = 1.10
+    # Bytes per parameter of optimizer state (Adam's two fp32 moments) that the distributed
+    # optimizer (ZeRO-1, sailor_ext/distributed_optimizer.py) splits over the d replicas of a
+    # stage: each keeps 8/d of them (and steps, so allocates W/d, for its part). 0: the runtime
+    # has no distributed optimizer.
+    sharded_state_bytes: float = 0.0
 
-    def state_bytes(self, precision: str) -> float:
-        """Bytes per parameter in `precision` (fp16 keeps what bf16 keeps)."""
-        return self.state_bytes_fp32 if precision == "fp32" else self.state_bytes_bf16
+    def state_bytes(self, precision: str, shards: float = 1) -> float:
+        """Bytes per parameter in `precision` (fp16 keeps what bf16 keeps), the optimizer state split
+        `shards` ways:  S(d) = S - 8 (1 - 1/d)."""
+        whole = self.state_bytes_fp32 if precision == "fp32" else self.state_bytes_bf16
+        return whole - self.sharded_state_bytes * (1 - 1 / shards)
 
 
 RUNTIMES = {
@@ -52,7 +59,8 @@ RUNTIMES = {
     # sailor_ext: gradients live in one flat buffer per stage (no extra copy).
     # Checked (not fitted) on an H100: the 1.1 B LLaMA's recomputing plans peaked at 22.60-22.67 GiB
     # allocated, 18 + 4 B/parameter (22.54 GiB), above their activations' peak (docs/profiler.md).
-    "sailor": RuntimeModel("sailor", 16.0, 18.0, p2p_split_over_tp=True, optimizer_step_bytes=4.0),
+    "sailor": RuntimeModel("sailor", 16.0, 18.0, p2p_split_over_tp=True, optimizer_step_bytes=4.0,
+                           sharded_state_bytes=8.0),
 }
 
 

@@ -20,7 +20,9 @@ optimizer:
 
 allreduce_s is the ring all-reduce of the stage's fp32 gradients over its
 replicas' links (network.allreduce_time); update_s,k = optimizer seconds per
-parameter (profile) * the stage's parameters / tp. A stage that recomputes
+parameter (profile) * the stage's parameters / tp, / D_s with the distributed optimizer (each
+replica steps its 1/D_s part; its reduce-scatter and all-gather move the all-reduce's bytes,
+so allreduce_s is unchanged). A stage that recomputes
 activations has its blocks' backward and memory changed by recompute.py. No
 overlap of the gradient sync with backward (as in the frameworks we model).
 (Syncing a stage as soon as its own last backward is done, as DeepSpeed does,
@@ -163,7 +165,8 @@ class Simulator:
             sync, sync_egress = self._sync(st, nodes[s])
             egress += sync_egress
             params = self.profile(st.replicas[0].gpu).layer_memory(1).stage_params(st.first, st.last)
-            update = max(self.profile(r.gpu).optimizer_s_per_param * params / r.tp for r in st.replicas)
+            shards = self.optimizer_shards(plan, s)  # each replica steps its part of the stage
+            update = max(self.profile(r.gpu).optimizer_s_per_param * params / r.tp for r in st.replicas) / shards
             sync_max, update_max = max(sync_max, sync), max(update_max, update)
             mem, cap, ok, parts = self._stage_memory(plan, s, rt)
             peak, fits = max(peak, mem), fits and ok
@@ -264,12 +267,19 @@ class Simulator:
         """Whether every replica of stage s fits in its GPU's memory."""
         return self._stage_memory(plan, s, runtime or runtime_model(plan.runtime))[2]
 
+    @staticmethod
+    def optimizer_shards(plan: Plan, s: int) -> int:
+        """Ways stage s's optimizer state and step are split: its replicas with the distributed
+        optimizer (one owner per replica of each part), else 1."""
+        return len(plan.stages[s].replicas) if plan.distributed_optimizer else 1
+
     def _stage_memory(self, plan: Plan, s: int, rt: RuntimeModel) -> tuple[float, int, bool, dict]:
         """Worst GPU of the stage: (bytes, capacity of its GPU, every replica fits, its terms)."""
         st = plan.stages[s]
         worst, cap, ok, parts = -1.0, 0, True, {}
         tied_copy = self.model.tied_embeddings and st.last == self.model.num_layers - 1 and st.first > 0
         seen = set()
+        shards = self.optimizer_shards(plan, s)
         for k, r in enumerate(st.replicas):
             pipe = plan.pipelines[k]
             inflight = inflight_microbatches(s, plan.pp, pipe.num_microbatches)
@@ -279,9 +289,10 @@ class Simulator:
             gpu = self.cluster.gpu(r.gpu)
             extra = self.profile(r.gpu).layer_memory(r.tp).params[0] if tied_copy else 0
             args = (self.layer_memory(r.gpu, r.tp, st.recompute), st.first, st.last)
-            kw = dict(mbs=pipe.microbatch_size, inflight=inflight, state_bytes_per_param=rt.state_bytes(self.precision),
+            kw = dict(mbs=pipe.microbatch_size, inflight=inflight,
+                      state_bytes_per_param=rt.state_bytes(self.precision, shards),
                       allocator_factor=rt.allocator_factor, overhead_bytes=gpu.runtime_overhead_bytes,
-                      optimizer_step_bytes=rt.optimizer_step_bytes, extra_params=extra)
+                      optimizer_step_bytes=rt.optimizer_step_bytes / shards, extra_params=extra)
             mem = replica_memory(*args, **kw)
             ok = ok and mem <= gpu.memory_bytes
             if mem / gpu.memory_bytes > worst / max(cap, 1):

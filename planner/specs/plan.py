@@ -19,7 +19,9 @@ model (a config.json's) by its whole description (`model_config`), so the
 commands that read the plan later need nothing else; the sequence
 length it was made for (`seq_length`); and its training precision
 (`precision`: fp32, bf16 or fp16, planner/specs/precision.py), which
-`sailor simulate` simulates and `sailor launch` passes to the runtime.
+`sailor simulate` simulates and `sailor launch` passes to the runtime; and
+whether the optimizer state is split over each stage's replicas
+(`distributed_optimizer`, sailor's runtime only: --use-distributed-optimizer).
 `plan_model` is how every command gets the model of a plan.
 
 File format (JSON); `count` repeats an entry:
@@ -95,6 +97,7 @@ class Plan:
     seq_length: int | None = None  # tokens per sample it was made for; None: the model's default (older files)
     model_spec: ModelSpec | None = None  # the whole model, when it is not a preset (`model` names it then)
     precision: str | None = None  # fp32 | bf16 | fp16; None: not recorded (older files), the default rule
+    distributed_optimizer: bool = False  # optimizer state split over each stage's replicas (ZeRO-1)
 
     @property
     def pp(self) -> int:
@@ -125,6 +128,9 @@ class Plan:
         """Raise SailorError if the plan is malformed; return it otherwise."""
         if self.runtime not in RUNTIMES:
             raise SailorError(f"plan: unknown runtime {self.runtime!r}; use one of {', '.join(RUNTIMES)}")
+        if self.distributed_optimizer and self.runtime != "sailor":
+            raise SailorError(f"plan: the distributed optimizer is sailor's runtime's, not {self.runtime}'s; "
+                              "drop distributed_optimizer or use runtime sailor")
         if not self.stages:
             raise SailorError("plan has no stages: give at least one stage with a layer range and replicas")
         if not self.pipelines:
@@ -210,6 +216,7 @@ def plan_to_dict(plan: Plan) -> dict:
         "global_batch_size": plan.global_batch_size,
         "runtime": plan.runtime,
         **({"precision": plan.precision} if plan.precision is not None else {}),
+        **({"distributed_optimizer": True} if plan.distributed_optimizer else {}),
         "stages": [
             {"layers": [s.first, s.last], **({"recompute": True} if s.recompute else {}),
              "replicas": runs(s.replicas, lambda r: {"gpu": r.gpu, "tp": r.tp, "zone": r.zone})}
@@ -234,8 +241,8 @@ def plan_from_dict(d: dict, source: str = "plan") -> Plan:
         return plan_from_sailor(d, source)
     top = Doc(d, source).fields(
         required=("model", "global_batch_size", "stages", "pipelines"),
-        optional=("format", "version", "seq_length", "runtime", "precision", "model_config", "notes",
-                  *SAILOR_MEASURED),
+        optional=("format", "version", "seq_length", "runtime", "precision", "distributed_optimizer",
+                  "model_config", "notes", *SAILOR_MEASURED),
         hint=PLAN_HINT)
     if "format" in top:
         top["format"].str(("sailor-plan",), hint="this reads plans written by `sailor plan`")
@@ -265,7 +272,8 @@ def plan_from_dict(d: dict, source: str = "plan") -> Plan:
     notes = {k: v.value for k, v in top.items() if k in ("notes", *SAILOR_MEASURED)}
     plan = Plan(top["model"].str(), top["global_batch_size"].int(1, MAX_BATCH), tuple(stages), tuple(pipelines),
                 top["runtime"].str(RUNTIMES) if "runtime" in top else "sailor", notes, seq_length,
-                precision=top["precision"].str(PRECISIONS) if "precision" in top else None)
+                precision=top["precision"].str(PRECISIONS) if "precision" in top else None,
+                distributed_optimizer=top["distributed_optimizer"].bool() if "distributed_optimizer" in top else False)
     if "model_config" not in top:
         return plan
     spec = model_from_dict(d["model_config"], f"{source}: model_config")
@@ -344,7 +352,9 @@ def _sailor_plan(top: dict, gbs_doc, source: str, model: str | None, hint: str) 
     runtime = top["runtime"].str(RUNTIMES) if "runtime" in top else "megatron-deepspeed"
     seq_length = top["seq_length"].int(1, 1 << 24) if "seq_length" in top else None
     precision = top["precision"].str(PRECISIONS) if "precision" in top else "fp32"  # Sailor's runs were fp32
-    plan = Plan(name, gbs, tuple(stages), pipelines, runtime, measured, seq_length, precision=precision)
+    sharded = top["distributed_optimizer"].bool() if "distributed_optimizer" in top else False
+    plan = Plan(name, gbs, tuple(stages), pipelines, runtime, measured, seq_length, precision=precision,
+                distributed_optimizer=sharded)
     if "model_config" in top:
         spec = model_from_dict(top["model_config"].value, f"{source}: model_config")
         plan = replace(plan, model=spec.name, seq_length=spec.seq_len, model_spec=spec)
@@ -368,6 +378,7 @@ def plan_to_sailor(plan: Plan) -> dict:
         "model": plan.model, "runtime": plan.runtime,
         **({"seq_length": plan.seq_length} if plan.seq_length is not None else {}),
         **({"precision": plan.precision} if plan.precision is not None else {}),
+        **({"distributed_optimizer": True} if plan.distributed_optimizer else {}),
         **({"model_config": plan.model_spec.to_dict()} if plan.model_spec is not None else {}),
         "pipeline_list": [{
             "num_stages": plan.pp,
