@@ -68,6 +68,7 @@ def test_tour(checkout):
     assert (checkout / "llama-trained" / "model.safetensors").exists() and "LlamaForCausalLM" in out.stdout
     cheap = json.loads((checkout / "cheap.json").read_text())
     assert cheap["model"] == "opt-350m"
+    assert json.loads((checkout / "zero.json").read_text())["distributed_optimizer"]
     # the elastic run: a node was lost, the survivors re-planned onto 4 ranks and finished the job
     events = [json.loads(line) for line in (checkout / "events.jsonl").read_text().splitlines()]
     kinds = [e["event"] for e in events]
