@@ -165,7 +165,7 @@ class Simulator:
             sync, sync_egress = self._sync(st, nodes[s])
             egress += sync_egress
             params = self.profile(st.replicas[0].gpu).layer_memory(1).stage_params(st.first, st.last)
-            shards = self.optimizer_shards(plan, s)  # each replica steps its part of the stage
+            shards = self.optimizer_shards(plan, s, rt)  # each replica steps its part of the stage
             update = max(self.profile(r.gpu).optimizer_s_per_param * params / r.tp for r in st.replicas) / shards
             sync_max, update_max = max(sync_max, sync), max(update_max, update)
             mem, cap, ok, parts = self._stage_memory(plan, s, rt)
@@ -268,10 +268,10 @@ class Simulator:
         return self._stage_memory(plan, s, runtime or runtime_model(plan.runtime))[2]
 
     @staticmethod
-    def optimizer_shards(plan: Plan, s: int) -> int:
+    def optimizer_shards(plan: Plan, s: int, rt: RuntimeModel) -> int:
         """Ways stage s's optimizer state and step are split: its replicas with the distributed
-        optimizer (one owner per replica of each part), else 1."""
-        return len(plan.stages[s].replicas) if plan.distributed_optimizer else 1
+        optimizer (one owner per replica of each part) on a runtime that has one, else 1."""
+        return len(plan.stages[s].replicas) if plan.distributed_optimizer and rt.sharded_state_bytes else 1
 
     def _stage_memory(self, plan: Plan, s: int, rt: RuntimeModel) -> tuple[float, int, bool, dict]:
         """Worst GPU of the stage: (bytes, capacity of its GPU, every replica fits, its terms)."""
@@ -279,7 +279,7 @@ class Simulator:
         worst, cap, ok, parts = -1.0, 0, True, {}
         tied_copy = self.model.tied_embeddings and st.last == self.model.num_layers - 1 and st.first > 0
         seen = set()
-        shards = self.optimizer_shards(plan, s)
+        shards = self.optimizer_shards(plan, s, rt)
         for k, r in enumerate(st.replicas):
             pipe = plan.pipelines[k]
             inflight = inflight_microbatches(s, plan.pp, pipe.num_microbatches)

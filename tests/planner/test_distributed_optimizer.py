@@ -48,6 +48,9 @@ def test_each_replica_keeps_and_steps_its_part_of_the_optimizer_state(precision,
     assert plain.iteration_time_s - split.iteration_time_s == pytest.approx(update * (1 - 1 / D), rel=1e-9)
     assert split.stages[0].sync_s == plain.stages[0].sync_s and split.pipeline_time_s == plain.pipeline_time_s
     assert split.peak_memory_bytes < plain.peak_memory_bytes
+    deepspeed = runtime_model("megatron-deepspeed")  # `sailor simulate --runtime megatron-deepspeed`: none to split
+    assert sim.simulate(one_stage_plan(D, precision), deepspeed) == sim.simulate(one_stage_plan(D, precision, False),
+                                                                                 deepspeed)
 
 
 def test_the_plan_records_it_in_both_formats():
