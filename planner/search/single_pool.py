@@ -101,7 +101,8 @@ class SinglePool:
         return shape.tables[key]
 
     def _evaluate_single(self, shape: Shape, P: int, D: int, m: int, placed, best, front, top, pareto) -> None:
-        costs, tp, n, d = shape.costs, shape.tp, shape.per_node, self._shards(D)
+        tp, n, d = shape.tp, shape.per_node, self._shards(D)
+        costs, plain = shape.costs.sharded(d), shape.plain and shape.plain.sharded(d)  # what fits with D replicas
         same_node = P * tp <= n
         c = {z: (shape.comm[(z, same_node)] if P > 1 else 0.0) for z, _ in placed}
         splits = self._table(shape, max(c.values()), m, P, per_stage=True, D=D).frontier(P)
@@ -122,7 +123,7 @@ class SinglePool:
         for split in splits:
             params, bounds = split[1], split[2]
             # F+B of each stage (a stage recomputes only where the most microbatches in flight need it)
-            fb = split_compute(costs.sharded(d), shape.plain and shape.plain.sharded(d), bounds, m, self.L)
+            fb = split_compute(costs, plain, bounds, m, self.L)
             t_pp = max(sum(fb) + 2 * (P - 1) * cz + (mz - 1) * max(
                 t + 2 * cz * ((s > 0) + (s < P - 1)) for s, t in enumerate(fb)) for cz, mz in busiest)
             sync = self._sync(params, D, shape.gpu, tp, tuple(placed), per)[0]

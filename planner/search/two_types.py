@@ -89,12 +89,11 @@ class TwoTypes:
                 rates.append(max(r for r, _ in links))
                 lats.append(min(lat for _, lat in links))
             got = self._sync_cache[key] = (min(rates), max(lats))
-        rate, lat = got
-        D = members
-        if D < 2:
+        if members < 2:
             return 0.0
-        volume = 2 * (D - 1) / D * (GRAD_BYTES * params)
-        return (volume / rate + 2 * (D - 1) * lat) * (1 - 1e-12)  # float rounding never lifts it past the sync
+        rate, lat = got
+        volume = 2 * (members - 1) / members * (GRAD_BYTES * params)
+        return (volume / rate + 2 * (members - 1) * lat) * (1 - 1e-12)  # float rounding never lifts it past the sync
 
     def _class_facts(self, sh: Shape, P: int) -> tuple:
         """(pipelines of P stages the type's zones hold, (fill, slot) lower bounds of one): a type
