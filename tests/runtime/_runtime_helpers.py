@@ -3,15 +3,26 @@
 Ranks are started directly (RANK/WORLD_SIZE/MASTER_* set as torchrun would)
 so a test can kill or pause one of them. One thread per process: the suite
 runs on 2 cores.
+
+Each rank is a fork of one warm process that has imported torch, megatron-core
+and transformers (multiprocessing's fork server, started once per test session):
+a fresh interpreter spends ~4 CPU-s importing them, most of a short run's time.
+The rank then runs `python -m sailor_ext.train` as its own process would: its
+environment, working directory, argv, stdout/stderr in its log, exit code.
+SAILOR_TEST_FRESH_RANKS=1 (and any machine with a GPU) starts fresh interpreters
+instead; the launchers' own tests (torchrun, Slurm, sailor run) always do.
 """
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import runpy
 import socket
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +63,70 @@ class Run:
         return [m["loss"] for m in self.metrics]
 
 
+PRELOAD = ["torch", "megatron.core", "transformers"]
+_fork_server: multiprocessing.context.BaseContext | None = None
+
+
+def _forks() -> multiprocessing.context.BaseContext | None:
+    """The fork server's context (started on first use), or None where ranks start fresh."""
+    global _fork_server
+    if os.environ.get("SAILOR_TEST_FRESH_RANKS") == "1" or os.path.exists("/dev/nvidiactl"):
+        return None
+    if _fork_server is None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        saved = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"  # OpenMP reads it when torch loads, i.e. in the server
+        try:
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
+        finally:
+            if saved is None:
+                del os.environ["OMP_NUM_THREADS"]
+            else:
+                os.environ["OMP_NUM_THREADS"] = saved
+        _fork_server = ctx
+    return _fork_server
+
+
+def _rank_main(args: list[str], env: dict, cwd: str, log: str) -> None:
+    """In the forked rank: become `python -m sailor_ext.train ARGS` run in `cwd` with `env`, output to `log`."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    warnings.simplefilter("ignore")  # as PYTHONWARNINGS=ignore does for a fresh rank
+    sys.argv = ["sailor_ext.train", *args]
+    runpy.run_module("sailor_ext.train", run_name="__main__", alter_sys=True)
+
+
+class _Forked:
+    """The part of subprocess.Popen the tests use, for a forked rank."""
+
+    def __init__(self, proc):
+        self._proc, self.pid = proc, proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.exitcode
+
+    def poll(self) -> int | None:
+        return self._proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired("sailor_ext.train", timeout)
+        return self._proc.exitcode
+
+    def kill(self) -> None:
+        self._proc.kill()
+
+
 class Ranks:
     """Processes of one run, started together."""
 
@@ -59,6 +134,7 @@ class Ranks:
         self.workdir, self.world = workdir, world
         workdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
+        forks = _forks()
         self.procs, self.log_paths = [], []
         for rank in range(world):
             e = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
@@ -66,8 +142,13 @@ class Ranks:
                  "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore", **(env or {})}
             log = workdir / f"rank{rank}.log"
             self.log_paths.append(log)
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "sailor_ext.train", *args], cwd=workdir,
-                                               env=e, stdout=open(log, "w"), stderr=subprocess.STDOUT))
+            if forks is not None:
+                proc = forks.Process(target=_rank_main, args=(args, e, str(workdir), str(log)), daemon=False)
+                proc.start()
+                self.procs.append(_Forked(proc))
+            else:
+                self.procs.append(subprocess.Popen([sys.executable, "-m", "sailor_ext.train", *args], cwd=workdir,
+                                                   env=e, stdout=open(log, "w"), stderr=subprocess.STDOUT))
 
     def wait(self, timeout: float) -> list[int]:
         deadline = time.monotonic() + timeout
