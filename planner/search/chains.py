@@ -9,7 +9,12 @@ for the embedding end; two before the same type in another zone), the last
 pool the rest. Chains are
   * of two pools: any two (GPU type, zone) pools, each with its own TP degree;
   * zone chains: one GPU type and TP degree over its first k >= 3 zones in the
-    fill order of single_pool.py (cheapest, fastest network, largest).
+    fill order of single_pool.py (cheapest, fastest network, largest);
+  * type chains: TYPE_CHAIN_LENGTH pools of as many GPU types, in any order,
+    each with its own zone and TP degree, on clusters of at most
+    TYPE_CHAIN_POOLS (type, zone) pools, and only where no design of the other
+    kinds fits (a few GPUs of many kinds, none of which holds the model with
+    one other: Planner.run searches again with them).
 For a design the simulator's time is
 
     T = sum_i compute_i + 2 (sum of boundary p2p) + (m - 1) max_s slot_s
@@ -25,7 +30,9 @@ below them: a pair of shapes (GPU type, microbatch size, TP) bounds its chains
 of two pools in any zones, so pools are only paired where that could beat the
 best plan found; a zone chain bounds itself and its longer versions. Chains of
 two pools that differ only by a permutation of interchangeable zones (one
-region, the same GPUs, prices, links and egress) are searched once.
+region, the same GPUs, prices, links and egress) are searched once. A type
+chain grows one pool at a time from its first; each prefix bounds every chain
+of three or more pools that starts with it (_extension_bound).
 """
 from __future__ import annotations
 
@@ -37,6 +44,9 @@ from planner.search.goal import Outcome
 from planner.search.partition import pareto as pareto_front
 from planner.search.space import FIRST_POOL_STAGES, Shape, capacity, spread
 from planner.simulator.network import Endpoint
+
+TYPE_CHAIN_POOLS = 6  # type chains are searched where the cluster has at most this many (type, zone) pools
+TYPE_CHAIN_LENGTH = 3  # ... and have this many pools
 
 
 class Chains:
@@ -65,6 +75,9 @@ class Chains:
             for j in range(self.L):
                 prefix.append(prefix[-1] + min(p.costs.fb[j + 1] - p.costs.fb[j] for p in pools))
             self._fastest[mbs] = tuple(prefix)
+        places = {(p.gpu, p.zones[0][0]) for pools in by_mbs.values() for p in pools}
+        self._type_chains = self._type_chain_pass and len(places) <= TYPE_CHAIN_POOLS and \
+            len({g for g, _ in places}) >= TYPE_CHAIN_LENGTH
         return by_mbs
 
     def _zone_classes(self, zones: set[str]) -> dict[str, tuple[str, int]]:
@@ -119,6 +132,13 @@ class Chains:
                 bound = self._chain_bound(chain, True)
                 if bound < math.inf:
                     yield bound, ("grow", chain)
+        if self._type_chains and len({p.gpu for p in self._by_mbs[mbs]}) >= TYPE_CHAIN_LENGTH and \
+                any(needs[id(pools)] for pools in shapes):  # (recomputing: some stage must need it)
+            for a in self._by_mbs[mbs]:
+                if self._canonical((), a):
+                    bound = self._extension_bound((a,))
+                    if bound < self._cutoff:
+                        yield bound, ("extend", (a,))
 
     def _pair_floor(self, rep: tuple) -> float:
         """Throughput: a lower bound, in O(L), of the time of every design on the chains of two pools
@@ -198,6 +218,11 @@ class Chains:
 
     def _least_compute(self, chain: tuple) -> float:
         """Least F+B of one microbatch with pool i holding layers q_i..q_{i+1}-1 (each at least one)."""
+        return self._least_prefix(chain)[self.L]
+
+    def _least_prefix(self, chain: tuple) -> list[float]:
+        """[j]: the least F+B of layers 0..j-1 of one microbatch on the chain's pools in order, each
+        holding at least one layer."""
         key = ("least", tuple(id(p.costs) for p in chain))  # pools of one shape share their costs
         if key not in self._front_cache:
             L = self.L
@@ -208,8 +233,39 @@ class Chains:
                     run = min(run, best[j - 1] - fb[j - 1])
                     nxt[j] = run + fb[j]
                 best = nxt
-            self._front_cache[key] = best[L]
+            self._front_cache[key] = best
         return self._front_cache[key]
+
+    def _extension_bound(self, prefix: tuple) -> float:
+        """A lower bound of the objective of every type chain (TYPE_CHAIN_LENGTH pools) that starts with
+        `prefix`. As _chain_bound, with what the further pools may add at its best: the layers after
+        the prefix's at the fastest time any pool of this microbatch size gives them (`_fastest`),
+        each further pool at least one layer, p2p of at least the prefix's boundaries, the bottleneck
+        at least the least largest stage on those fastest layers, and each further pool at most as
+        many tp-groups as the largest pool: D <= n_i / tp_i for each pool, and D P <= their sum."""
+        mbs, k, L = prefix[0].mbs, len(prefix), self.L
+        M, top, everything = self.gbs // mbs, min(self.max_stages, L), self._by_mbs[mbs]
+        best, fast = self._least_prefix(prefix), self._fastest[mbs]
+        rest = TYPE_CHAIN_LENGTH - k  # further pools, a layer each at least
+        least = min((best[j] + fast[L] - fast[j] for j in range(k, L - rest + 1)), default=math.inf)
+        if least == math.inf:
+            return math.inf
+        if self.goal.objective != "throughput":
+            return M * least * min(p.tp * p.prices[p.zones[0][0]] for p in everything)
+        cross = sum(self._cross(a, b) for a, b in zip(prefix, prefix[1:]))
+        groups = [n // p.tp for p in prefix for _, n in p.zones]
+        d_most = min(M, *groups)
+        total = sum(groups) + rest * max(n // p.tp for p in everything for _, n in p.zones)
+        key = ("minmax-all", mbs)
+        if key not in self._front_cache:
+            self._front_cache[key] = self._minmax_stage(tuple(everything))
+        minmax, u = self._front_cache[key], min(p.u for p in everything) * prefix[0].costs.params(0, L - 1)
+        spread4, t = least + 4 * cross, math.inf
+        for P in range(TYPE_CHAIN_LENGTH, top + 1):
+            d = min(d_most, total // P)
+            if d >= 1:
+                t = min(t, (math.ceil(M / d) - 1) * max(spread4 / P, minmax[P]) + u / (P * self._shards(d)))
+        return least + 2 * cross + t
 
     def _chain_expand(self, args: tuple, cutoff: float):
         """(bound, step, args) of what a queue entry of chains holds: a pair of shapes, its chains of two
@@ -232,6 +288,15 @@ class Chains:
         elif kind == "chain":
             for fam in self._chain_families(what, cutoff):
                 yield fam[0], "family", fam[1]
+        elif kind == "extend":  # a type chain's prefix: its chains one pool longer (or their prefixes)
+            types = {p.gpu for p in what}
+            whole = len(what) + 1 == TYPE_CHAIN_LENGTH
+            for c in self._by_mbs[what[0].mbs]:
+                if c.gpu not in types and self._canonical(what, c):
+                    ext = (*what, c)
+                    bound = self._chain_bound(ext, False) if whole else self._extension_bound(ext)
+                    if bound < cutoff:
+                        yield bound, "chain", ("chain" if whole else "extend", ext)
         else:
             nxt = self._next_zone.get(id(what[-1]))
             if nxt is not None and len(what) < min(self.max_stages, self.L):

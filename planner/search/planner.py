@@ -108,6 +108,7 @@ class Planner(SinglePool, Chains, TwoTypes):
             raise SailorError(f"unknown recompute mode {recompute!r}: use one of {', '.join(RECOMPUTE_MODES)}")
         self.recompute = recompute
         self._pass_recomputes = False  # the pass running now
+        self._type_chain_pass = False  # the passes that add type chains (run(): where nothing else fits)
         self.evaluated = 0
         self._sync_cache: dict = {}
         self._cutoff = math.inf  # what a bound must beat: the K-th best score found, or the probe's
@@ -228,10 +229,17 @@ class Planner(SinglePool, Chains, TwoTypes):
         front: list[Candidate] = []
         searched = []  # every pass's shapes stay alive: caches are keyed by id() of their costs
         self._probe_cut = math.inf
+        self._type_chain_pass = False
         for recompute in RECOMPUTE_MODES[self.recompute]:  # later passes start with the plans found so far
             self._pass_recomputes = recompute
             searched.append(self.shapes(recompute))
             self._search(searched[-1], best, front, top, pareto)
+        if not best and self.two_pools:  # pipelines through three GPU types, where nothing else fits (chains.py)
+            self._type_chain_pass = True
+            for recompute in RECOMPUTE_MODES[self.recompute]:
+                self._pass_recomputes = recompute
+                searched.append(self.shapes(recompute))
+                self._search(searched[-1], best, front, top, pareto)
         ranked = sorted((entry[2] for entry in best), key=lambda c: c.score)
         plans = [self._materialize(c) for c in ranked]
         if self.arrange:  # several chains side by side, where the simulator finds them faster or cheaper

@@ -99,12 +99,13 @@ def _simulate(sim: Simulator, plan: Plan, recompute: bool | str):
 
 
 def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recompute: bool | str = "per stage",
-                distributed_optimizer: bool = False, stage_major: bool = True):
+                distributed_optimizer: bool = False, stage_major: bool = True, type_chains: bool = True):
     """Best score over every plan of the space (see planner.search.planner), by simulation. The planner's
     auto mode recomputes per stage in single-pool designs, on all stages or none in the others.
     distributed_optimizer: every plan splits its optimizer state over each stage's replicas. stage_major:
     also single-pool plans laid out stage by stage over their zones (arrange.py's pass, outside the exact
-    search: the planner's best is at least as good as the space without them)."""
+    search: the planner's best is at least as good as the space without them). type_chains: where no
+    other plan fits, pipelines through three pools of three GPU types (on at most six pools)."""
     c, L = sim.cluster, MODEL.num_layers
     pools = sorted({(p.gpu, p.zone) for p in c.available})
     best = math.inf
@@ -125,6 +126,18 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
         o = Outcome(est.iteration_time_s, est.cost_per_iteration_usd, plan.num_gpus)
         if goal.admits(o):
             best = min(best, goal.score(o))
+
+    def chain_plans(chain, tps, mbs):
+        """Every plan of D alike pipelines through the chain's pools in order."""
+        for counts in _stage_counts(chain, max_stages):
+            for D in range(1, gbs // mbs + 1):
+                kinds = [[Replica(g, t, z)] * D for (g, z), t, n in zip(chain, tps, counts) for _ in range(n)]
+                cuts = list(_splits(L, sum(counts)))
+                if not cuts or not _fits_pools(Plan(MODEL.name, gbs, _stages(L, cuts[0], kinds),
+                                                    (Pipeline(mbs, 1),) * D), c):
+                    break  # D pipelines do not fit, nor will more
+                for cut in cuts:
+                    consider(_stages(L, cut, kinds), mbs, D)
 
     for mbs in (1, 2, 4, 8):
         if gbs % mbs:
@@ -171,15 +184,7 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
             chains += [(tuple((gpu, z) for z, _ in zones[:k]), (tp,) * k) for k in range(3, len(zones) + 1)
                        for tp in (1, 2, 4)]
         for chain, tps in chains:
-            for counts in _stage_counts(chain, max_stages):
-                for D in range(1, M + 1):
-                    kinds = [[Replica(g, t, z)] * D for (g, z), t, n in zip(chain, tps, counts) for _ in range(n)]
-                    cuts = list(_splits(L, sum(counts)))
-                    if not cuts or not _fits_pools(Plan(MODEL.name, gbs, _stages(L, cuts[0], kinds),
-                                                        (Pipeline(mbs, 1),) * D), c):
-                        break  # D pipelines do not fit, nor will more
-                    for cut in cuts:
-                        consider(_stages(L, cut, kinds), mbs, D)
+            chain_plans(chain, tps, mbs)
         # two GPU types side by side (throughput only): each type's pipelines fill its zones; both use
         # as many pipelines as fit, or share M/P of them; every pipeline runs at least P microbatches
         if goal.objective != "throughput":
@@ -225,6 +230,12 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                                                         plan.num_gpus)
                                             if goal.admits(o):
                                                 best = min(best, goal.score(o))
+    if type_chains and best == math.inf and len(pools) <= 6 and len({g for g, _ in pools}) >= 3:
+        for mbs in (1, 2, 4, 8):
+            for chain in permutations(pools, 3):
+                if gbs % mbs == 0 and len({g for g, _ in chain}) == 3:
+                    for tps in product((1, 2, 4), repeat=3):
+                        chain_plans(chain, tps, mbs)
     return best
 
 
@@ -361,6 +372,37 @@ def test_fastest_plan_chains_three_pools(case):
     assert len({(r.gpu, r.zone) for s in plan.stages for r in s.replicas}) == 3
     assert all(len({r.zone for r in s.replicas}) == 1 for s in plan.stages)  # every ring inside one zone
     assert est.iteration_time_s == pytest.approx(brute_force(sim, gbs, Goal()), rel=1e-9)
+
+
+def _three_types(capacity_gib: float, counts=(1, 1, 1)) -> Simulator:
+    """small-a, small-b and a third type (small-c, between them in speed and price), `capacity_gib` each."""
+    cap = int(capacity_gib * GIB)
+    gpus = {"small-a": replace(SMALL_A, memory_bytes=cap), "small-b": replace(SMALL_B, memory_bytes=cap),
+            "small-c": replace(SMALL_B, name="small-c", memory_bytes=cap, price_per_hour=0.5)}
+    c = replace(Cluster(gpus=gpus), available=tuple(Pool(g, "z1", n) for g, n in zip(gpus, counts)))
+    store = ProfileStore({("small", g): synthetic_profile(g, slow) for g, slow in
+                          (("small-a", 1.0), ("small-b", 1.8), ("small-c", 1.3))}, gpus=dict(c.gpus))
+    return Simulator(MODEL, c, store)
+
+
+@pytest.mark.parametrize("capacity", [0.2, 0.22])
+@pytest.mark.parametrize("objective", ["throughput", "cost"])
+def test_a_pipeline_through_three_types_where_nothing_else_fits(capacity, objective):
+    """GPUs of three types, none of which holds the model alone or with one other type: the planner
+    finds the pipeline through all three (type chains), and it is brute force's optimum."""
+    sim, goal = _three_types(capacity), Goal(objective)
+    assert brute_force(sim, 8, goal, type_chains=False) == math.inf  # only a type chain fits
+    plan, est = Planner(sim, 8, goal, max_stages=6).run(top=1).plans[0]
+    assert len({r.gpu for s in plan.stages for r in s.replicas}) == 3
+    assert goal.score(est) == pytest.approx(brute_force(sim, 8, goal), rel=1e-9)
+
+
+def test_type_chains_wait_until_nothing_else_fits():
+    """Where a pipeline of one or two types fits, type chains are not searched (the same plan as before)."""
+    sim = _three_types(0.5, counts=(2, 2, 2))
+    plan, est = Planner(sim, 8, Goal(), max_stages=6).run(top=1).plans[0]
+    assert len({r.gpu for s in plan.stages for r in s.replicas}) <= 2
+    assert est.iteration_time_s == pytest.approx(brute_force(sim, 8, Goal(), type_chains=False), rel=1e-9)
 
 
 def test_recompute_when_memory_is_tight_matches_brute_force():
