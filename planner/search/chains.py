@@ -12,9 +12,10 @@ pool the rest. Chains are
     fill order of single_pool.py (cheapest, fastest network, largest);
   * type chains: TYPE_CHAIN_LENGTH pools of as many GPU types, in any order,
     each with its own zone and TP degree, on clusters of at most
-    TYPE_CHAIN_POOLS (type, zone) pools, and only where no design of the other
-    kinds fits (a few GPUs of many kinds, none of which holds the model with
-    one other: Planner.run searches again with them).
+    TYPE_CHAIN_POOLS (type, zone) pools: a few GPUs of many kinds. On clusters
+    of at most TYPE_CHAIN_GPUS GPUs they are searched with the other designs;
+    on larger ones only where no design of the other kinds fits (Planner.run
+    searches again with them), as their bounds prune little there.
 For a design the simulator's time is
 
     T = sum_i compute_i + 2 (sum of boundary p2p) + (m - 1) max_s slot_s
@@ -47,6 +48,7 @@ from planner.simulator.network import Endpoint
 
 TYPE_CHAIN_POOLS = 6  # type chains are searched where the cluster has at most this many (type, zone) pools
 TYPE_CHAIN_LENGTH = 3  # ... and have this many pools
+TYPE_CHAIN_GPUS = 32  # ... alongside the other designs on clusters of at most this many GPUs, else where none fits
 
 
 class Chains:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from planner.errors import SailorError
 from planner.profiles.profile import Profile
 from planner.search.arrange import rearrange
-from planner.search.chains import Chains
+from planner.search.chains import TYPE_CHAIN_GPUS, Chains
 from planner.search.goal import Goal, Outcome
 from planner.search.partition import StageCosts
 from planner.search.single_pool import SinglePool
@@ -229,12 +229,13 @@ class Planner(SinglePool, Chains, TwoTypes):
         front: list[Candidate] = []
         searched = []  # every pass's shapes stay alive: caches are keyed by id() of their costs
         self._probe_cut = math.inf
-        self._type_chain_pass = False
+        # pipelines through three GPU types (chains.py): on small clusters, else where nothing else fits
+        self._type_chain_pass = sum(p.count for p in self.sim.cluster.available) <= TYPE_CHAIN_GPUS
         for recompute in RECOMPUTE_MODES[self.recompute]:  # later passes start with the plans found so far
             self._pass_recomputes = recompute
             searched.append(self.shapes(recompute))
             self._search(searched[-1], best, front, top, pareto)
-        if not best and self.two_pools:  # pipelines through three GPU types, where nothing else fits (chains.py)
+        if not best and self.two_pools and not self._type_chain_pass:
             self._type_chain_pass = True
             for recompute in RECOMPUTE_MODES[self.recompute]:
                 self._pass_recomputes = recompute

@@ -104,8 +104,9 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
     auto mode recomputes per stage in single-pool designs, on all stages or none in the others.
     distributed_optimizer: every plan splits its optimizer state over each stage's replicas. stage_major:
     also single-pool plans laid out stage by stage over their zones (arrange.py's pass, outside the exact
-    search: the planner's best is at least as good as the space without them). type_chains: where no
-    other plan fits, pipelines through three pools of three GPU types (on at most six pools)."""
+    search: the planner's best is at least as good as the space without them). type_chains: pipelines
+    through three pools of three GPU types (on at most six pools; on more than 32 GPUs only where no
+    other plan fits)."""
     c, L = sim.cluster, MODEL.num_layers
     pools = sorted({(p.gpu, p.zone) for p in c.available})
     best = math.inf
@@ -230,7 +231,8 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                                                         plan.num_gpus)
                                             if goal.admits(o):
                                                 best = min(best, goal.score(o))
-    if type_chains and best == math.inf and len(pools) <= 6 and len({g for g, _ in pools}) >= 3:
+    small = sum(p.count for p in c.available) <= 32
+    if type_chains and (small or best == math.inf) and len(pools) <= 6 and len({g for g, _ in pools}) >= 3:
         for mbs in (1, 2, 4, 8):
             for chain in permutations(pools, 3):
                 if gbs % mbs == 0 and len({g for g, _ in chain}) == 3:
@@ -397,12 +399,24 @@ def test_a_pipeline_through_three_types_where_nothing_else_fits(capacity, object
     assert goal.score(est) == pytest.approx(brute_force(sim, 8, goal), rel=1e-9)
 
 
-def test_type_chains_wait_until_nothing_else_fits():
-    """Where a pipeline of one or two types fits, type chains are not searched (the same plan as before)."""
-    sim = _three_types(0.5, counts=(2, 2, 2))
+@pytest.mark.parametrize("objective", ["throughput", "cost"])
+@pytest.mark.parametrize("capacity,counts", [(0.3, (1, 1, 1)), (0.3, (2, 2, 2)), (0.5, (2, 2, 2)), (0.25, (1, 2, 3))])
+def test_type_chains_on_small_clusters_match_brute_force(capacity, counts, objective):
+    """On a few GPUs of three types, type chains are searched with every other design: the planner's
+    best is brute force's over the whole space, type chains included."""
+    sim, goal = _three_types(capacity, counts), Goal(objective)
+    plan, est = Planner(sim, 8, goal, max_stages=6).run(top=1).plans[0]
+    assert goal.score(est) == pytest.approx(brute_force(sim, 8, goal, stage_major=False), rel=1e-9)
+    if (capacity, counts, objective) == (0.3, (1, 1, 1), "throughput"):  # where the type chain is the fastest
+        assert len({r.gpu for s in plan.stages for r in s.replicas}) == 3
+        assert est.iteration_time_s < brute_force(sim, 8, goal, stage_major=False, type_chains=False)
+
+
+def test_type_chains_on_large_clusters_wait_until_nothing_else_fits():
+    """Above 32 GPUs, where a pipeline of one or two types fits, type chains are not searched."""
+    sim = _three_types(0.5, counts=(12, 12, 12))
     plan, est = Planner(sim, 8, Goal(), max_stages=6).run(top=1).plans[0]
     assert len({r.gpu for s in plan.stages for r in s.replicas}) <= 2
-    assert est.iteration_time_s == pytest.approx(brute_force(sim, 8, Goal(), type_chains=False), rel=1e-9)
 
 
 def test_recompute_when_memory_is_tight_matches_brute_force():
