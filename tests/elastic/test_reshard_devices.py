@@ -68,6 +68,8 @@ else:  # needs TP rank 1 of 2: rows 4..7
     assert type(params["w"]) is torch.Tensor and adam.step_count == 5
 assert info.step == 5 and info.consumed == 60 and info.loss_scaler == {"scale": 1024.0}, info
 print("ok", flush=True)
+dist.barrier()  # both ranks tear the group down: left to the interpreter's exit, gloo's destructor
+dist.destroy_process_group()  # can find the peer gone and abort ("terminate called ...")
 """
 
 
