@@ -230,17 +230,14 @@ class Planner(SinglePool, Chains, TwoTypes):
         searched = []  # every pass's shapes stay alive: caches are keyed by id() of their costs
         self._probe_cut = math.inf
         # pipelines through three GPU types (chains.py): on small clusters, else where nothing else fits
-        self._type_chain_pass = sum(p.count for p in self.sim.cluster.available) <= TYPE_CHAIN_GPUS
-        for recompute in RECOMPUTE_MODES[self.recompute]:  # later passes start with the plans found so far
-            self._pass_recomputes = recompute
-            searched.append(self.shapes(recompute))
-            self._search(searched[-1], best, front, top, pareto)
-        if not best and self.two_pools and not self._type_chain_pass:
-            self._type_chain_pass = True
-            for recompute in RECOMPUTE_MODES[self.recompute]:
+        small = sum(p.count for p in self.sim.cluster.available) <= TYPE_CHAIN_GPUS
+        for self._type_chain_pass in (small, True):
+            for recompute in RECOMPUTE_MODES[self.recompute]:  # later passes start with the plans found so far
                 self._pass_recomputes = recompute
                 searched.append(self.shapes(recompute))
                 self._search(searched[-1], best, front, top, pareto)
+            if best or small or not self.two_pools:
+                break
         ranked = sorted((entry[2] for entry in best), key=lambda c: c.score)
         plans = [self._materialize(c) for c in ranked]
         if self.arrange:  # several chains side by side, where the simulator finds them faster or cheaper

@@ -25,6 +25,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = {"gpu": "CPU", "zone": "local"}
@@ -73,19 +74,12 @@ def _forks() -> multiprocessing.context.BaseContext | None:
     if os.environ.get("SAILOR_TEST_FRESH_RANKS") == "1" or os.path.exists("/dev/nvidiactl"):
         return None
     if _fork_server is None:
+        from multiprocessing import forkserver
+
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
-        saved = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"  # OpenMP reads it when torch loads, i.e. in the server
-        try:
-            from multiprocessing import forkserver
-
+        with mock.patch.dict(os.environ, {"OMP_NUM_THREADS": "1"}):  # OpenMP reads it as torch loads: in the server
             forkserver.ensure_running()
-        finally:
-            if saved is None:
-                del os.environ["OMP_NUM_THREADS"]
-            else:
-                os.environ["OMP_NUM_THREADS"] = saved
         _fork_server = ctx
     return _fork_server
 
@@ -143,7 +137,7 @@ class Ranks:
             log = workdir / f"rank{rank}.log"
             self.log_paths.append(log)
             if forks is not None:
-                proc = forks.Process(target=_rank_main, args=(args, e, str(workdir), str(log)), daemon=False)
+                proc = forks.Process(target=_rank_main, args=(args, e, str(workdir), str(log)))
                 proc.start()
                 self.procs.append(_Forked(proc))
             else:
