@@ -33,17 +33,21 @@ best plan found; a zone chain bounds itself and its longer versions. Chains of
 two pools that differ only by a permutation of interchangeable zones (one
 region, the same GPUs, prices, links and egress) are searched once. A type
 chain grows one pool at a time from its first; each prefix bounds every chain
-of three or more pools that starts with it (_extension_bound).
+of three or more pools that starts with it (_extension_bound). Where a chain's
+pools differ in GPU type, its families' bottleneck bound spreads the work by
+their speed and memory (_spread_bound), and its configurations' refinement
+bounds the gradient sync over every split (_sync_floor).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import replace
-from itertools import product
+from itertools import accumulate, product
 
 from planner.search.goal import Outcome
 from planner.search.partition import pareto as pareto_front
-from planner.search.space import FIRST_POOL_STAGES, Shape, capacity, spread
+from planner.search.space import FIRST_POOL_STAGES, Shape, capacity, ring_edges_of, spread
+from planner.simulator.simulate import GRAD_BYTES
 from planner.simulator.network import Endpoint
 
 TYPE_CHAIN_POOLS = 6  # type chains are searched where the cluster has at most this many (type, zone) pools
@@ -227,15 +231,14 @@ class Chains:
         holding at least one layer."""
         key = ("least", tuple(id(p.costs) for p in chain))  # pools of one shape share their costs
         if key not in self._front_cache:
-            L = self.L
-            best = [0.0] + [math.inf] * L  # best[j]: layers 0..j-1 on the pools so far
-            for i, p in enumerate(chain):
-                fb, nxt, run = p.costs.fb, [math.inf] * (L + 1), math.inf
-                for j in range(i + 1, L + 1):  # pool i ends at layer j-1: min over its first layer
-                    run = min(run, best[j - 1] - fb[j - 1])
-                    nxt[j] = run + fb[j]
-                best = nxt
-            self._front_cache[key] = best
+            L, i = self.L, len(chain) - 1
+            # best[j]: layers 0..j-1 on the pools before the last (their own prefix, cached: chains grow)
+            best = self._least_prefix(chain[:-1]) if i else [0.0] + [math.inf] * L
+            fb, nxt, run = chain[-1].costs.fb, [math.inf] * (L + 1), math.inf
+            for j in range(i + 1, L + 1):  # the last pool ends at layer j-1: min over its first layer
+                run = min(run, best[j - 1] - fb[j - 1])
+                nxt[j] = run + fb[j]
+            self._front_cache[key] = nxt
         return self._front_cache[key]
 
     def _extension_bound(self, prefix: tuple) -> float:
@@ -326,6 +329,9 @@ class Chains:
         quotas, max_gpus = self.sim.cluster.quotas, self.goal.max_gpus
         top = min(self.max_stages, L)
         minmax = self._minmax_stage(chain)
+        alike = len({p.gpu for p in chain}) == 1  # one GPU type: the average stage bounds it about as well
+        if not alike:
+            fastest, slower, excess, most, heaviest = self._speed_ratios(chain)
         # per pool and stage count n: (pipelines it holds, p2p between its stages, GPUs, USD per second)
         facts = []
         for p in chain:
@@ -359,17 +365,56 @@ class Chains:
                 if d_cap < 1:
                     continue
                 fill, upd = least + 2 * comm, u / P  # one replica's step (configurations split it)
+                m_min, upd_d = -(-M // d_cap), upd / self._shards(d_cap)
+
+                def bounds(slot_lb: float) -> tuple[float, float]:  # (bound, time bound)
+                    t_lb = fill + (m_min - 1) * slot_lb + upd_d
+                    if throughput:
+                        return t_lb, t_lb
+                    return min((fill + (m - 1) * slot_lb + upd_d) * usd * -(-M // m) for m in (m_min, M)), t_lb
+
                 slot_lb = max((least + 4 * comm) / P, floor, minmax[P])
-                m_min = -(-M // d_cap)
-                t_lb = fill + (m_min - 1) * slot_lb + upd / self._shards(d_cap)
-                if throughput:
-                    bound = t_lb
-                else:
-                    bound = min((fill + (m - 1) * slot_lb + upd / self._shards(d_cap)) * usd * -(-M // m)
-                                for m in (m_min, M))
+                bound, t_lb = bounds(slot_lb)
+                if bound >= cutoff or not self._could_admit(t_lb, 0.0):
+                    continue
+                if not alike:  # a tighter bottleneck bound where the pools differ in speed or memory
+                    spread_lb = _spread_bound(fastest, [(k / r, e / r, heaviest[min(k * c, L)])
+                                                        for k, r, e, c in zip(Ps, slower, excess, most)])
+                    if spread_lb == math.inf:
+                        continue  # its pools cannot hold every layer
+                    if spread_lb > slot_lb:
+                        slot_lb = spread_lb
+                        bound, t_lb = bounds(slot_lb)
                 if bound < cutoff and self._could_admit(t_lb, 0.0):
                     yield bound, (chain, Ps, d_cap, tuple(f[k][1] for f, k in zip(facts, Ps)), crosses, fill,
                                   slot_lb, upd, usd)
+
+    def _speed_ratios(self, chain: tuple) -> tuple:
+        """Facts of the chain for _spread_bound: (fastest, r, e, c, heaviest). fastest: F+B of one
+        microbatch with every layer on its fastest pool of the chain (w*_j for layer j); r_i >= 1: how
+        many times as long pool i takes on its median layer, and e_i = sum_j max(0, r_i w*_j - w_ij) what
+        its faster layers save against that, so any set S of layers takes it W_i(S) >= r_i W*(S) - e_i;
+        c_i: the most layers one stage of pool i holds in memory (one microbatch in flight, the
+        optimizer state split as far as it may be); heaviest[c]: the fastest F+B of the c slowest
+        layers, so pool i's layers take at most heaviest[n_i c_i] of `fastest`."""
+        key = ("ratios", tuple(id(p.costs) for p in chain))
+        if key not in self._front_cache:
+            L = self.L
+            layers = [[p.costs.fb[j + 1] - p.costs.fb[j] for j in range(L)] for p in chain]
+            best = [min(col) for col in zip(*layers)]
+            ratios, excess = [], []
+            for own in layers:  # r: the median layer's; e: what layers faster than r times theirs save
+                ratios_of = sorted(t / b for t, b in zip(own, best) if b > 0) or [1.0]
+                r = max(1.0, ratios_of[len(ratios_of) // 2])
+                ratios.append(r)
+                excess.append(sum(max(0.0, r * b - t) for t, b in zip(own, best)))
+            most = []
+            for p in chain:
+                fit = p.costs.sharded(self._shards(math.inf)).last_fit(1)
+                most.append(max(f - j + 1 for j, f in enumerate(fit)))
+            heaviest = (0.0, *accumulate(sorted(best, reverse=True)))
+            self._front_cache[key] = (sum(best), tuple(ratios), tuple(excess), tuple(most), heaviest)
+        return self._front_cache[key]
 
     def _minmax_stage(self, chain: tuple) -> list[float]:
         """[P]: the least largest stage, in F+B of one microbatch, of any split into P stages when every
@@ -439,11 +484,48 @@ class Chains:
                 yield self._bound(t_lb, usd * D), self._refine_chain, (chain, Ps, D, m, intra, crosses)
 
     def _refine_chain(self, chain, Ps, D, m, intra, crosses):
-        """A tighter bound: some stage, on some pool, holds at least the average number of parameters."""
-        avg = -(-chain[0].costs.params(0, self.L - 1) // sum(Ps))
-        sync = min(self._pool_sync(avg, p, n, D)[0] for p, n in zip(chain, Ps))
+        """A tighter bound: the least gradient sync of any split (_sync_floor)."""
+        sync = self._sync_floor(chain, Ps, D)
         usd = D * sum(n * p.tp * p.prices[p.zones[0][0]] for p, n in zip(chain, Ps))
         return self._bound(sync, usd), usd, self._evaluate_chain, (chain, Ps, D, m, intra, crosses, sync)
+
+    def _sync_floor(self, chain, Ps, D) -> float:
+        """A lower bound of the sync time, max_i sync_i(G_i), of every split of the chain: pool i's n_i
+        stages hold its p_i parameters, so its largest stage G_i >= p_i / n_i, and its ring takes
+        sync_i(x) >= a_i x + b_i (the ring's peak rate and latency, _ring_line). The least max_i over
+        sum_i p_i = P_all is where the pools' lines meet (water filling):
+
+            tau = (P_all + sum_i n_i b_i / a_i) / (sum_i n_i / a_i)   over the pools with b_i < tau
+
+        and some stage holds at least the average, so sync >= min_i sync_i(P_all / sum n_i) too."""
+        if D < 2:
+            return 0.0
+        total = chain[0].costs.params(0, self.L - 1)
+        avg = -(-total // sum(Ps))
+        old = min(self._pool_sync(avg, p, n, D)[0] for p, n in zip(chain, Ps))
+        if len({p.gpu for p in chain}) == 1:
+            return old  # (one GPU type: the rings differ little, and the lines would cost more than they prune)
+        lines = sorted((*self._ring_line(p, n, D), n) for p, n in zip(chain, Ps))
+        weight = offset = 0.0
+        for i, (b, a, n) in enumerate(lines):
+            weight, offset = weight + n / a, offset + n * b / a
+            tau = (total + offset) / weight
+            if i + 1 == len(lines) or tau <= lines[i + 1][0]:
+                return max(old, tau)
+        return old
+
+    def _ring_line(self, p: Shape, n: int, D: int) -> tuple[float, float]:
+        """(b [s], a [s/parameter]): pool p's ring of D replicas (n stages each) takes at least
+        a x + b for x parameters: 2 (D-1)/D * GRAD_BYTES x at the slowest edge's peak rate, plus
+        2 (D-1) latencies (allreduce_time's formula; Network.peak_ring_rate)."""
+        per = self._per_node(p, n)
+        key = ("ring-line", p.gpu, p.tp, p.zones[0][0], per, D)
+        if key not in self._front_cache:
+            net = self.sim.network
+            rates = [net.peak_ring_rate(a, b) for a, b, _ in ring_edges_of(p.gpu, p.tp, [(p.zones[0][0], D)], per)]
+            self._front_cache[key] = (2 * (D - 1) * max(lat for _, lat in rates),
+                                      2 * (D - 1) / D * GRAD_BYTES / min(r for r, _ in rates))
+        return self._front_cache[key]
 
     def _least_slot(self, chain, Ps, m, intra, crosses, cap: float = math.inf, shards: int = 1) -> float:
         """The least 1F1B bottleneck (F+B and p2p of a stage) over every split of the chain whose stages
@@ -569,6 +651,37 @@ class Chains:
             T = c0 + comm + bubbles * sl + sy + up
             self._consider(Outcome(T, T * usd_per_s + egress + rg, gpus, gpus_per_zone), (*segments, bd[1:], D),
                            best, front, top, pareto)
+
+
+def _spread_bound(work: float, pools: list[tuple[float, float, float]]) -> float:
+    """The least bottleneck `slot` of any split of `work` seconds (every layer at its fastest pool's
+    speed) over pools given as (a_i, o_i, U_i): pool i's share W*_i of that work is at most U_i (the
+    layers it can hold), and its n_i stages take W_i >= r_i W*_i - e_i in all, each at most slot, so
+    W*_i <= a_i slot + o_i with a_i = n_i / r_i, o_i = e_i / r_i (Chains._speed_ratios). So
+
+        work = sum_i W*_i <= g(slot) = sum_i min(a_i slot + o_i, U_i)
+
+    and the bound is the least slot >= 0 with g(slot) >= work (inf: the pools cannot hold it all).
+    g is piecewise linear: pool i leaves the slope at its breakpoint (U_i - o_i) / a_i."""
+    if sum(u for _, _, u in pools) < work * (1 - 1e-12):
+        return math.inf
+    slope = done = 0.0  # g(t) = done + slope t up to the next breakpoint
+    rising = []
+    for a, o, u in pools:
+        if u <= o:
+            done += u  # saturated from the start
+        else:
+            slope, done = slope + a, done + o
+            rising.append(((u - o) / a, a, u - o))
+    if done >= work:
+        return 0.0
+    rising.sort()
+    for i, (t_break, a, room) in enumerate(rising):
+        t = (work - done) / slope
+        if t <= t_break or i == len(rising) - 1:
+            return t * (1 - 1e-12)
+        slope, done = slope - a, done + room
+    return math.inf  # (unreached: the sum of U_i covers the work)
 
 
 def _undominated(labels: list) -> list:

@@ -35,11 +35,12 @@ PARAMS = (6_000_000, 3_000_000, 3_000_000, 3_000_000, 3_000_000, 4_000_000)
 ACT = (1 * MB, 12 * MB, 12 * MB, 12 * MB, 12 * MB, 16 * MB)  # bytes kept per sample
 
 
-def synthetic_profile(gpu: str, slowdown: float):
+def synthetic_profile(gpu: str, slowdown: float, tilt: tuple[float, ...] = (1.0,) * 6):
+    """tilt: a factor per layer on top of the slowdown (GPUs that are not uniformly slower)."""
     from planner.profiles.profile import MEASURED, LayerMemory, LayerTimes, Profile
 
-    times = {(b, t): LayerTimes(tuple(slowdown * f * b / t ** 0.6 for f in BASE),
-                                tuple(2 * slowdown * f * b / t ** 0.6 for f in BASE))
+    times = {(b, t): LayerTimes(tuple(slowdown * k * f * b / t ** 0.6 for f, k in zip(BASE, tilt)),
+                                tuple(2 * slowdown * k * f * b / t ** 0.6 for f, k in zip(BASE, tilt)))
              for b in (1, 2, 4, 8) for t in (1, 2, 4)}
     memory = {t: LayerMemory(tuple(p // t for p in PARAMS), tuple(a / t ** 0.7 for a in ACT), (1 * MB,) * 5 + (4,))
               for t in (1, 2, 4)}
@@ -376,14 +377,16 @@ def test_fastest_plan_chains_three_pools(case):
     assert est.iteration_time_s == pytest.approx(brute_force(sim, gbs, Goal()), rel=1e-9)
 
 
-def _three_types(capacity_gib: float, counts=(1, 1, 1)) -> Simulator:
-    """small-a, small-b and a third type (small-c, between them in speed and price), `capacity_gib` each."""
-    cap = int(capacity_gib * GIB)
-    gpus = {"small-a": replace(SMALL_A, memory_bytes=cap), "small-b": replace(SMALL_B, memory_bytes=cap),
-            "small-c": replace(SMALL_B, name="small-c", memory_bytes=cap, price_per_hour=0.5)}
+def _three_types(capacity_gib, counts=(1, 1, 1), tilt=(1.0,) * 6) -> Simulator:
+    """small-a, small-b and a third type (small-c, between them in speed and price, its layers
+    `tilt`ed), `capacity_gib` each (or one per type)."""
+    caps = [int(g * GIB) for g in (capacity_gib if isinstance(capacity_gib, tuple) else (capacity_gib,) * 3)]
+    gpus = {"small-a": replace(SMALL_A, memory_bytes=caps[0]), "small-b": replace(SMALL_B, memory_bytes=caps[1]),
+            "small-c": replace(SMALL_B, name="small-c", memory_bytes=caps[2], price_per_hour=0.5)}
     c = replace(Cluster(gpus=gpus), available=tuple(Pool(g, "z1", n) for g, n in zip(gpus, counts)))
-    store = ProfileStore({("small", g): synthetic_profile(g, slow) for g, slow in
-                          (("small-a", 1.0), ("small-b", 1.8), ("small-c", 1.3))}, gpus=dict(c.gpus))
+    store = ProfileStore({("small", g): synthetic_profile(g, slow, k) for g, slow, k in
+                          (("small-a", 1.0, (1.0,) * 6), ("small-b", 1.8, (1.0,) * 6), ("small-c", 1.3, tilt))},
+                         gpus=dict(c.gpus))
     return Simulator(MODEL, c, store)
 
 
@@ -410,6 +413,68 @@ def test_type_chains_on_small_clusters_match_brute_force(capacity, counts, objec
     if (capacity, counts, objective) == (0.3, (1, 1, 1), "throughput"):  # where the type chain is the fastest
         assert len({r.gpu for s in plan.stages for r in s.replicas}) == 3
         assert est.iteration_time_s < brute_force(sim, 8, goal, stage_major=False, type_chains=False)
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(capacity=st.tuples(*[st.sampled_from([0.2, 0.22, 0.25, 0.3, 0.5])] * 3),
+       counts=st.tuples(*[st.integers(1, 3)] * 3),
+       tilt=st.tuples(*[st.sampled_from([0.3, 0.7, 1.0, 1.5, 3.0])] * 6),
+       objective=st.sampled_from(["throughput", "cost"]))
+def test_type_chain_bounds_hold_on_random_clusters(capacity, counts, tilt, objective):
+    """Three types with their own memory, one of them faster on some layers and slower on others: the
+    bounds that prune chains (gradient sync, how many layers a pool can hold and how fast) never cut
+    the best plan, which is brute force's."""
+    sim, goal = _three_types(capacity, counts, tilt), Goal(objective)
+    exact = brute_force(sim, 8, goal, stage_major=False)
+    result = Planner(sim, 8, goal, max_stages=6).run(top=1)
+    if exact == math.inf:
+        assert not result.plans
+    else:
+        assert goal.score(result.plans[0][1]) == pytest.approx(exact, rel=1e-9)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(capacity=st.tuples(*[st.sampled_from([0.15, 0.2, 0.25, 0.3, 0.5])] * 3),
+       counts=st.tuples(*[st.integers(2, 8)] * 3),
+       tilt=st.tuples(*[st.sampled_from([0.3, 0.7, 1.0, 1.5, 3.0])] * 6),
+       D=st.integers(2, 4), seed=st.integers(0, 10 ** 6))
+def test_chain_bounds_are_below_every_split(capacity, counts, tilt, D, seed):
+    """The chains' bounds against every split of the layers over the pools' stages (each stage at
+    least one layer, fitting in memory with one microbatch in flight): the bottleneck bound
+    (_speed_ratios, _spread_bound) is at most the least largest stage F+B, the sync floor at most the
+    least slowest ring (its pool's largest stage)."""
+    import random
+
+    from planner.search.chains import _spread_bound
+
+    rng = random.Random(seed)
+    planner = Planner(_three_types(capacity, counts, tilt), 8, Goal(), max_stages=6)
+    pools = [p for p in planner._chain_pools(planner.shapes())[rng.choice([1, 2])] if p.zones[0][1] >= p.tp]
+    L = MODEL.num_layers
+    for _ in range(6):
+        chain = tuple(rng.sample(pools, min(len(pools), rng.choice([2, 3]))))
+        if len({p.gpu for p in chain}) < len(chain):
+            continue
+        Ps = tuple(rng.randint(1, 2) for _ in chain)
+        P = sum(Ps)
+        if P > L:
+            continue
+        owner = [p for p, n in zip(chain, Ps) for _ in range(n)]
+        slots, syncs = [], []
+        for cut in _splits(L, P):
+            edges = (0, *cut, L)
+            stages = [(edges[s], edges[s + 1] - 1) for s in range(P)]
+            if all(p.costs.memory(a, b, 1) <= p.costs.capacity for p, (a, b) in zip(owner, stages)):
+                slots.append(max(p.costs.compute(a, b) for p, (a, b) in zip(owner, stages)))
+            largest = {}
+            for p, (a, b) in zip(owner, stages):
+                largest[id(p)] = max(largest.get(id(p), 0), p.costs.params(a, b))
+            syncs.append(max(planner._pool_sync(largest[id(p)], p, n, D)[0] for p, n in zip(chain, Ps)))
+        fastest, r, e, most, heaviest = planner._speed_ratios(chain)
+        bound = _spread_bound(fastest, [(n / ri, ei / ri, heaviest[min(n * c, L)])
+                                        for n, ri, ei, c in zip(Ps, r, e, most)])
+        assert bound <= min(slots, default=math.inf) * (1 + 1e-9)
+        assert planner._sync_floor(chain, Ps, D) <= min(syncs) * (1 + 1e-9)
 
 
 def test_type_chains_on_large_clusters_wait_until_nothing_else_fits():
