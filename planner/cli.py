@@ -168,7 +168,7 @@ def cmd_plan(args) -> int:
     goal = Goal(args.objective, args.max_cost_per_iter, args.max_cost_per_hour, args.min_throughput, args.max_gpus)
     planner = Planner(sim, args.global_batch, goal, args.runtime, args.max_stages,
                       list(args.microbatch_sizes) if args.microbatch_sizes else None, recompute=args.recompute,
-                      distributed_optimizer=args.use_distributed_optimizer)
+                      distributed_optimizer=args.use_distributed_optimizer, type_chains=args.type_chains)
     result = planner.run(top=args.top if args.top == 1 else args.top * SHORTLIST_DEPTH,
                          pareto=args.pareto or bool(args.plot))
     if not result.plans:
@@ -205,6 +205,7 @@ def cmd_plan(args) -> int:
             "peak_memory_bytes": best.peak_memory_bytes,
             "search_time_s": result.search_time_s,
             "plans_evaluated": result.evaluated,
+            "not_searched": result.not_searched,
             "top": [summary(p, e) for p, e in plans],
         }
         if args.pareto:
@@ -222,6 +223,8 @@ def cmd_plan(args) -> int:
                                           "replicas)" if best_plan.distributed_optimizer else ""))
     print(f"search: {result.search_time_s:.2f} s CPU, {result.evaluated} candidate plans evaluated; best plan written "
           f"to {args.output}" + (f", plot to {args.plot}" if args.plot and result.pareto else ""))
+    for line in result.not_searched:
+        print(f"not searched: {line}")
     return 0
 
 
@@ -373,6 +376,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--use-distributed-optimizer", action="store_true",
                    help="plans split each stage's optimizer state and step over its replicas (ZeRO-1, the "
                         "runtime's flag of that name, which the plan then turns on): less memory per GPU")
+    p.add_argument("--type-chains", choices=("auto", "always"), default="auto",
+                   help="pipelines through three GPU types (on at most six type@zone pools): on clusters of at "
+                        "most 32 GPUs or where nothing else fits (auto, the default), or on any cluster (always: "
+                        "slower, seconds on hundreds of GPUs)")
     p.add_argument("--plot", metavar="FILE", type=flags.plot_file,
                    help="write the throughput-vs-cost Pareto front (.png, .svg or .pdf; needs matplotlib)")
     _common(p)

@@ -13,9 +13,10 @@ pool the rest. Chains are
   * type chains: TYPE_CHAIN_LENGTH pools of as many GPU types, in any order,
     each with its own zone and TP degree, on clusters of at most
     TYPE_CHAIN_POOLS (type, zone) pools: a few GPUs of many kinds. On clusters
-    of at most TYPE_CHAIN_GPUS GPUs they are searched with the other designs;
-    on larger ones only where no design of the other kinds fits (Planner.run
-    searches again with them), as their bounds prune little there.
+    of at most TYPE_CHAIN_GPUS GPUs (or with type_chains="always") they are
+    searched with the other designs; on larger ones only where no design of the
+    other kinds fits (Planner.run searches again with them), as their bounds
+    prune little there.
 For a design the simulator's time is
 
     T = sum_i compute_i + 2 (sum of boundary p2p) + (m - 1) max_s slot_s
@@ -82,9 +83,16 @@ class Chains:
                 prefix.append(prefix[-1] + min(p.costs.fb[j + 1] - p.costs.fb[j] for p in pools))
             self._fastest[mbs] = tuple(prefix)
         places = {(p.gpu, p.zones[0][0]) for pools in by_mbs.values() for p in pools}
-        self._type_chains = self._type_chain_pass and len(places) <= TYPE_CHAIN_POOLS and \
-            len({g for g, _ in places}) >= TYPE_CHAIN_LENGTH
+        self._type_chains = self._type_chain_pass and self._type_chain_places(places)
         return by_mbs
+
+    def _type_chain_cluster(self) -> bool:
+        """Whether the cluster's pools admit type chains (of those that can run, _chain_pools decides)."""
+        return self._type_chain_places({(p.gpu, p.zone) for p in self.sim.cluster.available})
+
+    @staticmethod
+    def _type_chain_places(places: set[tuple[str, str]]) -> bool:
+        return len(places) <= TYPE_CHAIN_POOLS and len({g for g, _ in places}) >= TYPE_CHAIN_LENGTH
 
     def _zone_classes(self, zones: set[str]) -> dict[str, tuple[str, int]]:
         """zone -> (its class, its rank there). Zones of a class are interchangeable: one region, the same

@@ -62,6 +62,7 @@ from planner.specs.plan import Plan, with_model
 GROUP, FAMILY, CONFIG, REFINE, EVALUATE = 0, 1, 2, 3, 4  # what a queue entry asks for
 PROBE_MARGIN = 1e-12  # relative: the probe's cut lies this far above its plan's score (_probe)
 RECOMPUTE_MODES = {"never": (False,), "always": (True,), "auto": (False, True)}  # the passes of each mode
+TYPE_CHAIN_MODES = ("auto", "always")  # type chains on small clusters or where nothing else fits; on any cluster
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,14 @@ class Result:
     search_time_s: float
     evaluated: int
     pareto: list[tuple[Plan, Estimate]] = field(default_factory=list)
+    not_searched: list[str] = field(default_factory=list)  # designs left out, and how to search them
 
 
 class Planner(SinglePool, Chains, TwoTypes):
     def __init__(self, sim: Simulator, global_batch: int, goal: Goal, runtime: str = "sailor",
                  max_stages: int | None = None, microbatch_sizes: list[int] | None = None, two_pools: bool = True,
                  two_classes: bool = True, max_tp: int | None = None, recompute: str = "auto",
-                 arrange: bool = True, distributed_optimizer: bool = False):
+                 arrange: bool = True, distributed_optimizer: bool = False, type_chains: str = "auto"):
         if global_batch < 1:
             raise SailorError("--global-batch must be positive")
         if not sim.cluster.available:
@@ -107,6 +109,9 @@ class Planner(SinglePool, Chains, TwoTypes):
         if recompute not in RECOMPUTE_MODES:
             raise SailorError(f"unknown recompute mode {recompute!r}: use one of {', '.join(RECOMPUTE_MODES)}")
         self.recompute = recompute
+        if type_chains not in TYPE_CHAIN_MODES:
+            raise SailorError(f"unknown type-chain mode {type_chains!r}: use one of {', '.join(TYPE_CHAIN_MODES)}")
+        self.type_chains = type_chains
         self._pass_recomputes = False  # the pass running now
         self._type_chain_pass = False  # the passes that add type chains (run(): where nothing else fits)
         self.evaluated = 0
@@ -230,7 +235,8 @@ class Planner(SinglePool, Chains, TwoTypes):
         searched = []  # every pass's shapes stay alive: caches are keyed by id() of their costs
         self._probe_cut = math.inf
         # pipelines through three GPU types (chains.py): on small clusters, else where nothing else fits
-        small = sum(p.count for p in self.sim.cluster.available) <= TYPE_CHAIN_GPUS
+        gpus = sum(p.count for p in self.sim.cluster.available)
+        small = gpus <= TYPE_CHAIN_GPUS or self.type_chains == "always"
         for self._type_chain_pass in (small, True):
             for recompute in RECOMPUTE_MODES[self.recompute]:  # later passes start with the plans found so far
                 self._pass_recomputes = recompute
@@ -238,6 +244,10 @@ class Planner(SinglePool, Chains, TwoTypes):
                 self._search(searched[-1], best, front, top, pareto)
             if best or small or not self.two_pools:
                 break
+        not_searched = []
+        if not self._type_chain_pass and self.two_pools and self._type_chain_cluster():
+            not_searched.append(f"pipelines through three GPU types, above {TYPE_CHAIN_GPUS} GPUs ({gpus} here) "
+                                "searched only where nothing else fits: --type-chains always searches them (slower)")
         ranked = sorted((entry[2] for entry in best), key=lambda c: c.score)
         plans = [self._materialize(c) for c in ranked]
         if self.arrange:  # several chains side by side, where the simulator finds them faster or cheaper
@@ -245,7 +255,7 @@ class Planner(SinglePool, Chains, TwoTypes):
             plans = sorted((pe for i, pe in enumerate(arranged) if all(pe[0] != q for q, _ in arranged[:i])),
                            key=lambda pe: self.goal.score_estimate(pe[1]))
         frontier = [self._materialize(c) for c in sorted(front, key=lambda c: c.outcome.iteration_time_s)]
-        return Result(plans, time.process_time() - t0, self.evaluated, frontier)
+        return Result(plans, time.process_time() - t0, self.evaluated, frontier, not_searched)
 
     def _probe(self, shapes: list[Shape], singles: list) -> float:
         """Just above the score of the first plan that a best-first search over single-pool designs

@@ -211,3 +211,17 @@ def test_training_arguments_follow_the_plan_directly_after_the_separator(tmp_pat
     assert out.returncode == 2 and "put training arguments after '--'" in out.stderr
     out = sailor("simulate", plan, "--", "--train-iters", "3")
     assert out.returncode == 2 and "takes no arguments after '--'" in out.stderr
+
+
+def test_plan_says_what_it_did_not_search(tmp_path):
+    """Three GPU types on more than 32 GPUs: the output names the designs left out and the flag that
+    searches them; with that flag it names none."""
+    gpus = "A100-40@us-central1-a=11,V100-16@us-central1-a=11,L4@us-central1-a=11"
+    args = ("plan", "--model", "opt-125m", "--gpus", gpus, "--global-batch", "64", "-o", str(tmp_path / "p.json"))
+    table = sailor(*args)
+    assert table.returncode == 0, table.stderr
+    assert "not searched: pipelines through three GPU types, above 32 GPUs (33 here)" in table.stdout
+    assert "--type-chains always" in table.stdout
+    every = sailor(*args, "--type-chains", "always", "--json")
+    assert every.returncode == 0, every.stderr
+    assert json.loads(every.stdout)["not_searched"] == []

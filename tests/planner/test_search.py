@@ -100,14 +100,14 @@ def _simulate(sim: Simulator, plan: Plan, recompute: bool | str):
 
 
 def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recompute: bool | str = "per stage",
-                distributed_optimizer: bool = False, stage_major: bool = True, type_chains: bool = True):
+                distributed_optimizer: bool = False, stage_major: bool = True, type_chains: bool | str = True):
     """Best score over every plan of the space (see planner.search.planner), by simulation. The planner's
     auto mode recomputes per stage in single-pool designs, on all stages or none in the others.
     distributed_optimizer: every plan splits its optimizer state over each stage's replicas. stage_major:
     also single-pool plans laid out stage by stage over their zones (arrange.py's pass, outside the exact
     search: the planner's best is at least as good as the space without them). type_chains: pipelines
     through three pools of three GPU types (on at most six pools; on more than 32 GPUs only where no
-    other plan fits)."""
+    other plan fits, unless "always")."""
     c, L = sim.cluster, MODEL.num_layers
     pools = sorted({(p.gpu, p.zone) for p in c.available})
     best = math.inf
@@ -233,7 +233,8 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                                             if goal.admits(o):
                                                 best = min(best, goal.score(o))
     small = sum(p.count for p in c.available) <= 32
-    if type_chains and (small or best == math.inf) and len(pools) <= 6 and len({g for g, _ in pools}) >= 3:
+    if type_chains and (small or type_chains == "always" or best == math.inf) and len(pools) <= 6 and \
+            len({g for g, _ in pools}) >= 3:
         for mbs in (1, 2, 4, 8):
             for chain in permutations(pools, 3):
                 if gbs % mbs == 0 and len({g for g, _ in chain}) == 3:
@@ -379,14 +380,14 @@ def test_fastest_plan_chains_three_pools(case):
 
 def _three_types(capacity_gib, counts=(1, 1, 1), tilt=(1.0,) * 6) -> Simulator:
     """small-a, small-b and a third type (small-c, between them in speed and price, its layers
-    `tilt`ed), `capacity_gib` each (or one per type)."""
+    `tilt`ed; or a dict: each type's tilt), `capacity_gib` each (or one per type)."""
+    tilts = tilt if isinstance(tilt, dict) else {"small-c": tilt}
     caps = [int(g * GIB) for g in (capacity_gib if isinstance(capacity_gib, tuple) else (capacity_gib,) * 3)]
     gpus = {"small-a": replace(SMALL_A, memory_bytes=caps[0]), "small-b": replace(SMALL_B, memory_bytes=caps[1]),
             "small-c": replace(SMALL_B, name="small-c", memory_bytes=caps[2], price_per_hour=0.5)}
     c = replace(Cluster(gpus=gpus), available=tuple(Pool(g, "z1", n) for g, n in zip(gpus, counts)))
-    store = ProfileStore({("small", g): synthetic_profile(g, slow, k) for g, slow, k in
-                          (("small-a", 1.0, (1.0,) * 6), ("small-b", 1.8, (1.0,) * 6), ("small-c", 1.3, tilt))},
-                         gpus=dict(c.gpus))
+    store = ProfileStore({("small", g): synthetic_profile(g, slow, tilts.get(g, (1.0,) * 6)) for g, slow in
+                          (("small-a", 1.0), ("small-b", 1.8), ("small-c", 1.3))}, gpus=dict(c.gpus))
     return Simulator(MODEL, c, store)
 
 
@@ -477,11 +478,23 @@ def test_chain_bounds_are_below_every_split(capacity, counts, tilt, D, seed):
         assert planner._sync_floor(chain, Ps, D) <= min(syncs) * (1 + 1e-9)
 
 
-def test_type_chains_on_large_clusters_wait_until_nothing_else_fits():
-    """Above 32 GPUs, where a pipeline of one or two types fits, type chains are not searched."""
-    sim = _three_types(0.5, counts=(12, 12, 12))
-    plan, est = Planner(sim, 8, Goal(), max_stages=6).run(top=1).plans[0]
-    assert len({r.gpu for s in plan.stages for r in s.replicas}) <= 2
+@pytest.mark.parametrize("objective", ["throughput", "cost"])
+def test_type_chains_on_large_clusters_wait_until_nothing_else_fits(objective):
+    """Above 32 GPUs, where a pipeline of one or two types fits, type chains are not searched, and the
+    result says so; with type_chains="always" they are, and the planner's best is brute force's."""
+    # small-b the fastest on the first layers, small-a in the middle, small-c on the last ones
+    tilts = {"small-b": (0.2, 0.2, 3, 3, 3, 3), "small-c": (3, 3, 3, 3, 0.3, 0.3)}
+    sim, goal = _three_types(0.3, counts=(11, 11, 11), tilt=tilts), Goal(objective)
+    auto = Planner(sim, 8, goal, max_stages=6).run(top=1)
+    assert len({r.gpu for s in auto.plans[0][0].stages for r in s.replicas}) <= 2
+    assert "--type-chains always" in auto.not_searched[0]
+    always = Planner(sim, 8, goal, max_stages=6, type_chains="always").run(top=1)
+    assert not always.not_searched
+    exact = brute_force(sim, 8, goal, stage_major=False, type_chains="always")
+    assert goal.score(always.plans[0][1]) == pytest.approx(exact, rel=1e-9)
+    if objective == "throughput":  # a pipeline through all three types is the fastest (0.272 s against 0.312)
+        assert len({r.gpu for s in always.plans[0][0].stages for r in s.replicas}) == 3
+        assert always.plans[0][1].iteration_time_s < 0.9 * auto.plans[0][1].iteration_time_s
 
 
 def test_recompute_when_memory_is_tight_matches_brute_force():
