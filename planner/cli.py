@@ -377,9 +377,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="plans split each stage's optimizer state and step over its replicas (ZeRO-1, the "
                         "runtime's flag of that name, which the plan then turns on): less memory per GPU")
     p.add_argument("--type-chains", choices=("auto", "always"), default="auto",
-                   help="pipelines through three GPU types (on at most six type@zone pools): on clusters of at "
-                        "most 32 GPUs or where nothing else fits (auto, the default), or on any cluster (always: "
-                        "slower, seconds on hundreds of GPUs)")
+                   help="pipelines through three type@zone pools of two or three GPU types (on clusters of at "
+                        "most six pools): on clusters of at most 32 GPUs or where nothing else fits (auto, the "
+                        "default), or on any cluster (always: slower, seconds on hundreds of GPUs)")
     p.add_argument("--plot", metavar="FILE", type=flags.plot_file,
                    help="write the throughput-vs-cost Pareto front (.png, .svg or .pdf; needs matplotlib)")
     _common(p)

@@ -10,9 +10,10 @@ pool the rest. Chains are
   * of two pools: any two (GPU type, zone) pools, each with its own TP degree;
   * zone chains: one GPU type and TP degree over its first k >= 3 zones in the
     fill order of single_pool.py (cheapest, fastest network, largest);
-  * type chains: TYPE_CHAIN_LENGTH pools of as many GPU types, in any order,
-    each with its own zone and TP degree, on clusters of at most
-    TYPE_CHAIN_POOLS (type, zone) pools: a few GPUs of many kinds. On clusters
+  * type chains: TYPE_CHAIN_LENGTH distinct pools of at least two GPU types, in
+    any order, each with its own zone and TP degree (three types; or one type
+    in two zones and another: A100s in two zones with V100s in a third), on
+    clusters of at most TYPE_CHAIN_POOLS (type, zone) pools. On clusters
     of at most TYPE_CHAIN_GPUS GPUs (or with type_chains="always") they are
     searched with the other designs; on larger ones only where no design of the
     other kinds fits (Planner.run searches again with them), as their bounds
@@ -92,7 +93,7 @@ class Chains:
 
     @staticmethod
     def _type_chain_places(places: set[tuple[str, str]]) -> bool:
-        return len(places) <= TYPE_CHAIN_POOLS and len({g for g, _ in places}) >= TYPE_CHAIN_LENGTH
+        return TYPE_CHAIN_LENGTH <= len(places) <= TYPE_CHAIN_POOLS and len({g for g, _ in places}) >= 2
 
     def _zone_classes(self, zones: set[str]) -> dict[str, tuple[str, int]]:
         """zone -> (its class, its rank there). Zones of a class are interchangeable: one region, the same
@@ -146,7 +147,8 @@ class Chains:
                 bound = self._chain_bound(chain, True)
                 if bound < math.inf:
                     yield bound, ("grow", chain)
-        if self._type_chains and len({p.gpu for p in self._by_mbs[mbs]}) >= TYPE_CHAIN_LENGTH and \
+        places = {(p.gpu, p.zones[0][0]) for p in self._by_mbs[mbs]}
+        if self._type_chains and self._type_chain_places(places) and \
                 any(needs[id(pools)] for pools in shapes):  # (recomputing: some stage must need it)
             for a in self._by_mbs[mbs]:
                 if self._canonical((), a):
@@ -305,7 +307,8 @@ class Chains:
             types = {p.gpu for p in what}
             whole = len(what) + 1 == TYPE_CHAIN_LENGTH
             for c in self._by_mbs[what[0].mbs]:
-                if c.gpu not in types and self._canonical(what, c):
+                # a pool not in the chain yet; the whole chain of two types at least (one type: zone chains)
+                if self._canonical(what, c) and not (whole and types == {c.gpu}):
                     ext = (*what, c)
                     bound = self._chain_bound(ext, False) if whole else self._extension_bound(ext)
                     if bound < cutoff:

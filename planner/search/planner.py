@@ -234,7 +234,8 @@ class Planner(SinglePool, Chains, TwoTypes):
         front: list[Candidate] = []
         searched = []  # every pass's shapes stay alive: caches are keyed by id() of their costs
         self._probe_cut = math.inf
-        # pipelines through three GPU types (chains.py): on small clusters, else where nothing else fits
+        # pipelines through three pools of two or three GPU types (chains.py): on small clusters, else where
+        # nothing else fits
         gpus = sum(p.count for p in self.sim.cluster.available)
         small = gpus <= TYPE_CHAIN_GPUS or self.type_chains == "always"
         for self._type_chain_pass in (small, True):
@@ -246,8 +247,9 @@ class Planner(SinglePool, Chains, TwoTypes):
                 break
         not_searched = []
         if not self._type_chain_pass and self.two_pools and self._type_chain_cluster():
-            not_searched.append(f"pipelines through three GPU types, above {TYPE_CHAIN_GPUS} GPUs ({gpus} here) "
-                                "searched only where nothing else fits: --type-chains always searches them (slower)")
+            not_searched.append(f"pipelines through three pools (type@zone) of several GPU types, above "
+                                f"{TYPE_CHAIN_GPUS} GPUs ({gpus} here) searched only where nothing else fits: "
+                                "--type-chains always searches them (slower)")
         ranked = sorted((entry[2] for entry in best), key=lambda c: c.score)
         plans = [self._materialize(c) for c in ranked]
         if self.arrange:  # several chains side by side, where the simulator finds them faster or cheaper

@@ -220,7 +220,8 @@ def test_plan_says_what_it_did_not_search(tmp_path):
     args = ("plan", "--model", "opt-125m", "--gpus", gpus, "--global-batch", "64", "-o", str(tmp_path / "p.json"))
     table = sailor(*args)
     assert table.returncode == 0, table.stderr
-    assert "not searched: pipelines through three GPU types, above 32 GPUs (33 here)" in table.stdout
+    assert "not searched: pipelines through three pools (type@zone) of several GPU types, above 32 GPUs " \
+           "(33 here)" in table.stdout
     assert "--type-chains always" in table.stdout
     every = sailor(*args, "--type-chains", "always", "--json")
     assert every.returncode == 0, every.stderr
