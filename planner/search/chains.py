@@ -377,25 +377,18 @@ class Chains:
                     continue
                 fill, upd = least + 2 * comm, u / P  # one replica's step (configurations split it)
                 m_min, upd_d = -(-M // d_cap), upd / self._shards(d_cap)
-
-                def bounds(slot_lb: float) -> tuple[float, float]:  # (bound, time bound)
-                    t_lb = fill + (m_min - 1) * slot_lb + upd_d
-                    if throughput:
-                        return t_lb, t_lb
-                    return min((fill + (m - 1) * slot_lb + upd_d) * usd * -(-M // m) for m in (m_min, M)), t_lb
-
                 slot_lb = max((least + 4 * comm) / P, floor, minmax[P])
-                bound, t_lb = bounds(slot_lb)
-                if bound >= cutoff or not self._could_admit(t_lb, 0.0):
-                    continue
-                if not alike:  # a tighter bottleneck bound where the pools differ in speed or memory
+                t_lb = fill + (m_min - 1) * slot_lb + upd_d
+                bound = t_lb if throughput else _cost_bound(fill, slot_lb, upd_d, usd, M, m_min)
+                if not alike and bound < cutoff:  # a tighter bottleneck bound: pools that differ in speed
                     spread_lb = _spread_bound(fastest, [(k / r, e / r, heaviest[min(k * c, L)])
                                                         for k, r, e, c in zip(Ps, slower, excess, most)])
                     if spread_lb == math.inf:
                         continue  # its pools cannot hold every layer
                     if spread_lb > slot_lb:
                         slot_lb = spread_lb
-                        bound, t_lb = bounds(slot_lb)
+                        t_lb = fill + (m_min - 1) * slot_lb + upd_d
+                        bound = t_lb if throughput else _cost_bound(fill, slot_lb, upd_d, usd, M, m_min)
                 if bound < cutoff and self._could_admit(t_lb, 0.0):
                     yield bound, (chain, Ps, d_cap, tuple(f[k][1] for f, k in zip(facts, Ps)), crosses, fill,
                                   slot_lb, upd, usd)
@@ -662,6 +655,12 @@ class Chains:
             T = c0 + comm + bubbles * sl + sy + up
             self._consider(Outcome(T, T * usd_per_s + egress + rg, gpus, gpus_per_zone), (*segments, bd[1:], D),
                            best, front, top, pareto)
+
+
+def _cost_bound(fill: float, slot_lb: float, upd: float, usd: float, M: int, m_min: int) -> float:
+    """Cost objective: the least USD per iteration of a family's configurations (m >= m_min microbatches
+    per pipeline; the GPUs' USD/s per pipeline `usd`), at the ends of its range of m."""
+    return min((fill + (m - 1) * slot_lb + upd) * usd * -(-M // m) for m in (m_min, M))
 
 
 def _spread_bound(work: float, pools: list[tuple[float, float, float]]) -> float:
