@@ -87,10 +87,6 @@ class Chains:
         self._type_chains = self._type_chain_pass and self._type_chain_places(places)
         return by_mbs
 
-    def _type_chain_cluster(self) -> bool:
-        """Whether the cluster's pools admit type chains (of those that can run, _chain_pools decides)."""
-        return self._type_chain_places({(p.gpu, p.zone) for p in self.sim.cluster.available})
-
     @staticmethod
     def _type_chain_places(places: set[tuple[str, str]]) -> bool:
         return TYPE_CHAIN_LENGTH <= len(places) <= TYPE_CHAIN_POOLS and len({g for g, _ in places}) >= 2

@@ -246,7 +246,8 @@ class Planner(SinglePool, Chains, TwoTypes):
             if best or small or not self.two_pools:
                 break
         not_searched = []
-        if not self._type_chain_pass and self.two_pools and self._type_chain_cluster():
+        places = {(sh.gpu, z) for shapes in searched for sh in shapes for z, _ in sh.zones}  # (what can run)
+        if not self._type_chain_pass and self.two_pools and self._type_chain_places(places):
             not_searched.append(f"pipelines through three pools (type@zone) of several GPU types, above "
                                 f"{TYPE_CHAIN_GPUS} GPUs ({gpus} here) searched only where nothing else fits: "
                                 "--type-chains always searches them (slower)")
