@@ -8,6 +8,8 @@ as the common judge (runtime model "sailor" for every plan):
       (the imbalanced counts are the rows of configs/gpu_trace_heterogeneous_imbalanced.csv);
   (c) geo-distributed A100-40 over 2-5 zones of us-central1 and us-west1, and
       what going geo-distributed buys against mixing GPU types in one zone;
+  (c') a few GPUs of two types over three zones (A100-40 in two, V100-16 in a
+      third or in one of them), larger models, batch 64;
   (d) min cost per iteration under a throughput floor (0.2 iterations/s), and
       max throughput under a budget (USD per iteration);
   (e) search time against GPU count and number of GPU types.
@@ -210,6 +212,21 @@ def geo(bench: Bench, quick: bool) -> list[dict]:
     return rows
 
 
+MIXED_CASES = [  # model, global batch, pools: a few GPUs of two types over three pools
+    ("GPT-Neo-2.7", 64, [(A100, CENTRAL[0], 4), (A100, WEST, 4), (V100, CENTRAL[0], 8)]),
+    ("OPT-1.3b", 64, [(A100, CENTRAL[0], 4), (A100, CENTRAL[1], 4), (V100, CENTRAL[2], 8)]),
+    ("LLaMA-3-8", 64, [(A100, CENTRAL[0], 4), (A100, CENTRAL[1], 4), (V100, CENTRAL[2], 8)]),
+]
+
+
+def mixed(bench: Bench, quick: bool) -> list[dict]:
+    rows = []
+    for model, gbs, pools in MIXED_CASES[:1] if quick else MIXED_CASES:
+        name = f"{model} " + " + ".join(f"{n}x{g}@{z}" for g, z, n in pools)
+        rows.append(bench.case(name, model, gbs, pools))
+    return rows
+
+
 def geo_vs_het(bench: Bench, quick: bool) -> list[dict]:
     """Sailor with N/2 more GPUs: V100s in the same zone, or A100s in another zone / region."""
     model, gbs = OPT
@@ -368,7 +385,7 @@ def worst_ratio(results: dict) -> dict:
     """Our throughput over each rival's fitting pick, unrounded, at its lowest over every case of (a)-(c):
     below 1 a rival's pick beats ours under our own simulator."""
     worst = None
-    for key in ("homogeneous", "heterogeneous", "geo"):
+    for key in ("homogeneous", "heterogeneous", "geo", "mixed"):
         for row in results.get(key, ()):
             ours = row["planners"]["sailor"].get("throughput_iters_per_s")
             for name, v in row["planners"].items():
@@ -391,6 +408,8 @@ def headline(results: dict) -> dict:
         h["heterogeneous_opt350_speedup"] = ratio_range(opt, list(BASELINES) + ["sailor-paper"])
     if "geo" in results:
         h["geo_speedup"] = ratio_range(results["geo"], list(BASELINES) + ["sailor-paper"])
+    if "mixed" in results:
+        h["mixed_speedup"] = ratio_range(results["mixed"], list(BASELINES))
     if "geo_vs_het" in results:
         h["geo_over_het"] = [{"base_a100": r["base_a100"], "zone": r["geo_zone_over_het"],
                               "region": r["geo_region_over_het"]} for r in results["geo_vs_het"]]
@@ -430,7 +449,7 @@ def _cost_cells(cheapest: dict | None, fastest: dict | None) -> str:
 def tables_markdown(results: dict) -> str:
     """Every case as a row: throughput in iterations/s (USD per iteration); OOM = out of memory."""
     out = []
-    for key in ("homogeneous", "heterogeneous", "geo"):
+    for key in ("homogeneous", "heterogeneous", "geo", "mixed"):
         if key not in results:
             continue
         rows = results[key]
@@ -479,13 +498,13 @@ def main() -> int:
     ap.add_argument("--out", default="out/compare", help="folder for results.json and the PNG plots")
     ap.add_argument("--quick", action="store_true", help="a few cases of each experiment (about a minute)")
     ap.add_argument("--only", default="", help="comma-separated experiments: homogeneous, heterogeneous, geo, "
-                                               "geo_vs_het, cost, search_time")
+                                               "mixed, geo_vs_het, cost, search_time")
     args = ap.parse_args()
     data = Path(args.data)
     if not (data / "anchor-plans").is_dir():
         print(json.dumps({"skipped": f"no sailor-data at {data}"}))
         return 0
-    experiments = ("homogeneous", "heterogeneous", "geo", "geo_vs_het", "cost", "search_time")
+    experiments = ("homogeneous", "heterogeneous", "geo", "mixed", "geo_vs_het", "cost", "search_time")
     wanted = set(filter(None, args.only.split(","))) or set(experiments)
     unknown = wanted - set(experiments)
     if unknown:
@@ -501,6 +520,8 @@ def main() -> int:
         results["heterogeneous"] = heterogeneous(bench, args.quick)
     if "geo" in wanted:
         results["geo"] = geo(bench, args.quick)
+    if "mixed" in wanted:
+        results["mixed"] = mixed(bench, args.quick)
     if "geo_vs_het" in wanted:
         results["geo_vs_het"] = geo_vs_het(bench, args.quick)
     if "cost" in wanted:

@@ -30,6 +30,8 @@ def plot_all(results: dict, folder: Path) -> list[str]:
                              "Heterogeneous A100-40 + V100-16, one zone"))
     if "geo" in results:
         written.append(_bars(results["geo"], folder / "geo.png", "Geo-distributed A100-40 (OPT-350)"))
+    if "mixed" in results:
+        written.append(_bars(results["mixed"], folder / "mixed.png", "A few GPUs of two types over three zones"))
     if "geo_vs_het" in results:
         written.append(_geo_vs_het(results["geo_vs_het"], folder / "geo_vs_het.png"))
     if "cost" in results:
