@@ -49,8 +49,8 @@ from itertools import accumulate, product
 from planner.search.goal import Outcome
 from planner.search.partition import pareto as pareto_front
 from planner.search.space import FIRST_POOL_STAGES, Shape, capacity, ring_edges_of, spread
-from planner.simulator.simulate import GRAD_BYTES
 from planner.simulator.network import Endpoint
+from planner.simulator.simulate import GRAD_BYTES
 
 TYPE_CHAIN_POOLS = 6  # type chains are searched where the cluster has at most this many (type, zone) pools
 TYPE_CHAIN_LENGTH = 3  # ... and have this many pools
@@ -89,6 +89,7 @@ class Chains:
 
     @staticmethod
     def _type_chain_places(places: set[tuple[str, str]]) -> bool:
+        """Whether (GPU type, zone) pools admit type chains: three to TYPE_CHAIN_POOLS, two types at least."""
         return TYPE_CHAIN_LENGTH <= len(places) <= TYPE_CHAIN_POOLS and len({g for g, _ in places}) >= 2
 
     def _zone_classes(self, zones: set[str]) -> dict[str, tuple[str, int]]:
