@@ -48,7 +48,7 @@ from itertools import accumulate, product
 
 from planner.search.goal import Outcome
 from planner.search.partition import pareto as pareto_front
-from planner.search.space import FIRST_POOL_STAGES, Shape, capacity, ring_edges_of, spread
+from planner.search.space import FIRST_POOL_STAGES, Shape, capacity, spread
 from planner.simulator.network import Endpoint
 from planner.simulator.simulate import GRAD_BYTES
 
@@ -511,9 +511,9 @@ class Chains:
         for i, (b, a, n) in enumerate(lines):
             weight, offset = weight + n / a, offset + n * b / a
             tau = (total + offset) / weight
-            if i + 1 == len(lines) or tau <= lines[i + 1][0]:
-                return max(old, tau)
-        return old
+            if i + 1 < len(lines) and tau > lines[i + 1][0]:
+                continue  # the next pool's ring takes part too
+            return max(old, tau)
 
     def _ring_line(self, p: Shape, n: int, D: int) -> tuple[float, float]:
         """(b [s], a [s/parameter]): pool p's ring of D replicas (n stages each) takes at least
@@ -523,7 +523,7 @@ class Chains:
         key = ("ring-line", p.gpu, p.tp, p.zones[0][0], per, D)
         if key not in self._front_cache:
             net = self.sim.network
-            rates = [net.peak_ring_rate(a, b) for a, b, _ in ring_edges_of(p.gpu, p.tp, [(p.zones[0][0], D)], per)]
+            rates = [net.peak_ring_rate(a, b) for a, b, _ in self._ring_edges(p.gpu, p.tp, ((p.zones[0][0], D),), per)]
             self._front_cache[key] = (2 * (D - 1) * max(lat for _, lat in rates),
                                       2 * (D - 1) / D * GRAD_BYTES / min(r for r, _ in rates))
         return self._front_cache[key]

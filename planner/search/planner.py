@@ -371,14 +371,20 @@ class Planner(SinglePool, Chains, TwoTypes):
         key = (params, D, gpu, tp, placed, per_node_replicas)
         if key not in self._sync_cache:
             if D > 1:
-                ring = (gpu, tp, placed, per_node_replicas)  # its edges do not depend on the parameters
-                edges = self._ring_cache.get(ring)
-                if edges is None:
-                    edges = self._ring_cache[ring] = ring_edges_of(gpu, tp, list(placed), per_node_replicas)
-                self._sync_cache[key] = self.sim.edges_sync(params, D, edges)
+                self._sync_cache[key] = self.sim.edges_sync(params, D, self._ring_edges(gpu, tp, placed,
+                                                                                      per_node_replicas))
             else:
                 self._sync_cache[key] = (0.0, 0.0)
         return self._sync_cache[key]
+
+    def _ring_edges(self, gpu: str, tp: int, placed: tuple, per_node_replicas: int) -> list:
+        """A stage's gradient ring's distinct edges (space.ring_edges_of), cached: they do not depend on
+        the parameters."""
+        ring = (gpu, tp, placed, per_node_replicas)
+        edges = self._ring_cache.get(ring)
+        if edges is None:
+            edges = self._ring_cache[ring] = ring_edges_of(gpu, tp, list(placed), per_node_replicas)
+        return edges
 
     def _shards(self, D: int) -> int:
         """Ways each stage of D replicas splits its optimizer state and step (Simulator.optimizer_shards)."""
