@@ -20,7 +20,12 @@ of a 4096-wide model with full multi-head attention, an FFN of 16384 with
 biases and a tied 50257-token vocabulary; the estimate is for that model
 (`AS_PROFILED`; `model_check` reports how its parameters match llm_info).
 
+Then (`our_runtime`) the estimate of our own runtime against profiles measured with it on a GPU
+type Sailor's data lacks (--ours; default the H100 profiles in bench/results/h100-2026-11-28),
+counted as our runtime runs it and, for comparison, as Megatron would.
+
     python bench/estimate_accuracy.py [--data ../shared/sailor-data] [--by chip] [--same-model] [--fit] [--points]
+                                      [--ours DIR]
 
 --by chip leaves out A100-40 and A100-80 together (one chip, two memory sizes).
 --same-model calibrates on the estimated model's own profiles only, as `sailor plan --model M`
@@ -40,14 +45,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.profiles.calibrate import MIN_MEASURED_S, PHYSICAL_PRIOR, comparable_layers, fit_efficiency  # noqa: E402
-from planner.profiles.estimate import (ADAM_BYTES_PER_PARAM, DTYPE_BYTES, analytic_memory, layer_seconds,  # noqa: E402
-                                       optimizer_s_per_param)
-from planner.profiles.profile import smooth_over_microbatches  # noqa: E402
+from planner.profiles.estimate import (ADAM_BYTES_PER_PARAM, DTYPE_BYTES, analytic_memory,  # noqa: E402
+                                       estimate_profile, layer_seconds, optimizer_s_per_param)
+from planner.profiles.profile import load_profile_file, smooth_over_microbatches  # noqa: E402
 from planner.profiles.sailor_data import load_sailor_dir  # noqa: E402
+from planner.profiles.store import load_profiles  # noqa: E402
 from planner.specs.hardware import CATALOG  # noqa: E402
-from planner.specs.model import HEAD, ModelSpec, get_model  # noqa: E402
+from planner.specs.model import BLOCK, HEAD, ModelSpec, get_model  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "sailor-data"
+OURS = Path(__file__).resolve().parent / "results" / "h100-2026-11-28" / "profiles"  # sailor profile, one H100
 # The models as Sailor profiled them, where llm_info's parameter counts say they differ from the preset.
 AS_PROFILED = {"llama-3-8b": dict(kv_heads=0, ffn_hidden=16384, qkv_bias=True, out_bias=True, mlp_bias=True,
                                   vocab=50257, tied_embeddings=True)}
@@ -201,6 +208,47 @@ def run(data: Path, by: str, points: bool, same_model: bool = False) -> dict:
     }
 
 
+def our_runtime(data: Path, ours: Path) -> dict:
+    """The estimate of our runtime against profiles measured with it (`sailor profile`) on GPU types
+    Sailor's data does not have: calibrated as `sailor plan --profiles DATA --model M` calibrates
+    (Sailor's profiles of the model), then estimated as our runtime runs it (fused attention, our
+    optimizer step and saved tensors) and, for comparison, as Megatron-DeepSpeed would (the count
+    every estimate used before). Per microbatch size: the block's forward + backward and the whole
+    model's error (%); per profile: the optimizer step's and a block's activation bytes."""
+    rows = []
+    for f in sorted(ours.glob("*/*/profile.json")):
+        measured = load_profile_file(f)
+        model, gpu = measured.model_spec or get_model(measured.model), CATALOG[measured.gpu]
+        eff = load_profiles([str(data)], model=model).efficiency()
+        block = next(i for i in range(model.num_layers) if model.kind(i) == BLOCK)
+        row = {"model": model.name, "gpu": gpu.name, "precision": measured.precision, "runtimes": {}}
+        for runtime in ("sailor", "megatron-deepspeed"):
+            est = estimate_profile(model, gpu, measured.precision, eff, None, runtime)
+            points = {}
+            for (mbs, tp), lt in sorted(measured.times.items()):
+                e = est.times[(mbs, tp)]
+                points[f"{mbs}/{tp}"] = {
+                    "block_pct": pct((e.fwd[block] + e.bwd[block]) / (lt.fwd[block] + lt.bwd[block]) - 1),
+                    "model_pct": pct((sum(e.fwd) + sum(e.bwd)) / (sum(lt.fwd) + sum(lt.bwd)) - 1)}
+            row["runtimes"][runtime] = {
+                "points (mbs/tp)": points,
+                "optimizer_pct": pct(est.optimizer_s_per_param / measured.optimizer_s_per_param - 1),
+                "block_activation_bytes_pct": pct(est.memory[1].activation_bytes[block]
+                                                  / measured.memory[1].activation_bytes[block] - 1)}
+        rows.append(row)
+
+    def summary(runtime: str) -> dict:
+        blocks = [abs(p["block_pct"]) for r in rows for p in r["runtimes"][runtime]["points (mbs/tp)"].values()]
+        return {"block_median_abs_pct": round(median(blocks), 1), "block_worst_abs_pct": max(blocks, default=None),
+                "optimizer_pct": {r["model"]: r["runtimes"][runtime]["optimizer_pct"] for r in rows},
+                "block_activation_bytes_pct": {r["model"]: r["runtimes"][runtime]["block_activation_bytes_pct"]
+                                               for r in rows}}
+
+    return {"profiles": str(ours), "method": our_runtime.__doc__.split("\n\n")[0].replace("\n    ", " "),
+            "summary": {rt: summary(rt) for rt in ("sailor", "megatron-deepspeed")} if rows else {},
+            "pairs": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(DEFAULT_DATA))
@@ -210,6 +258,9 @@ def main() -> int:
                     help="calibrate on the estimated model's own profiles only (what `sailor plan --model M` loads)")
     ap.add_argument("--fit", action="store_true", help="print the efficiencies fitted to every profile")
     ap.add_argument("--points", action="store_true", help="add every point's whole-model error")
+    ap.add_argument("--ours", default=str(OURS), metavar="DIR",
+                    help="profiles measured with our runtime on GPUs Sailor's data lacks, to check the estimate "
+                         "of our runtime against (default: the H100 profiles of bench/results; '' for none)")
     args = ap.parse_args()
     data = Path(args.data)
     if not (data / "profiles").is_dir():
@@ -221,7 +272,14 @@ def main() -> int:
         eff = fit_efficiency([smoothed(p) for p in raw.values()], models, CATALOG, prior=PHYSICAL_PRIOR)
         print(json.dumps({"efficiency": eff.to_dict()}, indent=1))
         return 0
-    print(json.dumps(run(data, args.by, args.points, args.same_model), indent=1))
+    out = run(data, args.by, args.points, args.same_model)
+    if args.ours:
+        if not Path(args.ours).is_dir():
+            print(f"bench/estimate_accuracy.py: --ours {args.ours} is not a directory; give one written by "
+                  "`sailor profile model`, or '' for none", file=sys.stderr)
+            return 2
+        out["our_runtime"] = our_runtime(data, Path(args.ours))
+    print(json.dumps(out, indent=1))
     return 0
 
 

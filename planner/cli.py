@@ -45,7 +45,8 @@ SEQ_DEFAULT = "a preset's own; a config.json's min(2048, its context length)"
 
 def _context(args, model, plan=None, cluster=None):
     """(cluster, simulator) for `model` (a ModelSpec), with the profiles that apply to it, in the command's
-    precision: the plan's, else --precision, else the default for its GPU types (or the cluster's)."""
+    precision: the plan's, else --precision, else the default for its GPU types (or the cluster's); for the
+    command's runtime: --runtime, else the plan's, else ours."""
     from planner.profiles.store import load_profiles
     from planner.simulator.simulate import Simulator
     from planner.specs.hardware import load_cluster
@@ -55,7 +56,8 @@ def _context(args, model, plan=None, cluster=None):
     gpus = {r.gpu for s in plan.stages for r in s.replicas} if plan else {p.gpu for p in cluster.available}
     precision = resolve_precision(args.precision, [cluster.gpu(g) for g in sorted(gpus)],
                                   plan.precision if plan else None)
-    store = load_profiles(args.profiles, dict(cluster.gpus), model)
+    runtime = getattr(args, "runtime", None) or (plan.runtime if plan else "sailor")
+    store = load_profiles(args.profiles, dict(cluster.gpus), model, runtime)
     return cluster, Simulator(model, cluster, store, precision)
 
 

@@ -6,8 +6,11 @@ estimate, and so are the plan's iteration time, throughput and cost per
 iteration. Its memory facts are measured when any measured profile of the
 model has them (they do not depend on the GPU), else estimated too. A
 measured profile without an optimizer-step time (Sailor's A100-80 files)
-gets an estimated one. `sailor plan` and `sailor simulate` show all of it,
-in tables (report.py) and JSON, from `provenance`.
+gets an estimated one. A measured profile of another precision or runtime
+(Sailor's: fp32, Megatron-DeepSpeed) is converted by the estimator's ratios
+(planner/profiles/convert.py): said too, without the estimate's mark. `sailor
+plan` and `sailor simulate` show all of it, in tables (report.py) and JSON,
+from `provenance`.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ class Provenance:
     memory: bool  # some GPU's memory facts are estimated
     optimizer: tuple[str, ...]  # GPU types with a measured profile but an estimated optimizer step
     points: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]  # (GPU, microbatch sizes, TPs) estimated
+    converted: tuple[tuple[str, str, str], ...] = ()  # (GPU, precision, runtime) of measured profiles converted
 
     @property
     def time(self) -> bool:
@@ -40,7 +44,8 @@ class Provenance:
 
     def to_dict(self) -> dict:
         return {"gpus": list(self.gpus), "layers": "all" if self.all_layers else [list(r) for r in self.layers],
-                "memory": self.memory, "optimizer": list(self.optimizer), "how_to_profile": commands([self])}
+                "memory": self.memory, "optimizer": list(self.optimizer), "how_to_profile": commands([self]),
+                "converted": [{"gpu": g, "measured_precision": p, "measured_runtime": r} for g, p, r in self.converted]}
 
 
 def _ranges(layers: set[int]) -> tuple[tuple[int, int], ...]:
@@ -60,6 +65,7 @@ def provenance(sim, plan, model_ref: str | None = None) -> Provenance:
     layers: set[int] = set()
     memory = False
     optimizer: set[str] = set()
+    converted: set[tuple[str, str, str]] = set()
     all_sizes = {pipe.microbatch_size for pipe in plan.pipelines}
     for stage in plan.stages:
         for k, r in enumerate(stage.replicas):  # replica k belongs to pipeline k
@@ -70,11 +76,15 @@ def provenance(sim, plan, model_ref: str | None = None) -> Provenance:
                 tps.add(r.tp)
                 layers.update(stage.layers)
                 memory = memory or r.tp in p.meta.get("estimated_memory_tps", ())
-            elif p.meta.get("optimizer") == ESTIMATED:
-                optimizer.add(r.gpu)
+            else:
+                if p.meta.get("optimizer") == ESTIMATED:
+                    optimizer.add(r.gpu)
+                if "converted_from" in p.meta:
+                    converted.add((r.gpu, p.meta["converted_from"], p.meta["converted_from_runtime"]))
     return Provenance(model_ref or sim.model.name, sim.precision, tuple(sorted(points)), _ranges(layers),
                       len(layers) == sim.model.num_layers, memory, tuple(sorted(optimizer)),
-                      tuple((g, tuple(sorted(m)), tuple(sorted(t))) for g, (m, t) in sorted(points.items())))
+                      tuple((g, tuple(sorted(m)), tuple(sorted(t))) for g, (m, t) in sorted(points.items())),
+                      tuple(sorted(converted)))
 
 
 def commands(provenances: list[Provenance]) -> list[str]:
@@ -94,6 +104,17 @@ def commands(provenances: list[Provenance]) -> list[str]:
         out.append(f"sailor profile model --model {model} --gpu {gpu}{sizes}{tp} --precision {precision} "
                    f"-o profiles   (on a {gpu} machine; then plan with --profiles profiles)")
     return out
+
+
+def conversion_note(provenances: list[Provenance | None]) -> str | None:
+    """One line under a table of plans: which measured profiles were converted, and from what."""
+    converted = sorted({c for p in provenances if p is not None for c in p.converted})
+    if not converted:
+        return None
+    target = next(p for p in provenances if p is not None and p.converted).precision
+    return ("converted: measured profiles of " + ", ".join(f"{g} ({prec}, {rt})" for g, prec, rt in converted)
+            + f" scaled to {target} on this runtime by the estimator's ratios (docs/simulator.md); "
+            "profiles of your own (`sailor profile model`) need none")
 
 
 def footnotes(provenances: list[Provenance | None]) -> list[str]:

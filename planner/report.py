@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from planner.provenance import footnotes
+from planner.provenance import conversion_note, footnotes
 
 GB = 1e9
 
@@ -62,6 +63,9 @@ def print_estimate(est, title: str = "", provenance=None) -> None:
 
 
 def _footnotes(out, provenances) -> None:
+    note = conversion_note(provenances)
+    if note:
+        out.print(f"[dim]{escape(note)}[/]", soft_wrap=True)
     for line in footnotes(provenances):
         out.print(f"{MARK} {line}", soft_wrap=True)
 

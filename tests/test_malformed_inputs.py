@@ -399,6 +399,7 @@ M = ("memory", "1")
 PROFILE_FIELDS = [
     (("format",), "str", False, None, None), (("version",), "int", False, 1, 1), (("gpu",), "str", True, None, None),
     (("precision",), "str", False, None, None), (("optimizer_s_per_param",), "number", True, 0, 1.0),
+    (("runtime",), "str", False, None, None),
     (("times",), "object", True, None, None), (("times", "1"), "object", False, None, None),
     (T, "object", False, None, None), (T + ("fwd",), "list", True, None, None),
     (T + ("fwd", 0), "number", True, 0, 1e6), (T + ("bwd",), "list", True, None, None),
@@ -414,7 +415,7 @@ PROFILE_CASES = family(PROFILE_FIELDS, {
     "tp-key-x": (("times", "1", "x"), {"fwd": [], "bwd": []}), "memory-key-x": (("memory", "x"), {}),
     "fwd-short": (T + ("fwd",), [0.1]), "all-zero-times": (T, {"fwd": [0.0] * 6, "bwd": [0.0] * 6}),
     "params-short": (M + ("params",), [1, 2]), "times-empty": (("times",), {}),
-    "precision-other": (("precision",), "fp8"), "layers-vs-model": (("times",), {"1": {"1": {"fwd": [0.1] * 7,
+    "precision-other": (("precision",), "fp8"), "runtime-other": (("runtime",), "deepspeed"), "layers-vs-model": (("times",), {"1": {"1": {"fwd": [0.1] * 7,
                                                                                               "bwd": [0.1] * 7}}}),
 })
 

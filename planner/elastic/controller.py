@@ -698,7 +698,7 @@ def run(args) -> int:
         if path:
             check_output(path, (args.cluster, args.load, args.nodes_file), flag)
     padded_vocab, max_tp = job_vocabulary(model.vocab, divisor, args.max_tp, args.load)
-    profiles = load_profiles(args.profiles, dict(cluster.gpus), model)
+    profiles = load_profiles(args.profiles, dict(cluster.gpus), model, "sailor")  # the workers run ours
     from planner.specs.precision import flags_precision
 
     precision = args.precision or flags_precision(train_args)  # None: the default rule per node set

@@ -14,7 +14,9 @@ for every block, as a pipeline counts them), every efficiency at most 1
 prior (PRIOR_WEIGHT rows' worth), so that one the profiles say nothing about
 (no SIMT GPU among them, no TP > 1) keeps the prior's value.
 
-Only layers whose measured work is the work layer_work.py counts are used:
+Each profile's layers are counted with the work of the runtime that measured
+them (Sailor's with Megatron's attention, ours with fused attention:
+layer_work.py). Only layers whose measured work is the work layer_work.py counts are used:
 profiles whose block parameter counts differ from the model description
 (a different model under the same name: Sailor's LLAMA-3-8) are skipped,
 and so are heads that kept no logits for backward (the measured layer did
@@ -32,7 +34,8 @@ import statistics
 
 import numpy as np
 
-from planner.profiles.estimate import DEFAULT_EFFICIENCY, DTYPE_BYTES, Efficiency, seconds, tensor_cores, work_terms
+from planner.profiles.estimate import (DEFAULT_EFFICIENCY, DEFAULT_RUNTIME, DTYPE_BYTES, RUNTIME_WORK, Efficiency,
+                                       seconds, tensor_cores, work_terms)
 from planner.profiles.head_logits import keeps_logits
 from planner.profiles.layer_work import layer_work
 from planner.profiles.profile import LayerMemory, Profile
@@ -86,6 +89,11 @@ def comparable_layers(model: ModelSpec, memory: LayerMemory | None, tp: int, dty
     return out
 
 
+def attention(profile: Profile) -> str:
+    """The attention whose work the profile measured: its runtime's (Megatron's where it says none)."""
+    return RUNTIME_WORK[profile.runtime or DEFAULT_RUNTIME].attention
+
+
 def ran_without_tf32(profile: Profile, model: ModelSpec, gpu: GPUSpec, prior: Efficiency) -> bool:
     """Whether an fp32 profile on a GPU with TF32 ran its matmuls on the FP32 units instead: its
     blocks' times are closer (median |log ratio|, prior efficiencies) to that than to TF32."""
@@ -94,7 +102,7 @@ def ran_without_tf32(profile: Profile, model: ModelSpec, gpu: GPUSpec, prior: Ef
     block = next(layer for layer in range(model.num_layers) if model.kind(layer) == BLOCK)
     misfit: dict[bool, list[float]] = {True: [], False: []}
     for (mbs, tp), lt in profile.times.items():
-        works = layer_work(model, block, mbs, tp, DTYPE_BYTES["fp32"])
+        works = layer_work(model, block, mbs, tp, DTYPE_BYTES["fp32"], attention(profile))
         for tf32, errors in misfit.items():
             guess = sum(seconds(work_terms(w, gpu, "fp32", tp, tf32), prior) for w in works)
             errors.append(abs(math.log(guess / (lt.fwd[block] + lt.bwd[block]))))
@@ -112,7 +120,7 @@ def calibration_rows(profiles, models: dict[str, ModelSpec], gpus: dict[str, GPU
         tf32 = not ran_without_tf32(p, model, gpu, prior)
         for (mbs, tp), lt in sorted(p.times.items()):
             for layer in comparable_layers(model, p.memory.get(tp), tp, DTYPE_BYTES[p.precision]):
-                works = layer_work(model, layer, mbs, tp, DTYPE_BYTES[p.precision])
+                works = layer_work(model, layer, mbs, tp, DTYPE_BYTES[p.precision], attention(p))
                 count = sum(model.kind(i) == model.kind(layer) for i in range(model.num_layers))
                 for work, measured in zip(works, (lt.fwd[layer], lt.bwd[layer])):
                     if measured >= MIN_MEASURED_S:

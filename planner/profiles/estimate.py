@@ -23,8 +23,12 @@ profiles at hand (calibrate.py); with none, DEFAULT_EFFICIENCY, fitted the
 same way to all of Sailor's published profiles.
 
 Optimizer step (Adam, fp32 states): every parameter reads and writes
-ADAM_BYTES_PER_PARAM bytes of weights, gradients and moments:
-ADAM_BYTES_PER_PARAM / (hbm * e_mem) seconds per parameter.
+the runtime's optimizer bytes (RuntimeWork) of weights, gradients, moments
+and temporaries: bytes / (hbm * e_mem) seconds per parameter.
+
+The work is the work of the framework that runs the layer (RUNTIME_WORK, keyed
+like planner.simulator.runtime_model.RUNTIMES): Sailor's measured profiles are
+Megatron-DeepSpeed's, our own (`sailor profile`) and our plans sailor_ext's.
 """
 from __future__ import annotations
 
@@ -33,11 +37,37 @@ from dataclasses import asdict, dataclass
 from planner.profiles.layer_work import Work, layer_work
 from planner.profiles.profile import ESTIMATED, LayerMemory, LayerTimes, Profile
 from planner.specs.hardware import GPUSpec
-from planner.specs.model import ModelSpec
+from planner.specs.model import BLOCK, ModelSpec
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAM_BYTES_PER_PARAM = 28  # read w, g, m, v (16 B); write w, m, v (12 B), fp32
 MICROBATCH_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class RuntimeWork:
+    """What the framework that runs a plan does differently, as far as the estimator counts work."""
+
+    attention: str  # layer_work.ATTENTION
+    optimizer_bytes_fp32: float  # [B/parameter] moved by one optimizer step, fp32 training
+    optimizer_bytes_16bit: float  # the same with 16-bit weights beside fp32 masters (bf16, fp16)
+
+    def optimizer_bytes(self, precision: str) -> float:
+        return self.optimizer_bytes_fp32 if precision == "fp32" else self.optimizer_bytes_16bit
+
+
+RUNTIME_WORK = {
+    # Megatron-DeepSpeed: Megatron's core attention; Apex's fused Adam, one pass over w, g, m, v.
+    "megatron-deepspeed": RuntimeWork("eager", ADAM_BYTES_PER_PARAM, ADAM_BYTES_PER_PARAM),
+    # sailor_ext: scaled_dot_product_attention; its optimizer step (sailor_ext/optimizer.py) is a
+    # chain of foreach kernels over fp32 tensors, each a pass over memory [B/parameter]: the
+    # global norm reads g (4), the clip scales g (8), then torch's foreach AdamW: decay w (8),
+    # m.lerp_(g) (12), v *= beta2 (8), v.addcmul_(g, g) (12), sqrt(v) into a new tensor (8),
+    # divided by the bias correction (8), + eps (8), w.addcdiv_(m, denominator) (16): 92;
+    # with 16-bit weights the masters are copied into them after (read 4, write 2): 98.
+    "sailor": RuntimeWork("sdpa", 92.0, 98.0),
+}
+DEFAULT_RUNTIME = "megatron-deepspeed"  # the runtime of Sailor's measured profiles
 
 
 @dataclass(frozen=True)
@@ -99,50 +129,84 @@ def seconds(terms: tuple[float, ...], eff: Efficiency) -> float:
 
 
 def layer_seconds(model: ModelSpec, layer: int, mbs: int, tp: int, gpu: GPUSpec, precision: str,
-                  eff: Efficiency) -> tuple[float, float]:
-    """(forward, backward) seconds of one layer for one microbatch."""
-    fwd, bwd = layer_work(model, layer, mbs, tp, DTYPE_BYTES[precision])
+                  eff: Efficiency, runtime: str = DEFAULT_RUNTIME) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer for one microbatch, run by `runtime`."""
+    fwd, bwd = layer_work(model, layer, mbs, tp, DTYPE_BYTES[precision], RUNTIME_WORK[runtime].attention)
     return (seconds(work_terms(fwd, gpu, precision, tp), eff), seconds(work_terms(bwd, gpu, precision, tp), eff))
 
 
-def analytic_memory(model: ModelSpec, tp: int, precision: str) -> LayerMemory:
+def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFAULT_RUNTIME) -> float:
+    """Floats per token that the forward keeps for backward, one sample (values in the compute dtype).
+
+    Megatron-DeepSpeed: ModelSpec.activation_floats (its softmax probabilities, heads * s per
+    token, included). sailor_ext's block on CUDA (the kernel fusions on), for TP t:
+
+        norms          2h per LayerNorm (input, output), 3h per RMSNorm (input, normalised,
+                       output), two per block
+        attention      Q, K and V as the fused attention saves them, (q + 2kv)/t, and its
+                       output q/t (also the projection's input)
+        MLP            the first linear's output f_in/t and the activation's output f/t
+                       (a fused SwiGLU recomputes the rest)
+
+    The fused attention keeps no probabilities: one log-sum-exp per head and token (not counted,
+    1/s of them). Measured on one H100 (bf16, bench/results/h100-2026-11-28): OPT-350m and
+    GPT-Neo-2.7 16.0h per token, LLaMA-3-8 22.1h, as counted (16h, 16h, 22h). On CPU, with
+    rotary, the QKV output stays beside the rotated Q and K: (q + kv)/t more."""
+    if RUNTIME_WORK[runtime].attention == "eager" or model.kind(layer) != BLOCK:
+        return model.activation_floats(layer, tp)
+    norms = 2 * (3 if model.rms_norm else 2) * model.hidden
+    attention = (model.q_dim + 2 * model.kv_dim) + model.q_dim
+    return norms + (attention + model._mlp_in() + model.ffn_hidden) / tp
+
+
+def analytic_memory(model: ModelSpec, tp: int, precision: str, runtime: str = DEFAULT_RUNTIME) -> LayerMemory:
     b = DTYPE_BYTES[precision]
     s = model.seq_len
     layers = range(model.num_layers)
     return LayerMemory(
         tuple(model.params(layer, tp) for layer in layers),
-        tuple(b * s * model.activation_floats(layer, tp) for layer in layers),
+        tuple(b * s * activation_floats(model, layer, tp, runtime) for layer in layers),
         tuple(b * s * model.output_floats(layer) for layer in layers),
     )
 
 
 def estimate_profile(model: ModelSpec, gpu: GPUSpec, precision: str = "fp32",
                      efficiency: Efficiency = DEFAULT_EFFICIENCY,
-                     memory: dict[int, LayerMemory] | None = None) -> Profile:
-    """An analytical profile of `model` on `gpu`, tagged as estimated."""
+                     memory: dict[int, LayerMemory] | None = None, runtime: str = DEFAULT_RUNTIME) -> Profile:
+    """An analytical profile of `model` on `gpu` as `runtime` runs it, tagged as estimated."""
     tps = model.tp_degrees(gpu.gpus_per_node)
-    # one layer of each kind (all blocks do the same work)
-    first = {model.kind(layer): layer for layer in reversed(range(model.num_layers))}
+    # one layer per kind of work
+    first = {same_work(model, layer, runtime): layer for layer in reversed(range(model.num_layers))}
     times = {}
     for tp in tps:
         for mbs in MICROBATCH_SIZES:
-            per_kind = {kind: layer_seconds(model, layer, mbs, tp, gpu, precision, efficiency)
+            per_kind = {kind: layer_seconds(model, layer, mbs, tp, gpu, precision, efficiency, runtime)
                         for kind, layer in first.items()}
-            rows = [per_kind[model.kind(layer)] for layer in range(model.num_layers)]
+            rows = [per_kind[same_work(model, layer, runtime)] for layer in range(model.num_layers)]
             times[(mbs, tp)] = LayerTimes(tuple(f for f, _ in rows), tuple(b for _, b in rows))
     mem = dict(memory or {})
     analytic = [tp for tp in tps if tp not in mem]  # no measured memory facts at this TP
     for tp in analytic:
-        mem[tp] = analytic_memory(model, tp, precision)
+        mem[tp] = analytic_memory(model, tp, precision, runtime)
     return Profile(
         model=model.name, gpu=gpu.name, num_layers=model.num_layers, precision=precision, source=ESTIMATED,
-        times=times, optimizer_s_per_param=optimizer_s_per_param(gpu, efficiency), memory=mem,
-        meta={"efficiency": efficiency.to_dict(), "estimated_memory_tps": analytic},
+        times=times, optimizer_s_per_param=optimizer_s_per_param(gpu, efficiency, runtime, precision), memory=mem,
+        meta={"efficiency": efficiency.to_dict(), "estimated_memory_tps": analytic, "runtime": runtime},
     )
 
 
-def optimizer_s_per_param(gpu: GPUSpec, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> float:
-    return ADAM_BYTES_PER_PARAM / (gpu.hbm_gbps * 1e9 * efficiency.memory)
+def same_work(model: ModelSpec, layer: int, runtime: str = DEFAULT_RUNTIME) -> tuple:
+    """Layers with equal keys do the same work: one of each kind, and under fused attention a
+    windowed block apart from a causal one (eager attention computes the whole square either way)."""
+    kind = model.kind(layer)
+    if kind != BLOCK or RUNTIME_WORK[runtime].attention == "eager":
+        return (kind,)
+    return (kind, 0 < model.window(layer - 1) < model.seq_len)
+
+
+def optimizer_s_per_param(gpu: GPUSpec, efficiency: Efficiency = DEFAULT_EFFICIENCY,
+                          runtime: str = DEFAULT_RUNTIME, precision: str = "fp32") -> float:
+    return RUNTIME_WORK[runtime].optimizer_bytes(precision) / (gpu.hbm_gbps * 1e9 * efficiency.memory)
 
 
 def calibrate_efficiency(profiles, models: dict[str, ModelSpec], gpus: dict[str, GPUSpec]) -> Efficiency:

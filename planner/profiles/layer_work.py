@@ -47,6 +47,23 @@ TP all-reduces (b*s*h values each): a block's two row-parallel outputs forward
 and two column-parallel input gradients backward; the embedding's output
 forward (vocab-parallel); the head's input gradient backward, plus three
 b*s-value reductions (max, sum, target logit) forward.
+
+Attention, by runtime (ATTENTION). The counts above are Megatron's core
+attention ("eager": the s x s scores written, soft-maxed and read; Sailor's
+Megatron-DeepSpeed). Our runtime (sailor_ext/attention.py) calls PyTorch's
+scaled_dot_product_attention ("sdpa"), whose kernels keep the scores on chip:
+
+  causal block (no window)  a flash kernel: only the tiles on or below the diagonal,
+                            QK^T and AV forward 4 s q/t x 1/2 [FLOP/token]; backward
+                            recomputes QK^T (five GEMMs to the forward's two: 2.5x,
+                            Dao 2023, FlashAttention-2)
+  windowed block            the memory-efficient kernel with the mask: the whole
+                            square, 4 s q/t forward, 2.5x that backward
+  traffic                   no scores; the kernel reads Q, K, V and writes O forward
+                            (2q + 2kv)/t, reads Q, K, V, O, dO and writes dQ, dK, dV
+                            backward (4q + 4kv)/t; the broadcast [s, s] mask of a
+                            windowed block stays in L2 and is not counted
+  kernels                   one forward, three backward, for Megatron's three and five
 """
 from __future__ import annotations
 
@@ -55,6 +72,8 @@ from dataclasses import dataclass
 from planner.specs.model import BLOCK, EMBEDDING, FINAL_NORM, HEAD, ModelSpec
 
 CE_BYTES = 4  # Megatron's cross entropy upcasts the logits to fp32
+ATTENTION = ("eager", "sdpa")  # Megatron's core attention; PyTorch's fused kernels (module doc)
+FLASH_BACKWARD = 2.5  # attention GEMM FLOPs of a fused kernel's backward per forward one
 
 
 @dataclass(frozen=True)
@@ -75,13 +94,17 @@ def _norm(model: ModelSpec) -> tuple[float, float, int, int]:
     return (7.0, 14.0, 6, 12) if model.rms_norm else (2.0, 3.0, 1, 2)
 
 
-def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int) -> tuple[Work, Work]:
-    """(forward, backward) work of `layer` for a microbatch of `mbs` samples at TP `tp`."""
+def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int,
+               attention: str = "eager") -> tuple[Work, Work]:
+    """(forward, backward) work of `layer` for a microbatch of `mbs` samples at TP `tp`, with
+    the attention of the runtime that runs it (ATTENTION)."""
     kind = model.kind(layer)
     n, d, h, t = mbs * model.seq_len, dtype_bytes, model.hidden, tp  # tokens, B/value, width, TP
     comm = n * h * d if t > 1 else 0.0  # [B] one activation all-reduce
     ar = 1.0 if t > 1 else 0.0
     norm_f, norm_b, norm_kf, norm_kb = _norm(model)
+    if attention not in ATTENTION:
+        raise ValueError(f"unknown attention {attention!r}; one of {ATTENTION}")
     if kind == BLOCK:
         weights = model.params(layer, tp) * d  # [B]
         q, kv, f, f_in = model.q_dim, model.kv_dim, model.ffn_hidden, model._mlp_in()
@@ -97,8 +120,17 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
         k_f = 14 + (0 if fused else 1) + 2 * (norm_kf - 1) + (0 if model.learned_positions else 6) + 2 * gated
         k_b = 30 + (0 if fused else 3) + 2 * (norm_kb - 2) + (0 if model.learned_positions else 12) + 4 * gated
         flops = n * model.forward_flops(layer) / t
+        bwd_flops = 2 * flops
+        if attention == "sdpa":
+            square = n * 4.0 * model.seq_len * q / t  # [FLOP] QK^T and AV over the whole s x s
+            causal = not 0 < model.window(layer - 1) < model.seq_len
+            attn = square / 2 if causal else square
+            flops, bwd_flops = flops - square + attn, bwd_flops - 2 * square + FLASH_BACKWARD * attn
+            fwd += (2 * q + 2 * kv) / t - (4 if fused else 7) * scores / t
+            bwd += (4 * q + 4 * kv) / t - (7 if fused else 9) * scores / t
+            k_f, k_b = k_f - 2 - (0 if fused else 1), k_b - 2 - (0 if fused else 3)
         return (Work(flops, n * fwd * d + weights, 0.0, k_f + 2 * ar, 2 * comm, 2 * ar),
-                Work(2 * flops, 0.0, n * bwd * d + 2 * weights, k_b + 2 * ar, 2 * comm, 2 * ar, True))
+                Work(bwd_flops, 0.0, n * bwd * d + 2 * weights, k_b + 2 * ar, 2 * comm, 2 * ar, True))
     if kind == HEAD:
         vocab = model.padded_vocab(t) / t
         own_norm = model.final_norm and not model.separate_final_norm

@@ -98,6 +98,13 @@ class Profile:
     meta: dict = field(default_factory=dict)
     model_spec: ModelSpec | None = None  # the model measured; None: the preset `model` names
 
+    @property
+    def runtime(self) -> str | None:
+        """The framework whose layers these are (estimate.RUNTIME_WORK): Sailor's published profiles
+        are Megatron-DeepSpeed's, files of `sailor profile` our runtime's; an estimate or a converted
+        profile says which it is for. None: not said (taken as the runtime of the plans)."""
+        return self.meta.get("runtime")
+
     def microbatch_sizes(self, tp: int | None = None) -> list[int]:
         return sorted({b for b, t in self.times if tp is None or t == tp})
 
@@ -186,6 +193,7 @@ def profile_to_dict(p: Profile) -> dict:
 
 PROFILE_HINT = "see the profile format in docs/formats.md"
 PROFILE_META = ("created", "software", "device", "notes", "origin")
+RUNTIMES = ("sailor", "megatron-deepspeed")  # what ran the layers (estimate.RUNTIME_WORK)
 MAX_SECONDS, MAX_BYTES, MAX_PARAMS = 1e6, 1e18, 1e15  # per layer: far beyond any real one
 
 
@@ -205,7 +213,8 @@ def tp_key(key: str, source: str, where) -> int:
 def profile_from_dict(d: dict, source_name: str) -> Profile:
     source = f"profile {source_name}"
     top = Doc(d, source).fields(("model", "gpu", "times", "memory", "optimizer_s_per_param"),
-                                ("format", "version", "model_config", "precision", *PROFILE_META), PROFILE_HINT)
+                                ("format", "version", "model_config", "precision", "runtime", *PROFILE_META),
+                                PROFILE_HINT)
     if "format" in top:
         top["format"].str(("sailor-profile",))
     if "version" in top:
@@ -233,6 +242,9 @@ def profile_from_dict(d: dict, source_name: str) -> Profile:
             f["activation_bytes"].numbers(layers, 0.0, MAX_BYTES, "one per layer"),
             f["output_bytes"].numbers(layers, 0.0, MAX_BYTES, "one per layer"))
     meta = {k: v.value for k, v in top.items() if k in PROFILE_META}
+    # our profiler's files are sailor_ext's; a file exported from Sailor's data says its origin
+    meta["runtime"] = top["runtime"].str(RUNTIMES) if "runtime" in top else (
+        "megatron-deepspeed" if meta.get("origin") == "sailor-data" else "sailor")
     precision = top["precision"].str(("fp32", "bf16")) if "precision" in top else "fp32"
     return Profile(top["model"].str(), top["gpu"].str(), layers, precision, MEASURED, times,
                    top["optimizer_s_per_param"].number(0.0, 1.0), memory, meta, spec)

@@ -197,7 +197,7 @@ def _profile(model, gpu: str, points: dict, memory: dict[int, LayerMemory]) -> P
     return Profile(
         model=canonical_name(model.name), gpu=gpu, num_layers=model.num_layers, precision="fp32", source=MEASURED,
         times=times, optimizer_s_per_param=statistics.median(per_param) if per_param else 0.0,
-        memory=memory, meta={"origin": "sailor-data"}, model_spec=model,
+        memory=memory, meta={"origin": "sailor-data", "runtime": "megatron-deepspeed"}, model_spec=model,
     )
 
 

@@ -6,6 +6,9 @@ like Sailor's published data, or one of ours (MODEL/GPU/profile.json files and
 an optional network.json). `ProfileStore.get(model, gpu)` returns the measured
 profile if there is one, else an analytical estimate whose efficiency is
 calibrated on the measured profiles at hand; the profile's `source` says which.
+Both describe the store's runtime: the framework that will run the plans
+(`sailor` for ours, `megatron-deepspeed` for Sailor's runs); a profile measured
+by the other one, or in another precision, is converted (convert.py).
 
 A measured profile applies to every model with the same architecture
 (ModelSpec.architecture(): every field that changes a layer's time or
@@ -19,10 +22,11 @@ import os
 from pathlib import Path
 
 from planner.errors import SailorError
-from planner.profiles.estimate import Efficiency, calibrate_efficiency, estimate_profile, optimizer_s_per_param
+from planner.profiles.convert import converted_memory, converted_profile
+from planner.profiles.estimate import (DEFAULT_RUNTIME, RUNTIME_WORK, Efficiency, calibrate_efficiency,
+                                       estimate_profile, optimizer_s_per_param)
 from planner.profiles.head_logits import lacks_logits, with_logit_memory, with_logits
 from planner.profiles.network_fits import NetworkFits, load_network_file
-from planner.profiles.other_precision import converted_memory, converted_profile
 from planner.profiles.profile import (Profile, measured_model, model_key, model_keys, profile_from_dict,
                                       profile_spec, read_profile_file, smooth_over_microbatches)
 from planner.profiles.sailor_data import is_sailor_dir, load_sailor_dir
@@ -32,7 +36,11 @@ from planner.specs.model import ModelSpec, canonical_name, get_model
 
 class ProfileStore:
     def __init__(self, measured: dict[tuple[str, str], Profile] | None = None,
-                 network: NetworkFits | None = None, gpus: dict[str, GPUSpec] | None = None):
+                 network: NetworkFits | None = None, gpus: dict[str, GPUSpec] | None = None,
+                 runtime: str = DEFAULT_RUNTIME):
+        if runtime not in RUNTIME_WORK:
+            raise SailorError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIME_WORK)}")
+        self.runtime = runtime
         self.measured = dict(measured or {})
         self._by_model: dict[tuple, Profile] = {}  # (model_key, gpu) -> profile
         for p in self.measured.values():
@@ -41,7 +49,7 @@ class ProfileStore:
         self.network = network or NetworkFits()
         self._estimated: dict[tuple[ModelSpec, str, str], Profile] = {}
         self._completed: dict[int, Profile] = {}  # id(measured profile) -> it with its head's logits
-        self._converted: dict[tuple[int, str], Profile] = {}  # (id, precision) -> it in another precision
+        self._converted: dict[tuple[int, str], Profile] = {}  # (id, precision) -> it in this runtime, precision
         self._efficiency: Efficiency | None = None
         self._gpus = gpus or CATALOG
 
@@ -55,7 +63,7 @@ class ProfileStore:
 
     def get(self, model: ModelSpec, gpu: GPUSpec, precision: str = "fp32") -> Profile:
         """The measured profile of a model with `model`'s architecture on `gpu`, else an estimate; in
-        `precision` (a profile measured in another is converted: other_precision.py)."""
+        `precision`, for the store's runtime (a profile measured otherwise is converted: convert.py)."""
         keys = model_keys(model)
         found = next((p for k in keys if (p := self._by_model.get((k, gpu.name))) is not None), None)
         if found is not None:
@@ -63,22 +71,27 @@ class ProfileStore:
                 raise SailorError(f"the profile of {found.model} on {gpu.name} has {found.num_layers} layers but "
                                   f"{model.name} has {model.num_layers}; re-profile the model")
             if found.optimizer_s_per_param <= 0:  # not measured (Sailor's A100-80 files)
-                found.optimizer_s_per_param = optimizer_s_per_param(gpu, self.efficiency())
+                found.optimizer_s_per_param = optimizer_s_per_param(gpu, self.efficiency(),
+                                                                    found.runtime or self.runtime, found.precision)
                 found.meta["optimizer"] = "estimated"
             if id(found) not in self._completed:  # a head measured without its logits gets them
                 self._completed[id(found)] = with_logits(found, model, gpu)
             done = self._completed[id(found)]
+            if done.precision == precision and done.runtime in (None, self.runtime):
+                return done
             key = (id(found), precision)
-            if done.precision != precision and key not in self._converted:  # measured in another precision
-                self._converted[key] = converted_profile(done, model, gpu, precision)
-            return done if done.precision == precision else self._converted[key]
+            if key not in self._converted:  # measured in another precision or by another runtime
+                self._converted[key] = converted_profile(done, model, gpu, precision, self.runtime)
+            return self._converted[key]
         key = (model, gpu.name, precision)
         if key not in self._estimated:  # memory facts do not depend on the GPU: any measured ones apply
-            memory = next((converted_memory(p.memory, p.precision, precision)
+            memory = next((converted_memory(p.memory, model, p.precision, precision, p.runtime or self.runtime,
+                                            self.runtime)
                            for (k, _), p in self._by_model.items() if k in keys), None)
             if memory is not None and lacks_logits(memory, model, precision):
                 memory = with_logit_memory(memory, model, precision)
-            self._estimated[key] = estimate_profile(model, gpu, precision, self.efficiency(), memory)
+            self._estimated[key] = estimate_profile(model, gpu, precision, self.efficiency(), memory,
+                                                    self.runtime)
         return self._estimated[key]
 
 
@@ -90,9 +103,10 @@ def profile_dirs(cli_dirs: list[str] | None) -> list[str]:
 
 
 def load_profiles(dirs: list[str] | None = None, gpus: dict[str, GPUSpec] | None = None,
-                  model: ModelSpec | str | None = None) -> ProfileStore:
+                  model: ModelSpec | str | None = None, runtime: str = DEFAULT_RUNTIME) -> ProfileStore:
     """Every profile in `dirs` (or only those that apply to `model`: a ModelSpec, or a preset's name),
-    and the network fits. A file of another model is not parsed beyond its model description."""
+    and the network fits, for plans that `runtime` runs. A file of another model is not parsed beyond
+    its model description."""
     if isinstance(model, str):
         model = get_model(model)
     keys = model_keys(model) if model is not None else ()
@@ -124,4 +138,4 @@ def load_profiles(dirs: list[str] | None = None, gpus: dict[str, GPUSpec] | None
         if not files and not net.exists():
             raise SailorError(f"profiles directory {d} holds no profiles (expected MODEL/GPU/profile.json files, "
                               "or Sailor's layout with profiles/ and llm_info.json)")
-    return ProfileStore(measured, network, gpus)
+    return ProfileStore(measured, network, gpus, runtime)

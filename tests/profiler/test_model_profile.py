@@ -13,9 +13,10 @@ from planner.specs.model import get_model
 
 def test_profile_loads_with_the_store(tiny_profile):
     model = get_model("tiny")
-    store = load_profiles([str(tiny_profile)], model="tiny")
+    store = load_profiles([str(tiny_profile)], model="tiny", runtime="sailor")  # for plans our runtime runs
     p = store.measured[("tiny", "CPU")]
     assert p.source == "measured" and p.precision == "fp32" and p.num_layers == model.num_layers == 6
+    assert p.runtime == "sailor"  # `sailor profile` measures our runtime's layers
     assert sorted(p.times) == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert sorted(p.memory) == [1, 2]
     for lt in p.times.values():
@@ -23,6 +24,9 @@ def test_profile_loads_with_the_store(tiny_profile):
     assert p.optimizer_s_per_param > 0
     # the store hands the measured profile to the simulator, not an estimate
     assert store.get(model, store._gpus["CPU"]) is p
+    # for Megatron-DeepSpeed's plans it is converted (its attention keeps the s x s probabilities)
+    theirs = load_profiles([str(tiny_profile)], model="tiny").get(model, store._gpus["CPU"])
+    assert theirs.meta["converted_from_runtime"] == "sailor" and theirs.runtime == "megatron-deepspeed"
 
 
 def test_file_keys_and_tags(tiny_profile):
@@ -51,6 +55,20 @@ def test_memory_facts_come_from_the_runtime_layers(tiny_profile):
         # blocks keep activations for backward; TP shards part of them
         assert mem.activation_bytes[1] > 0
     assert p.layer_memory(2).activation_bytes[1] < p.layer_memory(1).activation_bytes[1]
+
+
+def test_the_estimator_counts_the_tensors_the_runtime_saves(tiny_profile):
+    """estimate.activation_floats for our runtime against what autograd saved in the runtime's
+    blocks (tiny: LayerNorm, learned positions, no SwiGLU, so the CPU saves what CUDA does): two norms'
+    inputs and outputs, Q, K, V and the attention's output, both MLP activations; the log-sum-exp and
+    the norms' statistics (a few floats per token) are not counted."""
+    from planner.profiles.estimate import activation_floats
+
+    model = get_model("tiny")
+    p = load_profiles([str(tiny_profile)], model="tiny").measured[("tiny", "CPU")]
+    for tp in (1, 2):
+        counted = activation_floats(model, 1, tp, "sailor") * model.seq_len * 4  # fp32 bytes per sample
+        assert p.layer_memory(tp).activation_bytes[1] == pytest.approx(counted, rel=0.03), tp
 
 
 def test_simulate_and_plan_accept_it(tiny_profile, tmp_path):
