@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.profiles.estimate import (DEFAULT_EFFICIENCY, DTYPE_BYTES, RUNTIME_WORK, Efficiency, activation_floats,
-                                       layer_seconds, same_work)
+                                       layer_seconds, per_layer)
 from planner.profiles.profile import LayerMemory, LayerTimes, Profile
 from planner.specs.hardware import GPUSpec
 from planner.specs.model import ModelSpec
@@ -48,13 +48,15 @@ def converted_memory(memory: dict[int, LayerMemory], model: ModelSpec, measured:
     def scale(xs):
         return tuple(k * x for x in xs) if xs else xs
 
+    def saved(layer: int, tp: int) -> float:  # the target runtime's saved tensors per the measured one's
+        old = activation_floats(model, layer, tp, measured_runtime)
+        return activation_floats(model, layer, tp, runtime) / old if old > 0 else 1.0
+
     out = {}
     for tp, m in memory.items():
         acts = m.activation_bytes
-        if measured_runtime != runtime and len(acts) == model.num_layers:
-            acts = tuple(a * activation_floats(model, layer, tp, runtime) / old if (
-                old := activation_floats(model, layer, tp, measured_runtime)) > 0 else a
-                for layer, a in enumerate(acts))
+        if measured_runtime != runtime:
+            acts = tuple(a * saved(layer, tp) for layer, a in enumerate(acts))
         out[tp] = LayerMemory(m.params, scale(acts), scale(m.output_bytes), scale(m.workspace_bytes))
     return out
 
@@ -66,17 +68,14 @@ def converted_profile(profile: Profile, model: ModelSpec, gpu: GPUSpec, target: 
     measured_runtime = profile.runtime or runtime
     if profile.precision == target and measured_runtime == runtime:
         return profile
-    kinds = {}  # one layer per kind of work (all blocks alike, but for windows under fused attention)
-    for layer in range(model.num_layers):
-        kinds.setdefault(same_work(model, layer, runtime), layer)
     times = {}
     for (mbs, tp), lt in profile.times.items():
-        ratio = {}
-        for key, layer in kinds.items():
+        def ratio(layer):
             old = layer_seconds(model, layer, mbs, tp, gpu, profile.precision, eff, measured_runtime)
             new = layer_seconds(model, layer, mbs, tp, gpu, target, eff, runtime)
-            ratio[key] = (new[0] / old[0], new[1] / old[1])
-        rows = [ratio[same_work(model, layer, runtime)] for layer in range(model.num_layers)]
+            return new[0] / old[0], new[1] / old[1]
+
+        rows = per_layer(model, (measured_runtime, runtime), ratio)
         times[(mbs, tp)] = LayerTimes(tuple(t * r[0] for t, r in zip(lt.fwd, rows)),
                                       tuple(t * r[1] for t, r in zip(lt.bwd, rows)))
     opt = (RUNTIME_WORK[runtime].optimizer_bytes(target)

@@ -175,14 +175,11 @@ def estimate_profile(model: ModelSpec, gpu: GPUSpec, precision: str = "fp32",
                      memory: dict[int, LayerMemory] | None = None, runtime: str = DEFAULT_RUNTIME) -> Profile:
     """An analytical profile of `model` on `gpu` as `runtime` runs it, tagged as estimated."""
     tps = model.tp_degrees(gpu.gpus_per_node)
-    # one layer per kind of work
-    first = {same_work(model, layer, runtime): layer for layer in reversed(range(model.num_layers))}
     times = {}
     for tp in tps:
         for mbs in MICROBATCH_SIZES:
-            per_kind = {kind: layer_seconds(model, layer, mbs, tp, gpu, precision, efficiency, runtime)
-                        for kind, layer in first.items()}
-            rows = [per_kind[same_work(model, layer, runtime)] for layer in range(model.num_layers)]
+            rows = per_layer(model, (runtime,),
+                             lambda layer: layer_seconds(model, layer, mbs, tp, gpu, precision, efficiency, runtime))
             times[(mbs, tp)] = LayerTimes(tuple(f for f, _ in rows), tuple(b for _, b in rows))
     mem = dict(memory or {})
     analytic = [tp for tp in tps if tp not in mem]  # no measured memory facts at this TP
@@ -202,6 +199,18 @@ def same_work(model: ModelSpec, layer: int, runtime: str = DEFAULT_RUNTIME) -> t
     if kind != BLOCK or RUNTIME_WORK[runtime].attention == "eager":
         return (kind,)
     return (kind, 0 < model.window(layer - 1) < model.seq_len)
+
+
+def per_layer(model: ModelSpec, runtimes: tuple[str, ...], fn) -> list:
+    """fn(layer) for every layer, computed once per kind of work (same_work under each of `runtimes`)."""
+    done: dict[tuple, object] = {}
+    out = []
+    for layer in range(model.num_layers):
+        key = tuple(same_work(model, layer, rt) for rt in runtimes)
+        if key not in done:
+            done[key] = fn(layer)
+        out.append(done[key])
+    return out
 
 
 def optimizer_s_per_param(gpu: GPUSpec, efficiency: Efficiency = DEFAULT_EFFICIENCY,
