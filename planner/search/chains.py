@@ -38,7 +38,10 @@ chain grows one pool at a time from its first; each prefix bounds every chain
 of three or more pools that starts with it (_extension_bound). Where a chain's
 pools differ in GPU type, its families' bottleneck bound spreads the work by
 their speed and memory (_spread_bound), and its configurations' refinement
-bounds the gradient sync over every split (_sync_floor).
+bounds the gradient sync over every split (_sync_floor). The gradient sync
+bounds the search early too: a family's bound adds the sync that the fewest
+pipelines that could still beat the cutoff must do (_sync_tail), and a
+configuration's sync floor is added before its split DP.
 """
 from __future__ import annotations
 
@@ -341,12 +344,8 @@ class Chains:
         if not alike:
             fastest, slower, excess, most, heaviest = self._speed_ratios(chain)
         # per pool and stage count n: (pipelines it holds, p2p between its stages, GPUs, USD per second)
-        facts = []
-        for p in chain:
-            z, cnt = p.zones[0]
-            facts.append([None] + [(capacity(cnt, p.per_node, n, p.tp),
-                                    p.comm[(z, n * p.tp <= p.per_node)] if n > 1 else 0.0,
-                                    n * p.tp, n * p.tp * p.prices[z]) for n in range(1, top + 1)])
+        facts = [self._pool_facts(p, top) for p in chain]
+        last, sharded = facts[-1], self.distributed_optimizer
         limits = [self._stage_limit(a, b) for a, b in zip(chain, chain[1:])]
         for head in product(*(range(1, min(n, top) + 1) for n in limits)):
             if sum(head) >= top:
@@ -356,26 +355,25 @@ class Chains:
                 cap, c, g, price = f[n]
                 h_cap, h_comm, h_gpus, h_usd = min(h_cap, cap), h_comm + (n - 1) * c, h_gpus + g, h_usd + price
             h_P = sum(head)
-            for n in range(1, top - h_P + 1):
-                cap, c, g, price = facts[-1][n]
-                d_cap, comm, per_pipe = min(h_cap, cap), h_comm + (n - 1) * c, h_gpus + g
-                usd, P = h_usd + price, h_P + n
-                Ps = (*head, n)
+            for n in range(1, top - h_P + 1):  # (the loop runs often: written out for speed)
+                cap, c, g, price = last[n]
+                d_cap, comm, P = h_cap if h_cap < cap else cap, h_comm + (n - 1) * c, h_P + n
                 if quotas:
                     by_zone: dict[str, int] = {}
-                    for p, k in zip(chain, Ps):
+                    for p, k in zip(chain, (*head, n)):
                         by_zone[p.zones[0][0]] = by_zone.get(p.zones[0][0], 0) + k * p.tp
                     for z, used in by_zone.items():
                         if z in quotas:
                             d_cap = min(d_cap, quotas[z] // used)
                 if max_gpus is not None:
-                    d_cap = min(d_cap, max_gpus // per_pipe)
+                    d_cap = min(d_cap, max_gpus // (h_gpus + g))
                 if d_cap < 1:
                     continue
                 fill, upd = least + 2 * comm, u / P  # one replica's step (configurations split it)
-                m_min, upd_d = -(-M // d_cap), upd / self._shards(d_cap)
+                m_min, upd_d = -(-M // d_cap), upd / d_cap if sharded else upd  # (Planner._shards)
                 slot_lb = max((least + 4 * comm) / P, floor, minmax[P])
                 t_lb = fill + (m_min - 1) * slot_lb + upd_d
+                usd, Ps = h_usd + price, (*head, n)
                 bound = t_lb if throughput else _cost_bound(fill, slot_lb, upd_d, usd, M, m_min)
                 if not alike and bound < cutoff:  # a tighter bottleneck bound: pools that differ in speed
                     spread_lb = _spread_bound(fastest, [(k / r, e / r, heaviest[min(k * c, L)])
@@ -386,9 +384,23 @@ class Chains:
                         slot_lb = spread_lb
                         t_lb = fill + (m_min - 1) * slot_lb + upd_d
                         bound = t_lb if throughput else _cost_bound(fill, slot_lb, upd_d, usd, M, m_min)
+                if throughput and bound < cutoff and d_cap > 1 and slot_lb > 0:
+                    # the configurations that may beat the cutoff have at most 1 + steps microbatches
+                    # per pipeline, so at least the pipelines that needs, and their rings (_sync_tail)
+                    bound += self._sync_tail(chain, Ps, (cutoff - fill - upd_d) / slot_lb)
                 if bound < cutoff and self._could_admit(t_lb, 0.0):
                     yield bound, (chain, Ps, d_cap, tuple(f[k][1] for f, k in zip(facts, Ps)), crosses, fill,
                                   slot_lb, upd, usd)
+
+    def _pool_facts(self, p: Shape, top: int) -> list:
+        """[n]: (pipelines the pool holds, p2p between its stages, GPUs, USD per second) with n stages."""
+        key = ("facts", p.gpu, p.mbs, p.tp, p.zones[0], top)
+        if key not in self._front_cache:
+            z, cnt = p.zones[0]
+            self._front_cache[key] = [None] + [(capacity(cnt, p.per_node, n, p.tp),
+                                                p.comm[(z, n * p.tp <= p.per_node)] if n > 1 else 0.0,
+                                                n * p.tp, n * p.tp * p.prices[z]) for n in range(1, top + 1)]
+        return self._front_cache[key]
 
     def _speed_ratios(self, chain: tuple) -> tuple:
         """Facts of the chain for _spread_bound: (fastest, r, e, c, heaviest). fastest: F+B of one
@@ -462,7 +474,9 @@ class Chains:
 
     def _chain_configs(self, chain, Ps, d_cap, intra, crosses, fill, slot_lb, upd, usd):
         """Configurations (m, D), m growing: their bounds grow too (the least bottleneck of a split that
-        fits can only grow with the in-flight counts)."""
+        fits can only grow with the in-flight counts). For throughput, a configuration whose bound with
+        its sync floor already reaches the cutoff is dropped before its split DP (`_least_slot`, the
+        costly part), and the DP stops where the bottleneck would take the bound there."""
         M, P = self.gbs // chain[0].mbs, sum(Ps)
         after = P
         floors = []
@@ -473,20 +487,33 @@ class Chains:
         if floor == math.inf:
             return  # no stage needs recomputing: the plain family is as good
         throughput = self.goal.objective == "throughput"
+        low = max(slot_lb, floor)  # the bottleneck's least so far: it grows with m
         for m, D in self._microbatch_counts(M, d_cap):
             upd_d = upd / self._shards(D)
-            # a bottleneck of at least `cap` puts the bound at or past the K-th best plan found
-            cap = (self._cutoff - fill - upd_d) / (m - 1) if throughput and m > 1 else math.inf
-            slot = max(slot_lb, floor, self._least_slot(chain, Ps, m, intra, crosses, cap, self._shards(D)))
+            base = fill + (m - 1) * low + upd_d
+            if throughput and base >= self._cutoff:
+                return  # the cutoff only falls: neither this configuration nor a later one can be the best
+            sync, cap = None, math.inf  # (cost: the sync floor when refined, as the bounds are in USD)
+            if throughput:
+                # with its sync floor, before the split DP (later ones, fewer replicas, may sync less)
+                sync = self._sync_floor(chain, Ps, D)
+                if base + sync >= self._cutoff:
+                    continue
+                # a bottleneck of at least `cap` puts the bound at or past the K-th best plan found
+                if m > 1:
+                    cap = (self._cutoff - fill - upd_d - sync) / (m - 1)
+            slot = max(low, self._least_slot(chain, Ps, m, intra, crosses, cap, self._shards(D)))
             if slot == math.inf:
                 continue  # no split fits in memory
+            low = slot
             t_lb = fill + (m - 1) * slot + upd_d
             if self._could_admit(t_lb, usd * D):
-                yield self._bound(t_lb, usd * D), self._refine_chain, (chain, Ps, D, m, intra, crosses)
+                yield self._bound(t_lb, usd * D), self._refine_chain, (chain, Ps, D, m, intra, crosses, sync)
 
-    def _refine_chain(self, chain, Ps, D, m, intra, crosses):
+    def _refine_chain(self, chain, Ps, D, m, intra, crosses, sync):
         """A tighter bound: the least gradient sync of any split (_sync_floor)."""
-        sync = self._sync_floor(chain, Ps, D)
+        if sync is None:
+            sync = self._sync_floor(chain, Ps, D)
         usd = D * sum(n * p.tp * p.prices[p.zones[0][0]] for p, n in zip(chain, Ps))
         return self._bound(sync, usd), usd, self._evaluate_chain, (chain, Ps, D, m, intra, crosses, sync)
 
@@ -515,6 +542,18 @@ class Chains:
                 continue  # the next pool's ring takes part too
             return max(old, tau)
 
+    def _sync_tail(self, chain, Ps, steps: float) -> float:
+        """A lower bound of the sync time of every split with m <= 1 + steps microbatches per pipeline,
+        so D >= D_lo = ceil(M / (1 + steps)) pipelines: some stage holds the average parameters, and a
+        ring of more replicas has no faster edge (ring_edges_of: its kinds of edge only grow) and larger
+        volume and latency terms, so the rings' lines at D_lo (_ring_line) bound them all."""
+        M = self.gbs // chain[0].mbs
+        D_lo = -(-M // (1 + math.floor(steps))) if steps < M else 1
+        if D_lo < 2:
+            return 0.0
+        avg = -(-chain[0].costs.params(0, self.L - 1) // sum(Ps))
+        return min(a * avg + b for b, a in (self._ring_line(p, n, D_lo) for p, n in zip(chain, Ps)))
+
     def _ring_line(self, p: Shape, n: int, D: int) -> tuple[float, float]:
         """(b [s], a [s/parameter]): pool p's ring of D replicas (n stages each) takes at least
         a x + b for x parameters: 2 (D-1)/D * GRAD_BYTES x at the slowest edge's peak rate, plus
@@ -535,7 +574,7 @@ class Chains:
         at least `cap`, and `cap` is returned, a lower bound; inf: no split fits. shards: the optimizer
         state's split (Planner._shards)."""
         L, P, k = self.L, sum(Ps), len(chain)
-        key = ("least-slot", tuple(id(p) for p in chain), Ps, min(m, P), intra, crosses, shards)
+        key = ("least-slot", tuple(id(p.costs) for p in chain), Ps, min(m, P), intra, crosses, shards)
         known = self._front_cache.get(key)  # (value, exact)
         if known is not None and (known[1] or known[0] >= cap):
             return known[0]
@@ -623,7 +662,7 @@ class Chains:
         fast = self._fastest[chain[0].mbs]
         segments = (chain[0].mbs, tuple((p.gpu, p.tp, n, z) for p, n, z in zip(chain, Ps, zones)))
 
-        full = not pareto and len(best) == top
+        cut = self._cutoff  # (the K-th best plan's score, or the probe's; inf for a Pareto front)
         # left to right over the pools: at each pool boundary j, the undominated partial splits
         # (compute, slot, sync, update, ring USD, first layers) of layers 0..j-1
         labels: dict = {0: [(0.0, 0.0, 0.0, 0.0, 0.0, ())]}
@@ -639,12 +678,16 @@ class Chains:
                     add, rest = costs.compute(lo, j - 1), fast[L] - fast[j]  # rest: the later pools' least
                     add_ring = ring_usd[i] * costs.params(lo, j - 1)
                     cell = nxt.setdefault(j, [])
+                    least = partial[0][0] + add + rest + comm  # (partial: sorted, least compute first)
                     for s1, p1, b1 in seg:
-                        sy1, up1 = self._pool_sync(p1, p, n, D)[0], p.u * p1 / d
+                        up1 = p.u * p1 / d
+                        if self._bound(least + bubbles * s1 + sync_lb + max(up1, upd_lb), usd_per_s) >= cut:
+                            continue  # no partial split before it makes it enter the top K
+                        sy1 = self._pool_sync(p1, p, n, D)[0]
                         for c0, sl, sy, up, rg, bd in partial:
                             c0, sl, sy, up = c0 + add, max(sl, s1), max(sy, sy1), max(up, up1)
                             t_lb = c0 + rest + comm + bubbles * sl + max(sy, sync_lb) + max(up, upd_lb)
-                            if full and self._bound(t_lb, usd_per_s) >= -best[0][0]:
+                            if self._bound(t_lb, usd_per_s) >= cut:
                                 continue  # cannot enter the top K
                             cell.append((c0, sl, sy, up, rg + add_ring, (*bd, *b1)))
             labels = {j: _undominated(cell) for j, cell in nxt.items() if cell}

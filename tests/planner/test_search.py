@@ -760,3 +760,70 @@ def test_two_type_sync_floor_is_below_every_mixed_ring(sailor_store):
     for floor, sync, case in rings(("us-east1-c",)):  # no measured fits: every node-to-node link alike
         if case[-1] > 1_000:  # (a tiny ring is bound by a measured NVLink fit at its smallest messages)
             assert floor == pytest.approx(sync, rel=1e-9), case
+
+
+def test_sync_tail_is_below_the_sync_floor_of_every_replica_count_it_admits(sailor_store):
+    """The chains' sync tail (`_sync_tail`, which ends a family's configurations and bounds a family)
+    against the sync floor of every pipeline count D that its microbatch limit leaves: measured fits
+    of four zones of one region and of V100s in two more, several TP degrees and stage counts, and
+    limits either side of whole-node rings. It must hold for every such D, and bound something."""
+    import random
+
+    from planner.specs.model import get_model
+
+    zones = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f")
+    c = replace(load_cluster(None), available=(*(Pool("A100-40", z, 128) for z in zones),
+                                               Pool("V100-16", "us-west1-b", 64), Pool("V100-16", "us-east1-c", 64)))
+    planner = Planner(Simulator(get_model("opt-350m"), c, sailor_store, "fp16"), 1024, Goal())
+    rng, tight, cases = random.Random(7), 0, 0
+    for mbs, pools in planner._chain_pools(planner.shapes()).items():
+        M = 1024 // mbs
+        for a, b in rng.sample([(a, b) for a in pools for b in pools if a is not b], 30):
+            for Ps in ((1, 1), (2, 3), (1, 6)):
+                for steps in (0.5, 2.0, 7.3, 31.0, M + 1.0):
+                    tail = planner._sync_tail((a, b), Ps, steps)
+                    D_lo = -(-M // (1 + math.floor(steps)))
+                    floors = [planner._sync_floor((a, b), Ps, D) for D in range(max(D_lo, 2), min(M, D_lo + 40) + 1)]
+                    assert all(tail <= f * (1 + 1e-12) for f in floors), (a.gpu, a.tp, b.gpu, b.tp, Ps, steps)
+                    tight += bool(floors) and tail >= 0.5 * floors[0]
+                    cases += bool(floors)
+    assert tight >= 0.5 * cases  # (it prunes: mostly at least half the sync floor at its least D)
+
+
+def test_chain_families_and_configurations_keep_everything_below_the_cutoff(sailor_store):
+    """What the chains' bounds drop against the configurations themselves: for families of chains on
+    four zones of one region (measured fits), each configuration's bound found exactly (the least
+    bottleneck of any split that fits, `_least_slot` without a cap, plus the sync floor of its D).
+    Under a cutoff, every family with a configuration below it is kept, with a bound at most that
+    configuration's, and every such configuration is kept (the sync floor and tail end nothing early)."""
+    import random
+
+    from planner.specs.model import get_model
+
+    zones = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f")
+    c = replace(load_cluster(None), available=tuple(Pool("A100-40", z, 128) for z in zones))
+    planner = Planner(Simulator(get_model("opt-350m"), c, sailor_store, "bf16"), 1024, Goal())
+    rng, checked = random.Random(3), 0
+    for mbs, pools in sorted(planner._chain_pools(planner.shapes()).items()):
+        M = 1024 // mbs
+        for chain in rng.sample([(a, b) for a in pools for b in pools if a.zones != b.zones], 6):
+            for _, fam in planner._chain_families(chain):
+                chain, Ps, d_cap, intra, crosses, fill, slot_lb, upd, usd = fam
+                exact = {}  # m -> the configuration's bound
+                for m, D in planner._microbatch_counts(M, d_cap):
+                    slot = planner._least_slot(chain, Ps, m, intra, crosses, math.inf, planner._shards(D))
+                    if slot < math.inf:
+                        exact[m] = (fill + (m - 1) * max(slot, slot_lb) + upd / planner._shards(D)
+                                    + planner._sync_floor(chain, Ps, D))
+                if not exact:
+                    continue
+                least = min(exact.values())
+                for cutoff in {least * 1.02, least * 1.2, *(t * (1 + 1e-9) for t in exact.values())}:
+                    bounds = [b for b, f in planner._chain_families(chain, cutoff) if f[1] == Ps]
+                    assert len(bounds) == 1 and bounds[0] <= least * (1 + 1e-12), (Ps, cutoff, bounds, least)
+                    planner._cutoff = cutoff
+                    kept = {args[3] for _, _, args in planner._chain_configs(*fam)}
+                    planner._cutoff = math.inf
+                    assert {m for m, t in exact.items() if t < cutoff} <= kept, (Ps, cutoff)
+                    checked += 1
+    assert checked > 200
