@@ -345,7 +345,7 @@ class Chains:
             fastest, slower, excess, most, heaviest = self._speed_ratios(chain)
         # per pool and stage count n: (pipelines it holds, p2p between its stages, GPUs, USD per second)
         facts = [self._pool_facts(p, top) for p in chain]
-        last, sharded = facts[-1], self.distributed_optimizer
+        last = facts[-1]
         limits = [self._stage_limit(a, b) for a, b in zip(chain, chain[1:])]
         for head in product(*(range(1, min(n, top) + 1) for n in limits)):
             if sum(head) >= top:
@@ -370,7 +370,7 @@ class Chains:
                 if d_cap < 1:
                     continue
                 fill, upd = least + 2 * comm, u / P  # one replica's step (configurations split it)
-                m_min, upd_d = -(-M // d_cap), upd / d_cap if sharded else upd  # (Planner._shards)
+                m_min, upd_d = -(-M // d_cap), upd / self._shards(d_cap)
                 slot_lb = max((least + 4 * comm) / P, floor, minmax[P])
                 t_lb = fill + (m_min - 1) * slot_lb + upd_d
                 usd, Ps = h_usd + price, (*head, n)
