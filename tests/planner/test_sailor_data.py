@@ -1,5 +1,7 @@
 """Against the data published with Sailor (skipped where ../shared is absent)."""
 import json
+import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +43,60 @@ def test_presets_have_llm_infos_parameter_counts(sailor_data):
 def test_network_fit_is_clamped_to_its_measured_range():
     fit = BandwidthFit(-0.1, 1.0, 1.0, 5e9)  # a parabola that turns negative for large messages
     assert fit.bytes_per_s(1e15) == fit.bytes_per_s(1024e6)  # beyond 1 GB: the 1 GB value
-    assert fit.bytes_per_s(1.0) == fit.bytes_per_s(0.064e6)  # below 64 KB: the 64 KB value
+    rising = BandwidthFit(0.0, 0.1, 1.0, 5e9)  # 1 GB/s at 1 MB, rising gently with size
+    assert rising.bytes_per_s(1.0) == rising.bytes_per_s(0.064e6) == pytest.approx(1e9 + 0.1e9 * math.log2(0.064))
     assert fit.bytes_per_s(100e6) <= 5e9
+
+
+def _grid_rates(fit, points=1600):
+    sizes = [2 ** (i / 40) for i in range(points)]  # 1 byte .. 1 TB
+    return sizes, [fit.bytes_per_s(x) for x in sizes]
+
+
+def test_a_link_moves_a_larger_message_no_slower_and_a_smaller_one_no_later():
+    """What a quadratic fit may say and no link does: stream a large message slower than a smaller one
+    (it could go in pieces of that size) or take longer over a small message than over a larger one (it
+    could go as part of it). bytes_per_s obeys both rules, never exceeds the fit's peak, and is the fit
+    itself wherever the fit obeys them."""
+    falls = BandwidthFit(-0.05, 0.0, 2.0, 1e12)  # peaks at 1 MB (2 GB/s), then falls: 1.4 GB/s at 1 GB
+    assert falls.bytes_per_s(1e9) == pytest.approx(2e9) and falls.bytes_per_s(1e6) == pytest.approx(2e9)
+    dives = BandwidthFit(-0.2, 2.0, 0.8, 1e12)  # 0.8 GB/s at 1 MB; toward 64 KB it dives under 1 MB/s
+    t = lambda fit, x: x / fit.bytes_per_s(x)  # noqa: E731
+    assert dives._fit_rate(math.log2(0.064)) == 1e6  # the fit alone: 64 KB take 64 ms, 1 MB 1.25 ms
+    assert t(dives, 64e3) <= t(dives, 1e6) <= 1e6 / 0.8e9
+    gentle = BandwidthFit(0.0, 0.1, 1.0, 1.8e9)  # rises gently to its cap at 256 MB: obeys both already
+    for x in (1e3, 1e5, 1e7, 1e9):
+        y = min(max(math.log2(x / 1e6), math.log2(0.064)), 10.0)
+        assert gentle.bytes_per_s(x) == pytest.approx(min(1.8e9, 1e9 * (0.1 * y + 1.0)), rel=1e-12)
+    rng = random.Random(5)
+    fits = [falls, dives, gentle]
+    for _ in range(400):
+        vertex, curve, peak = rng.uniform(-6, 12), rng.uniform(0.001, 1), rng.uniform(0.01, 300)
+        fits.append(BandwidthFit(rng.choice((-1, 1)) * curve, 2 * curve * vertex * rng.uniform(-1, 1),
+                                 peak - curve * vertex ** 2, peak * 1e9 * rng.uniform(0.5, 2),
+                                 min_bytes=rng.choice((None, 1e3)), max_bytes=rng.choice((None, 1e8, 1e10))))
+    for fit in fits:
+        sizes, rates = _grid_rates(fit)
+        times = [x / r for x, r in zip(sizes, rates)]
+        assert all(b >= a * (1 - 1e-12) for a, b in zip(rates, rates[1:])), fit
+        assert all(b >= a * (1 - 1e-12) for a, b in zip(times, times[1:])), fit
+        assert max(rates) <= fit.peak_bytes_per_s * (1 + 1e-12), fit
+
+
+def test_sailor_fits_read_by_the_link_rules(sailor_store):
+    """On Sailor's fits the rules change only what the fits say below 0.6 MB or after their peak."""
+    fits = [*sailor_store.network.inter.values(), *sailor_store.network.intra.values()]
+    changed_small = 0
+    for fit in fits:
+        lo, hi = fit._range
+        sizes, rates = _grid_rates(fit)
+        raw = [fit._fit_rate(min(max(math.log2(x / 1e6), lo), hi)) for x in sizes]
+        peak_at = max(range(len(raw)), key=raw.__getitem__)
+        for i, (x, r, f) in enumerate(zip(sizes, rates, raw)):
+            if r != pytest.approx(f, rel=1e-12):
+                assert x < 0.62e6 or i >= peak_at, (fit, x)
+                changed_small += x < 0.62e6
+    assert changed_small > 0
 
 
 def test_unmeasured_mixed_link_runs_at_its_slower_end():

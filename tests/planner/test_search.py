@@ -304,6 +304,45 @@ def test_planner_matches_brute_force(pools, quotas, gbs, nic, goal):
     assert found == pytest.approx(exhaustive, rel=1e-9)
 
 
+# Clusters under node-to-node fits that peak at some message size and fall on either side:
+# (pools, global batch, (peak at log2 MB, fall per log2 MB squared, peak GB/s)).
+PEAKED_FITS = [
+    ([("small-a", "z1", 12)], 32, (1.6, 0.18, 2.09)),
+    ([("small-a", "z1", 8), ("small-a", "z2", 8)], 32, (-1.58, 0.196, 0.221)),
+    ([("small-b", "z1", 8), ("small-b", "z2", 8)], 16, (-1.65, 0.162, 1.54)),
+    ([("small-a", "z1", 12), ("small-a", "z2", 8)], 32, (0.636, 0.274, 2.12)),
+    ([("small-b", "z1", 16)], 16, (3.381, 0.2529, 1.0157)),  # dives below 1 MB/s toward 64 KB
+]
+
+
+@pytest.mark.parametrize("pools, gbs, peak", PEAKED_FITS)
+@pytest.mark.parametrize("goal", [Goal("throughput"), Goal("cost"), Goal("throughput", max_gpus=6)],
+                         ids=["throughput", "cost", "max6"])
+def test_planner_matches_brute_force_under_fits_that_peak(pools, gbs, peak, goal):
+    """The search assumes what every link does: a ring of more replicas, or a stage with more
+    parameters, syncs no faster. A quadratic fit can say otherwise: a ring of twelve faster than one of
+    eleven where the fit falls after its peak, or a stage's ring faster than a smaller stage's where it
+    dives toward small messages (the search's time for a plan then is not the simulator's, and its
+    consistency check stops it). The network reads fits by the rules that restore it
+    (BandwidthFit.bytes_per_s), and the planner finds brute force's optimum."""
+    from planner.profiles.network_fits import BandwidthFit, NetworkFits
+
+    top, fall, gbps = peak
+    fit = BandwidthFit(-fall, 2 * fall * top, gbps - fall * top * top, gbps * 1e9)
+    gpu = pools[0][0]
+    fits = NetworkFits(inter={(z, gpu, t, z, gpu, t): fit for _, z, _ in pools for t in (1, 2, 4)})
+    c = cluster(pools)
+    store = ProfileStore({("small", g): synthetic_profile(g, k) for g, k in (("small-a", 1.0), ("small-b", 1.8))},
+                         fits, gpus=dict(c.gpus))
+    sim = Simulator(MODEL, c, store)
+    result = Planner(sim, gbs, goal, max_stages=6).run(top=1)
+    exhaustive = brute_force(sim, gbs, goal, stage_major=False, type_chains=False)
+    assert result.plans and not math.isinf(exhaustive)
+    est = result.plans[0][1]
+    found = est.iteration_time_s if goal.objective == "throughput" else est.cost_per_iteration_usd
+    assert found == pytest.approx(exhaustive, rel=1e-9)
+
+
 @pytest.mark.parametrize("case", [0, 1, 3, 5])
 @pytest.mark.parametrize("goal", [Goal("throughput"), Goal("cost")], ids=["throughput", "cost"])
 def test_distributed_optimizer_matches_brute_force(case, goal):
