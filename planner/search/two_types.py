@@ -3,10 +3,11 @@
 Every stage has replicas of both types, each type with its own TP degree; the
 types' pipelines run their own microbatch counts, so faster GPUs take more
 samples. Each type runs as many pipelines as its GPUs hold (or they share M/P
-pipelines when the batch is the limit); every pipeline runs at least P
-microbatches. The shared split is an exact frontier over (slot of each type, G)
-(partition.JointSplitTable); the microbatch split is where the two types' times
-cross (space.crossing).
+pipelines when the batch is the limit); each type's busiest pipeline runs at
+least P microbatches. The shared split is an exact frontier over (slot of each
+type, G) (partition.JointSplitTable); the microbatch split, any number t to one
+type spread over its pipelines, is where the two types' times cross
+(space.crossing).
 """
 from __future__ import annotations
 
@@ -28,21 +29,22 @@ class TwoTypes:
                 if x.mbs == y.mbs and x.gpu < y.gpu:
                     yield x, y
 
-    def _balance(self, M: int, P: int, classes) -> tuple[float, int] | None:
-        """Least pipeline time over how M microbatches split between two classes.
+    def _balance(self, M: int, P: int, classes) -> tuple[float, int]:
+        """A lower bound of the pipeline time over how M microbatches split between two classes.
 
-        classes = [(D, fill, slot), (D, fill, slot)]: class c's pipelines take
-        at most m_c microbatches (its busiest pipeline), at least P so the
-        1F1B in-flight count is P - s, and every pipeline gets at least one.
-        Returns (time, m of the first class) or None.
+        classes = [(D, fill, slot), (D, fill, slot)]: t microbatches go to the first class, spread
+        evenly over its pipelines (the busiest runs ceil(t / D)), M - t to the second, and each class's
+        busiest pipeline runs at least P (so the 1F1B in-flight count is P - s): a class takes at least
+        fill + (max(P, ceil(share / D)) - 1) slot. That holds for any t and for at most D pipelines of
+        each class, so the least over t = 0..M (where the rising and falling times cross) bounds them.
+        Returns (time, t).
         """
         (dx, fx, sx), (dy, fy, sy) = classes
 
-        def times(mx):  # (X's time, Y's time), or None if Y would run fewer than P microbatches
-            my = math.ceil((M - min(dx * mx, M - dy)) / dy)
-            return None if my < P else (fx + (mx - 1) * sx, fy + (my - 1) * sy)
+        def times(t):
+            return fx + (max(P, -(-t // dx)) - 1) * sx, fy + (max(P, -(-(M - t) // dy)) - 1) * sy
 
-        return crossing(P, math.ceil((M - dy) / dx), times)
+        return crossing(0, M, times)
 
     def _two_class_family(self, x: Shape, y: Shape, P: int, cutoff: float = math.inf):
         """(bound, args) of the pipelines of X and Y with P stages each; None if the bound reaches `cutoff`."""
@@ -65,8 +67,6 @@ class TwoTypes:
         if self.goal.objective == "throughput" and least + upd >= cutoff:
             return None
         ideal = self._balance(M, P, [(min(caps[0], most - 1), *lbs[0]), (min(caps[1], most - 1), *lbs[1])])
-        if ideal is None:
-            return None
         # the ring's largest stage has at least the average number of parameters
         sync = self._mixed_edge_floor(x, y, members, math.ceil(x.costs.params(0, self.L - 1) / P))
         price = min(x.prices.values()) * P * x.tp + min(y.prices.values()) * P * y.tp  # one pipeline each
@@ -126,9 +126,9 @@ class TwoTypes:
             out = []
             for dx in dxs:
                 dy = most - dx if caps[0] + caps[1] > most else caps[1]
-                ideal = self._balance(M, P, [(dx, *lbs[0]), (dy, *lbs[1])])
-                if ideal is None:
+                if _shares(M, P, dx, dy) is None:
                     continue
+                ideal = self._balance(M, P, [(dx, *lbs[0]), (dy, *lbs[1])])
                 placed = [_fill(caps_c, d) for caps_c, d in zip(zone_caps, (dx, dy))]
                 usd = sum(k * P * sh.tp * sh.prices[z] for sh, pl in zip((x, y), placed) for z, k in pl)
                 if self._could_admit(ideal[0] + upd, usd) and self._within_quotas(x, y, P, placed):
@@ -220,6 +220,7 @@ class TwoTypes:
             self._front_cache[key] = JointSplitTable(costs, [max(c.values()) for c in comms],
                                                      [self.max_stages] * 2, self.max_stages)
         splits = self._front_cache[key].frontier(P)
+        shares = _shares(M, P, dx, dy)  # (configurations without any are not made)
         edges = self._class_ring((x, y), P, placed)
         gpus_per_zone: dict[str, int] = {}
         usd_per_s = 0.0
@@ -237,19 +238,13 @@ class TwoTypes:
             for sh, cz, pl in zip(shapes, comms, placed):
                 fb = sh.costs.compute(0, self.L - 1)
                 zone_times.append([(fb + 2 * (P - 1) * cz[z], self._slot(sh.costs, bounds, cz[z]), k) for z, k in pl])
-            def times(mx):  # exact (X's time, Y's time) when X's busiest pipeline runs mx microbatches
-                m_x_total = min(dx * mx, M - dy)
-                micro_x, micro_y = spread(m_x_total, dx), spread(M - m_x_total, dy)
-                if micro_y[0] < P:
-                    return None
-                return self._class_time(zone_times[0], micro_x), self._class_time(zone_times[1], micro_y)
+            def times(t):  # exact (X's time, Y's time) when X's pipelines run t microbatches in all
+                return self._class_time(zone_times[0], t, dx), self._class_time(zone_times[1], M - t, dy)
 
-            found = crossing(P, math.ceil((M - dy) / dx), times)
-            if found is None:
-                continue
-            m_x_total = min(dx * found[1], M - dy)
-            best_split = (found[0], spread(m_x_total, dx), spread(M - m_x_total, dy))
-            t_pp, micro_x, micro_y = best_split
+            # X's time only grows with t (spread adds one to one pipeline) and Y's only falls: the best t
+            # is where they cross
+            t_pp, t = crossing(*shares, times)
+            micro_x, micro_y = spread(t, dx), spread(M - t, dy)
             sync = self.sim.edges_sync(params, dx + dy, edges)[0]
             T = t_pp + sync + u * params / d
             zones_x = tuple(z for z, k in placed[0] for _ in range(k))
@@ -259,11 +254,13 @@ class TwoTypes:
                            best, front, top, pareto)
 
     @staticmethod
-    def _class_time(zone_times, micro) -> float:
-        """Slowest pipeline of a class: each zone's first (busiest) pipeline, over that zone's links."""
+    def _class_time(zone_times, total: int, pipelines: int) -> float:
+        """Slowest pipeline of a class running `total` microbatches spread over its pipelines (the first
+        total % pipelines run one more): each zone's first (busiest) pipeline, over that zone's links."""
+        q, r = divmod(total, pipelines)
         worst, k0 = 0.0, 0
         for fill, slot, k in zone_times:
-            worst = max(worst, fill + (micro[k0] - 1) * slot)
+            worst = max(worst, fill + (q + (k0 < r) - 1) * slot)
             k0 += k
         return worst
 
@@ -299,6 +296,13 @@ def _fill(zone_caps: list[tuple[str, int]], D: int) -> list[tuple[str, int]]:
             placed.append((z, k))
             left -= k
     return placed
+
+
+def _shares(M: int, P: int, dx: int, dy: int) -> tuple[int, int] | None:
+    """(least, most) microbatches the first class can take in all: every pipeline runs one or more and
+    each class's busiest P or more (ceil(t / dx) >= P and ceil((M - t) / dy) >= P); None if none."""
+    lo, hi = max(dx, dx * (P - 1) + 1), min(M - dy, M - dy * (P - 1) - 1)
+    return (lo, hi) if lo <= hi else None
 
 
 def _relaxed_time(M: int, dx: int, dy: int, fx: float, sx: float, fy: float, sy: float) -> float:

@@ -343,6 +343,25 @@ def test_planner_matches_brute_force_under_fits_that_peak(pools, gbs, peak, goal
     assert found == pytest.approx(exhaustive, rel=1e-9)
 
 
+def test_two_types_split_microbatches_at_any_count():
+    """Six small-a and two small-b GPUs on measured flat links (1.87 and 3.0 GB/s between nodes): the
+    best plan gives the three small-a pipelines 14 microbatches (5, 5, 4) and the small-b one 2. The
+    two-type search once tried only multiples of its pipelines (12 or 15 for small-a) and missed it."""
+    from planner.profiles.network_fits import BandwidthFit, NetworkFits
+
+    pools = [("small-a", "z2", 6), ("small-b", "z2", 2)]
+    fits = NetworkFits(inter={("z2", g, t, "z2", g, t): BandwidthFit(0.0, 0.0, gbps, gbps * 1e9)
+                              for g, gbps in (("small-a", 1.87), ("small-b", 3.0)) for t in (1, 2, 4)})
+    c = cluster(pools)
+    store = ProfileStore({("small", g): synthetic_profile(g, k) for g, k in (("small-a", 1.0), ("small-b", 1.8))},
+                         fits, gpus=dict(c.gpus))
+    sim = Simulator(MODEL, c, store)
+    plan, est = Planner(sim, 16, Goal(), max_stages=6).run(top=1).plans[0]
+    assert est.iteration_time_s == pytest.approx(brute_force(sim, 16, Goal()), rel=1e-9)
+    assert sorted(p.num_microbatches for p in plan.pipelines) == [2, 4, 5, 5]
+    assert {r.gpu for r in plan.stages[0].replicas} == {"small-a", "small-b"}
+
+
 @pytest.mark.parametrize("case", [0, 1, 3, 5])
 @pytest.mark.parametrize("goal", [Goal("throughput"), Goal("cost")], ids=["throughput", "cost"])
 def test_distributed_optimizer_matches_brute_force(case, goal):
