@@ -60,15 +60,19 @@ class BandwidthFit:
         to at least 1 MB/s."""
         return max(min((self.c0 * y * y + self.c1 * y + self.c2) * 1e9, self.max_bytes_per_s), 1e6)
 
+    @cached_property
+    def _below(self) -> tuple[float, float, float]:
+        """(rate at lo, y of the quadratic's vertex (inf where it has no maximum above lo), rate there)."""
+        lo, c0, c1 = self._range[0], self.c0, self.c1
+        top = -c1 / (2 * c0) if c0 < 0 and -c1 / (2 * c0) > lo else math.inf
+        return self._fit_rate(lo), top, self._fit_rate(top) if top < math.inf else 0.0
+
     def _rate(self, y: float) -> float:
         """Bytes/s at y (inside the fitted range) by the chunking rule: a message streams at least as
         fast as any smaller one, since it could go as back-to-back pieces of that size. So the most
         the fit gives from lo up to y: at lo, at y, or at the quadratic's vertex in between."""
-        lo, c0, c1 = self._range[0], self.c0, self.c1
-        best = max(self._fit_rate(lo), self._fit_rate(y))
-        if c0 < 0 and lo < -c1 / (2 * c0) < y:
-            best = max(best, self._fit_rate(-c1 / (2 * c0)))
-        return best
+        at_lo, top, at_top = self._below
+        return max(at_lo, self._fit_rate(y), at_top if top < y else 0.0)
 
     @cached_property
     def _faster_later(self) -> tuple[list[float], list[float]]:

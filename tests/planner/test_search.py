@@ -54,9 +54,10 @@ def cluster(pools, quotas=None, nic=None) -> Cluster:
     return replace(c, available=tuple(Pool(g, z, n) for g, z, n in pools), quotas=quotas or {})
 
 
-def simulator(c: Cluster) -> Simulator:
+def simulator(c: Cluster, network=None) -> Simulator:
+    """network: measured NetworkFits (default: none, the catalog's links)."""
     store = ProfileStore({("small", "small-a"): synthetic_profile("small-a", 1.0),
-                          ("small", "small-b"): synthetic_profile("small-b", 1.8)}, gpus=dict(c.gpus))
+                          ("small", "small-b"): synthetic_profile("small-b", 1.8)}, network, gpus=dict(c.gpus))
     return Simulator(MODEL, c, store)
 
 
@@ -330,11 +331,8 @@ def test_planner_matches_brute_force_under_fits_that_peak(pools, gbs, peak, goal
     top, fall, gbps = peak
     fit = BandwidthFit(-fall, 2 * fall * top, gbps - fall * top * top, gbps * 1e9)
     gpu = pools[0][0]
-    fits = NetworkFits(inter={(z, gpu, t, z, gpu, t): fit for _, z, _ in pools for t in (1, 2, 4)})
-    c = cluster(pools)
-    store = ProfileStore({("small", g): synthetic_profile(g, k) for g, k in (("small-a", 1.0), ("small-b", 1.8))},
-                         fits, gpus=dict(c.gpus))
-    sim = Simulator(MODEL, c, store)
+    sim = simulator(cluster(pools), NetworkFits(inter={(z, gpu, t, z, gpu, t): fit for _, z, _ in pools
+                                                       for t in (1, 2, 4)}))
     result = Planner(sim, gbs, goal, max_stages=6).run(top=1)
     exhaustive = brute_force(sim, gbs, goal, stage_major=False, type_chains=False)
     assert result.plans and not math.isinf(exhaustive)
@@ -350,12 +348,9 @@ def test_two_types_split_microbatches_at_any_count():
     from planner.profiles.network_fits import BandwidthFit, NetworkFits
 
     pools = [("small-a", "z2", 6), ("small-b", "z2", 2)]
-    fits = NetworkFits(inter={("z2", g, t, "z2", g, t): BandwidthFit(0.0, 0.0, gbps, gbps * 1e9)
-                              for g, gbps in (("small-a", 1.87), ("small-b", 3.0)) for t in (1, 2, 4)})
-    c = cluster(pools)
-    store = ProfileStore({("small", g): synthetic_profile(g, k) for g, k in (("small-a", 1.0), ("small-b", 1.8))},
-                         fits, gpus=dict(c.gpus))
-    sim = Simulator(MODEL, c, store)
+    flat = {g: BandwidthFit(0.0, 0.0, gbps, gbps * 1e9) for g, gbps in (("small-a", 1.87), ("small-b", 3.0))}
+    sim = simulator(cluster(pools), NetworkFits(inter={("z2", g, t, "z2", g, t): fit for g, fit in flat.items()
+                                                       for t in (1, 2, 4)}))
     plan, est = Planner(sim, 16, Goal(), max_stages=6).run(top=1).plans[0]
     assert est.iteration_time_s == pytest.approx(brute_force(sim, 16, Goal()), rel=1e-9)
     assert sorted(p.num_microbatches for p in plan.pipelines) == [2, 4, 5, 5]
