@@ -27,6 +27,11 @@ with G_i the largest stage of pool i. Each pool's segment has an exact
 (slot, params) frontier for every first and last layer (`_segment`); the
 evaluation goes over the pools left to right, keeping at each pool boundary
 the partial splits no other beats in compute, slot, sync, update and egress.
+In auto mode's recomputing pass a stage recomputes only if it does not fit
+without (per-stage recomputation: a segment's frontier then also keeps the F+B
+its recomputing stages add), and the bounds take every layer's time without
+recomputing (`_fb`), plus the least that a stage which must recompute adds
+(`_least_extra`).
 
 The search reaches chains best-first through bounds that hold for everything
 below them: a pair of shapes (GPU type, microbatch size, TP) bounds its chains
@@ -51,6 +56,7 @@ from itertools import accumulate, product
 
 from planner.search.goal import Outcome
 from planner.search.partition import pareto as pareto_front
+from planner.search.partition import pareto_extra
 from planner.search.space import FIRST_POOL_STAGES, Shape, capacity, spread
 from planner.simulator.network import Endpoint
 from planner.simulator.simulate import GRAD_BYTES
@@ -84,7 +90,7 @@ class Chains:
         for mbs, pools in by_mbs.items():
             prefix = [0.0]
             for j in range(self.L):
-                prefix.append(prefix[-1] + min(p.costs.fb[j + 1] - p.costs.fb[j] for p in pools))
+                prefix.append(prefix[-1] + min(_fb(p)[j + 1] - _fb(p)[j] for p in pools))
             self._fastest[mbs] = tuple(prefix)
         places = {(p.gpu, p.zones[0][0]) for pools in by_mbs.values() for p in pools}
         self._type_chains = self._type_chain_pass and self._type_chain_places(places)
@@ -165,12 +171,13 @@ class Chains:
         if self.goal.objective != "throughput" or self._cutoff == math.inf:
             return -math.inf
         (a, b), L, M, top = rep, self.L, self.gbs // rep[0].mbs, min(self.max_stages, self.L)
-        fa, fb = a.costs.fb, b.costs.fb
+        fa, fb = _fb(a), _fb(b)
         layers = [min(fa[j + 1] - fa[j], fb[j + 1] - fb[j]) for j in range(L)]
         d_most = min(M, *(n // p.tp for p in rep for _, n in p.zones))
         if d_most < 1:
             return math.inf
-        total, u = sum(layers), min(a.u, b.u) * a.costs.params(0, L - 1) / self._shards(d_most)
+        total = sum(layers) + min(self._least_extra(a), self._least_extra(b))
+        u = min(a.u, b.u) * a.costs.params(0, L - 1) / self._shards(d_most)
         return (total + (math.ceil(M / d_most) - 1) * max(total / top, max(layers)) + u / top) * (1 - 1e-9)
 
     def _canonical(self, chain: tuple, nxt: Shape) -> bool:
@@ -233,18 +240,34 @@ class Chains:
         return self._front_cache[key]
 
     def _least_compute(self, chain: tuple) -> float:
-        """Least F+B of one microbatch with pool i holding layers q_i..q_{i+1}-1 (each at least one)."""
-        return self._least_prefix(chain)[self.L]
+        """Least F+B of one microbatch with pool i holding layers q_i..q_{i+1}-1 (each at least one). In
+        auto mode's recomputing pass a design can only win if one of its stages must recompute: plus the
+        least that such a stage adds (_least_extra)."""
+        return self._least_prefix(chain)[self.L] + min(self._least_extra(p) for p in chain)
+
+    def _least_extra(self, p: Shape) -> float:
+        """Auto mode, recomputing pass: the least F+B that recomputing adds to a stage of pool p that does
+        not fit without (its blocks' second forward; inf: none needs it). 0 in other passes. As in
+        _recompute_floor_upto, with the most microbatches in flight the shortest such stage from each
+        layer is shortest, and a longer one adds more."""
+        if p.plain is None:
+            return 0.0
+        key = ("least-extra", id(p.costs))
+        if key not in self._front_cache:
+            reach = p.plain.last_fit(min(self.max_stages, self.gbs // p.mbs))
+            self._front_cache[key] = min((p.costs.compute(j, r + 1) - p.plain.compute(j, r + 1)
+                                          for j, r in enumerate(reach) if r + 1 < self.L), default=math.inf)
+        return self._front_cache[key]
 
     def _least_prefix(self, chain: tuple) -> list[float]:
         """[j]: the least F+B of layers 0..j-1 of one microbatch on the chain's pools in order, each
         holding at least one layer."""
-        key = ("least", tuple(id(p.costs) for p in chain))  # pools of one shape share their costs
+        key = ("least", tuple(id(p.costs) for p in chain))  # pools of one shape share their costs (and plain)
         if key not in self._front_cache:
             L, i = self.L, len(chain) - 1
             # best[j]: layers 0..j-1 on the pools before the last (their own prefix, cached: chains grow)
             best = self._least_prefix(chain[:-1]) if i else [0.0] + [math.inf] * L
-            fb, nxt, run = chain[-1].costs.fb, [math.inf] * (L + 1), math.inf
+            fb, nxt, run = _fb(chain[-1]), [math.inf] * (L + 1), math.inf
             for j in range(i + 1, L + 1):  # the last pool ends at layer j-1: min over its first layer
                 run = min(run, best[j - 1] - fb[j - 1])
                 nxt[j] = run + fb[j]
@@ -263,6 +286,7 @@ class Chains:
         best, fast = self._least_prefix(prefix), self._fastest[mbs]
         rest = TYPE_CHAIN_LENGTH - k  # further pools, a layer each at least
         least = min((best[j] + fast[L] - fast[j] for j in range(k, L - rest + 1)), default=math.inf)
+        least += min(self._least_extra(p) for p in everything)  # (the chain's pools are among them)
         if least == math.inf:
             return math.inf
         if self.goal.objective != "throughput":
@@ -413,7 +437,7 @@ class Chains:
         key = ("ratios", tuple(id(p.costs) for p in chain))
         if key not in self._front_cache:
             L = self.L
-            layers = [[p.costs.fb[j + 1] - p.costs.fb[j] for j in range(L)] for p in chain]
+            layers = [[_fb(p)[j + 1] - _fb(p)[j] for j in range(L)] for p in chain]
             best = [min(col) for col in zip(*layers)]
             ratios, excess = [], []
             for own in layers:  # r: the median layer's; e: what layers faster than r times theirs save
@@ -440,7 +464,7 @@ class Chains:
             L, top = self.L, min(self.max_stages, self.L)
             fb = [0.0]
             for j in range(L):
-                fb.append(fb[-1] + min(p.costs.fb[j + 1] - p.costs.fb[j] for p in chain))
+                fb.append(fb[-1] + min(_fb(p)[j + 1] - _fb(p)[j] for p in chain))
             by_fb = ("minmax-fb", tuple(fb))  # often one pool is the fastest on every layer
             if by_fb in self._front_cache:
                 self._front_cache[key] = self._front_cache[fast] = self._front_cache[by_fb]
@@ -581,10 +605,12 @@ class Chains:
         inf = math.inf
         best, g = [0.0] + [inf] * L, 0  # best[j]: layers 0..j-1 in the stages so far
         for i, (p, n) in enumerate(zip(chain, Ps)):
-            fb = p.costs.fb
+            fb, plain = p.costs.fb, p.plain and p.plain.sharded(shards)
             left, c, right = crosses[i - 1] if i else 0.0, intra[i], crosses[i] if i < k - 1 else 0.0
             for s in range(n):
                 fit = p.costs.sharded(shards).last_fit(min(P - g, m))
+                # per-stage recomputation: a stage that fits without runs without (it takes less)
+                pfb, pfit = (plain.fb, plain.last_fit(min(P - g, m))) if plain else (fb, fit)
                 edge = 2 * ((left if s == 0 else c) + (c if s < n - 1 else right))
                 top = L - (P - 1 - g)  # a layer for every stage after this one
                 nxt = [inf] * (L + 1)
@@ -592,9 +618,11 @@ class Chains:
                     v = best[i0]
                     if v >= cap:
                         continue
-                    base = fb[i0] - edge
+                    # stage i0..j-1 takes fb[j] - base, without recomputing up to pfit[i0] (pfb[j] - pbase),
+                    # more after: it grows with j
+                    base, pbase, split = fb[i0] - edge, pfb[i0] - edge, pfit[i0] + 1
                     for j in range(i0 + 1, min(fit[i0] + 1, top) + 1):
-                        w = fb[j] - base
+                        w = pfb[j] - pbase if j <= split else fb[j] - base
                         if w >= cap:
                             break
                         if v > w:
@@ -612,26 +640,36 @@ class Chains:
     # -- exact evaluation -------------------------------------------------------------
     def _segment(self, pool: Shape, lo: int, n: int, left: float, c: float, right: float, room: int,
                  inflights: tuple[int, ...], shards: int = 1) -> dict:
-        """For each end j (pool holds layers lo..j-1, j <= L - room): the (slot, params, first layers)
-        frontier of its splits into n stages. Its first stage has a boundary costing `left` before it
-        (0: the pipeline's first stage), its stages `c` between them, its last `right` after it."""
+        """For each end j (pool holds layers lo..j-1, j <= L - room): the (slot, params, first layers,
+        extra) frontier of its splits into n stages. Its first stage has a boundary costing `left`
+        before it (0: the pipeline's first stage), its stages `c` between them, its last `right` after
+        it. extra: the F+B its recomputing stages add to the layers' F+B without recomputing (with
+        per-stage recomputation, pool.plain: a stage recomputes only if it does not fit without; 0
+        otherwise)."""
         costs = pool.costs.sharded(shards)
+        plain = pool.plain and pool.plain.sharded(shards)
         key = ("seg", id(costs), lo, n, left, c, right, room, inflights)
         if key not in self._front_cache:
             L = self.L
-            front = {lo: [(0.0, 0, ())]}
+            front = {lo: [(0.0, 0, (), 0.0)]}
             for s in range(n):
                 fit = costs.last_fit(inflights[s])
+                pfit = plain.last_fit(inflights[s]) if plain else fit
                 edge = 2 * ((left if s == 0 else c) + (c if s < n - 1 else right))
                 top = L - room - (n - 1 - s)  # leave a layer for every stage after this one
                 nxt: dict = {}
                 for i, labels in front.items():
                     for j in range(i + 1, min(fit[i] + 1, top) + 1):  # this stage is i..j-1
-                        busy, prm = costs.compute(i, j - 1) + edge, costs.params(i, j - 1)
+                        t, prm, e = costs.compute(i, j - 1), costs.params(i, j - 1), 0.0
+                        if plain and j - 1 <= pfit[i]:
+                            t = plain.compute(i, j - 1)
+                        elif plain:
+                            e = t - plain.compute(i, j - 1)
+                        busy = t + edge
                         cell = nxt.setdefault(j, [])
-                        cell += [(s1 if s1 > busy else busy, p1 if p1 > prm else prm, (*b1, i))
-                                 for s1, p1, b1 in labels]
-                front = {j: pareto_front(cell) for j, cell in nxt.items()}
+                        cell += [(s1 if s1 > busy else busy, p1 if p1 > prm else prm, (*b1, i), e1 + e)
+                                 for s1, p1, b1, e1 in labels]
+                front = {j: (pareto_extra if plain else pareto_front)(cell) for j, cell in nxt.items()}
             self._front_cache[key] = front
         return self._front_cache[key]
 
@@ -670,7 +708,7 @@ class Chains:
             room = P - starts[i] - n
             seg_args = (n, crosses[i - 1] if i else 0.0, intra[i], crosses[i] if i < k - 1 else 0.0, room,
                         tuple(min(P - starts[i] - s, m) for s in range(n)), d)
-            costs, nxt = p.costs, {}
+            costs, nxt = p.plain or p.costs, {}  # (a segment's F+B: theirs, plus its extra)
             for lo, partial in labels.items():
                 for j, seg in self._segment(p, lo, *seg_args).items():
                     if i == k - 1 and j != L:
@@ -679,13 +717,13 @@ class Chains:
                     add_ring = ring_usd[i] * costs.params(lo, j - 1)
                     cell = nxt.setdefault(j, [])
                     least = partial[0][0] + add + rest + comm  # (partial: sorted, least compute first)
-                    for s1, p1, b1 in seg:
+                    for s1, p1, b1, e1 in seg:
                         up1 = p.u * p1 / d
-                        if self._bound(least + bubbles * s1 + sync_lb + max(up1, upd_lb), usd_per_s) >= cut:
+                        if self._bound(least + e1 + bubbles * s1 + sync_lb + max(up1, upd_lb), usd_per_s) >= cut:
                             continue  # no partial split before it makes it enter the top K
                         sy1 = self._pool_sync(p1, p, n, D)[0]
                         for c0, sl, sy, up, rg, bd in partial:
-                            c0, sl, sy, up = c0 + add, max(sl, s1), max(sy, sy1), max(up, up1)
+                            c0, sl, sy, up = c0 + add + e1, max(sl, s1), max(sy, sy1), max(up, up1)
                             t_lb = c0 + rest + comm + bubbles * sl + max(sy, sync_lb) + max(up, upd_lb)
                             if self._bound(t_lb, usd_per_s) >= cut:
                                 continue  # cannot enter the top K
@@ -694,7 +732,7 @@ class Chains:
         for c0, sl, sy, up, rg, bd in labels.get(L, ()):
             T = c0 + comm + bubbles * sl + sy + up
             self._consider(Outcome(T, T * usd_per_s + egress + rg, gpus, gpus_per_zone), (*segments, bd[1:], D),
-                           best, front, top, pareto)
+                           best, front, top, pareto, "per stage" if any(p.plain for p in chain) else None)
 
 
 def _cost_bound(fill: float, slot_lb: float, upd: float, usd: float, M: int, m_min: int) -> float:
@@ -742,3 +780,9 @@ def _undominated(labels: list) -> list:
         if not any(y[1] <= x[1] and y[2] <= x[2] and y[3] <= x[3] and y[4] <= x[4] for y in out):
             out.append(x)
     return out
+
+
+def _fb(p: Shape) -> tuple[float, ...]:
+    """Prefix sums of a pool's least F+B per layer: without recomputation where the pass may recompute
+    per stage (p.plain: a stage recomputes only if it does not fit without), so bounds hold."""
+    return (p.plain or p.costs).fb

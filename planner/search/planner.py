@@ -22,13 +22,13 @@ judged by the simulator, that only ever replaces a plan by a better one.
 Activation recomputation (`recompute`): "never", "always" (every stage
 recomputes), or "auto": a second pass over the same space with recomputation,
 which starts from the first pass's best plans as its cutoff. In that pass a
-single-pool design's stage recomputes only if it does not fit without
-(per-stage recomputation, in the split search: partition.SplitTable); two-pool
-and two-type designs recompute on every stage. A plan of that pass can only
-beat the first pass's if one of its stages does not fit without recomputing
-(else the same plan without it is faster), so that stage's time bounds the
-family's bottleneck from below (`_recompute_floor`), and families without
-such a stage are skipped.
+stage of a single-pool design or a chain recomputes only if it does not fit
+without (per-stage recomputation, in the split search: partition.SplitTable,
+and the chains' segments); two-type designs recompute on every stage. A plan
+of that pass can only beat the first pass's if one of its stages does not fit
+without recomputing (else the same plan without it is faster), so that
+stage's time bounds the family's bottleneck from below (`_recompute_floor`),
+and families without such a stage are skipped.
 
 With the distributed optimizer (`distributed_optimizer`) every stage's D replicas split its
 optimizer state and step, so what fits depends on D: the exact evaluations take the stage
@@ -301,13 +301,15 @@ class Planner(SinglePool, Chains, TwoTypes):
         # pipelines of two types side by side: for throughput (for cost, the cheaper type per
         # microbatch alone is as cheap up to fill and sync; see docs/planner.md)
         classes = self.two_classes and self.goal.objective == "throughput" and probe is None
-        for x, y in self._class_pairs(shapes) if classes else ():
+        for x, y, orders in self._class_pairs(shapes) if classes else ():
             if max(x.costs.compute(0, self.L - 1), y.costs.compute(0, self.L - 1)) >= self._cutoff:
                 continue  # every family's time holds a whole microbatch's F+B on each type (_two_class_family)
             for P in range(1, self.max_stages + 1):
                 fam = self._two_class_family(x, y, P, self._cutoff)
                 if fam is not None and fam[0] < self._cutoff:
-                    heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._two_class_configs, fam[1]))
+                    for xo, yo in orders:  # (the family's bound does not depend on the zones' order)
+                        heapq.heappush(queue, (fam[0], next(seq), FAMILY, self._two_class_configs,
+                                               (xo, yo, *fam[1][2:])))
         while queue:
             bound, _, step, fn, args = heapq.heappop(queue)
             if bound >= cutoff():
@@ -353,11 +355,16 @@ class Planner(SinglePool, Chains, TwoTypes):
                     or (g.max_cost_per_iteration and t_lb * usd_per_s > g.max_cost_per_iteration)
                     or (g.max_cost_per_hour and usd_per_s * 3600 > g.max_cost_per_hour))
 
-    @staticmethod
-    def _microbatch_counts(M: int, d_cap: int):
-        """(m, D): for every distinct pipeline count D = ceil(M/m), the smallest m giving it (the most
-        microbatches a pipeline runs). Steps from one D to the next, so a batch of millions of
-        microbatches takes O(sqrt(M)) steps, not M."""
+    def _microbatch_counts(self, M: int, d_cap: int):
+        """(m, D), m growing and D falling: for every distinct pipeline count D = ceil(M/m), the smallest
+        m giving it (the most microbatches a pipeline runs). Steps from one D to the next, so a batch of
+        millions of microbatches takes O(sqrt(M)) steps, not M. With the distributed optimizer every D
+        up to d_cap: more pipelines at the same m split each stage's optimizer state and step more
+        ways, so they may fit where fewer do not, or step faster."""
+        if self.distributed_optimizer:
+            for D in range(min(d_cap, M), 0, -1):
+                yield -(-M // D), D
+            return
         m = math.ceil(M / d_cap)
         while m <= M:
             D = math.ceil(M / m)

@@ -7,11 +7,15 @@ pipelines when the batch is the limit); each type's busiest pipeline runs at
 least P microbatches. The shared split is an exact frontier over (slot of each
 type, G) (partition.JointSplitTable); the microbatch split, any number t to one
 type spread over its pipelines, is where the two types' times cross
-(space.crossing).
+(space.crossing). Each type fills its zones in its own fill order; where the two
+orders start in different zones, the pair is also searched with one type's
+order starting in the other's first zone, so that both can share a zone (a
+mixed ring inside one zone, where the own orders would cross zones).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from planner.search.goal import Outcome
 from planner.search.partition import JointSplitTable
@@ -23,11 +27,19 @@ class TwoTypes:
     """Methods of Planner; see planner.py for the search loop that calls them."""
 
     def _class_pairs(self, shapes: list[Shape]):
-        """(X, Y): two GPU types (each over all its zones) with the same microbatch size."""
+        """(X, Y, orders): two GPU types (each over all its zones) with the same microbatch size, and the
+        zone orders to fill: (X, Y) in their own fill orders; where those start in different zones, also
+        with Y's order starting in X's first zone, and X's in Y's."""
         for x in shapes:
             for y in shapes:
                 if x.mbs == y.mbs and x.gpu < y.gpu:
-                    yield x, y
+                    orders = [(x, y)]
+                    if x.zones[0][0] != y.zones[0][0]:
+                        if (moved := _starting_in(y, x.zones[0][0])) is not None:
+                            orders.append((x, moved))
+                        if (moved := _starting_in(x, y.zones[0][0])) is not None:
+                            orders.append((moved, y))
+                    yield x, y, orders
 
     def _balance(self, M: int, P: int, classes) -> tuple[float, int]:
         """A lower bound of the pipeline time over how M microbatches split between two classes.
@@ -39,12 +51,15 @@ class TwoTypes:
         each class, so the least over t = 0..M (where the rising and falling times cross) bounds them.
         Returns (time, t).
         """
-        (dx, fx, sx), (dy, fy, sy) = classes
+        key = ("balance", M, P, *classes[0], *classes[1])  # (a pair's zone orders ask the same)
+        if key not in self._front_cache:
+            (dx, fx, sx), (dy, fy, sy) = classes
 
-        def times(t):
-            return fx + (max(P, -(-t // dx)) - 1) * sx, fy + (max(P, -(-(M - t) // dy)) - 1) * sy
+            def times(t):
+                return fx + (max(P, -(-t // dx)) - 1) * sx, fy + (max(P, -(-(M - t) // dy)) - 1) * sy
 
-        return crossing(0, M, times)
+            self._front_cache[key] = crossing(0, M, times)
+        return self._front_cache[key]
 
     def _two_class_family(self, x: Shape, y: Shape, P: int, cutoff: float = math.inf):
         """(bound, args) of the pipelines of X and Y with P stages each; None if the bound reaches `cutoff`."""
@@ -162,7 +177,7 @@ class TwoTypes:
         slowest distinct edge (and largest latency), so each edge it surely has bounds it: from each
         filled zone but its last to the next, between the nodes of a zone it fills wholly, and from
         each class's last zone (one of its possible ones) to the other's first."""
-        key = ("mixed-floor", x.gpu, x.tp, y.gpu, y.tp, P, avg, members, spans)
+        key = ("mixed-floor", x.gpu, x.tp, y.gpu, y.tp, P, avg, members, spans, tuple(map(tuple, zone_caps)))
         if key not in self._sync_cache:
             shapes, used = (x, y), [[z for z, cap in zc if cap > 0] for zc in zone_caps]
             sure = []
@@ -285,6 +300,13 @@ class TwoTypes:
             key = (Endpoint(src[0].gpu, src[1], 0, src[0].tp), Endpoint(dst[0].gpu, dst[1], 1, dst[0].tp))
             counts[key] = counts.get(key, 0) + 1
         return [(a, b, n) for (a, b), n in counts.items()]
+
+
+def _starting_in(sh: Shape, zone: str) -> Shape | None:
+    """The shape with its fill order starting in `zone` (the rest in order); None if it has no GPUs there.
+    (Its tables are the shape's: what they hold does not depend on the zones' order.)"""
+    first = [zc for zc in sh.zones if zc[0] == zone]
+    return replace(sh, zones=first + [zc for zc in sh.zones if zc[0] != zone], tables=sh.tables) if first else None
 
 
 def _fill(zone_caps: list[tuple[str, int]], D: int) -> list[tuple[str, int]]:

@@ -87,23 +87,22 @@ def _fits_pools(plan: Plan, c: Cluster) -> bool:
 
 
 def _simulate(sim: Simulator, plan: Plan, recompute: bool | str):
-    """The plan's estimate; where it does not fit and `recompute`, the fastest that fits of the plan with
-    every stage recomputing (True) or with any subset of its stages recomputing ("per stage"); recomputing
-    is only ever slower when the plan fits as it is."""
+    """The plan's estimate; where it does not fit and `recompute`, the plan with every stage recomputing
+    (True), or ("per stage") with the stages recomputing that do not fit without: a stage's memory is
+    its own, and recomputing a stage that fits only adds time, so no other choice of stages that fits
+    is faster."""
     est = sim.simulate(plan)
     if est.fits_in_memory or not recompute:
         return est
-    subsets = [(True,) * plan.pp] if recompute is True else product((False, True), repeat=plan.pp)
-    tried = [sim.simulate(replace(plan, stages=tuple(replace(s, recompute=r) for s, r in zip(plan.stages, rc))))
-             for rc in subsets]
-    fitting = [e for e in tried if e.fits_in_memory]
-    return min(fitting, key=lambda e: e.iteration_time_s) if fitting else tried[-1]
+    rc = [True] * plan.pp if recompute is True else [not s.fits for s in est.stages]
+    return sim.simulate(replace(plan, stages=tuple(replace(s, recompute=r) for s, r in zip(plan.stages, rc))))
 
 
 def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recompute: bool | str = "per stage",
                 distributed_optimizer: bool = False, stage_major: bool = True, type_chains: bool | str = True):
     """Best score over every plan of the space (see planner.search.planner), by simulation. The planner's
-    auto mode recomputes per stage in single-pool designs, on all stages or none in the others.
+    auto mode recomputes per stage in single-pool designs and chains, on all stages or none in two types
+    side by side.
     distributed_optimizer: every plan splits its optimizer state over each stage's replicas. stage_major:
     also single-pool plans laid out stage by stage over their zones (arrange.py's pass, outside the exact
     search: the planner's best is at least as good as the space without them). type_chains: pipelines
@@ -140,7 +139,7 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                                                     (Pipeline(mbs, 1),) * D), c):
                     break  # D pipelines do not fit, nor will more
                 for cut in cuts:
-                    consider(_stages(L, cut, kinds), mbs, D)
+                    consider(_stages(L, cut, kinds), mbs, D, recompute)
 
     for mbs in (1, 2, 4, 8):
         if gbs % mbs:
@@ -203,36 +202,44 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                             cut0 = next(_splits(L, P), None)
                             if cut0 is None:
                                 continue
-                            fill = {g: _zone_fill(c, gpu=g, tp=t, P=P, L=L, cut=cut0, mbs=mbs, gbs=gbs, pools=pools)
-                                    for g, t in ((gx, tx), (gy, ty))}
-                            cx, cy, most = len(fill[gx]), len(fill[gy]), M // P
-                            if cx + cy <= most:
-                                pairs = [(cx, cy)]
-                            else:
-                                pairs = [(dx, most - dx) for dx in range(max(1, most - cy), min(cx, most - 1) + 1)]
-                            for dx, dy in pairs:
-                                if dx < 1 or dy < 1:
-                                    continue
-                                reps = [Replica(gx, tx, z) for z in fill[gx][:dx]] + \
-                                    [Replica(gy, ty, z) for z in fill[gy][:dy]]
-                                for mx_total in range(dx, M - dy + 1):
-                                    qx, rx = divmod(mx_total, dx)
-                                    qy, ry = divmod(M - mx_total, dy)
-                                    micro = [qx + (k < rx) for k in range(dx)] + [qy + (k < ry) for k in range(dy)]
-                                    if micro[0] < P or micro[dx] < P:
+                            own = {g: _zone_fill(c, gpu=g, tp=t, P=P, L=L, cut=cut0, mbs=mbs, gbs=gbs, pools=pools)
+                                   for g, t in ((gx, tx), (gy, ty))}
+                            # and where the types' fill orders start in different zones, one type's
+                            # order starting in the other's first zone
+                            fills, first = [own], {g: _zone_order(c, g, pools)[0] for g in (gx, gy)}
+                            for g, t, other in ((gy, ty, gx), (gx, tx, gy)):
+                                if first[gx] != first[gy] and first[other] in _zone_order(c, g, pools):
+                                    fills.append({**own, g: _zone_fill(c, gpu=g, tp=t, P=P, L=L, cut=cut0, mbs=mbs,
+                                                                       gbs=gbs, pools=pools, start=first[other])})
+                            for fill in fills:
+                                cx, cy, most = len(fill[gx]), len(fill[gy]), M // P
+                                if cx + cy <= most:
+                                    pairs = [(cx, cy)]
+                                else:
+                                    pairs = [(dx, most - dx) for dx in range(max(1, most - cy), min(cx, most - 1) + 1)]
+                                for dx, dy in pairs:
+                                    if dx < 1 or dy < 1:
                                         continue
-                                    for cut in _splits(L, P):
-                                        plan = Plan(MODEL.name, gbs, _stages(L, cut, [reps] * P),
-                                                    tuple(Pipeline(mbs, m) for m in micro),
-                                                    distributed_optimizer=distributed_optimizer)
-                                        est = _simulate(sim, plan, bool(recompute))
-                                        if est.fits_in_memory and _fits_pools(plan, c):
-                                            from planner.search.goal import Outcome
+                                    reps = [Replica(gx, tx, z) for z in fill[gx][:dx]] + \
+                                        [Replica(gy, ty, z) for z in fill[gy][:dy]]
+                                    for mx_total in range(dx, M - dy + 1):
+                                        qx, rx = divmod(mx_total, dx)
+                                        qy, ry = divmod(M - mx_total, dy)
+                                        micro = [qx + (k < rx) for k in range(dx)] + [qy + (k < ry) for k in range(dy)]
+                                        if micro[0] < P or micro[dx] < P:
+                                            continue
+                                        for cut in _splits(L, P):
+                                            plan = Plan(MODEL.name, gbs, _stages(L, cut, [reps] * P),
+                                                        tuple(Pipeline(mbs, m) for m in micro),
+                                                        distributed_optimizer=distributed_optimizer)
+                                            est = _simulate(sim, plan, bool(recompute))
+                                            if est.fits_in_memory and _fits_pools(plan, c):
+                                                from planner.search.goal import Outcome
 
-                                            o = Outcome(est.iteration_time_s, est.cost_per_iteration_usd,
-                                                        plan.num_gpus)
-                                            if goal.admits(o):
-                                                best = min(best, goal.score(o))
+                                                o = Outcome(est.iteration_time_s, est.cost_per_iteration_usd,
+                                                            plan.num_gpus)
+                                                if goal.admits(o):
+                                                    best = min(best, goal.score(o))
     small = sum(p.count for p in c.available) <= 32
     if type_chains and (small or type_chains == "always" or best == math.inf) and 3 <= len(pools) <= 6 and \
             len({g for g, _ in pools}) >= 2:
@@ -252,12 +259,17 @@ def _stage_counts(chain, max_stages):
             yield (*head, last)
 
 
-def _zone_fill(c, gpu, tp, P, L, cut, mbs, gbs, pools) -> list[str]:
-    """The zone of each pipeline a type can hold: fill its zones in order, each with as many as fit."""
+def _zone_order(c, gpu, pools, start=None) -> list[str]:
+    """A type's zones in fill order (cheapest, then largest), or starting in `start` and then in that order."""
     zones = sorted(((z, sum(p.count for p in c.available if (p.gpu, p.zone) == (gpu, z))) for g, z in pools
                     if g == gpu), key=lambda zn: (c.price_per_hour(gpu, zn[0]), -zn[1], zn[0]))
+    return sorted((z for z, _ in zones), key=lambda z: z != start)
+
+
+def _zone_fill(c, gpu, tp, P, L, cut, mbs, gbs, pools, start=None) -> list[str]:
+    """The zone of each pipeline a type can hold: fill its zones in order, each with as many as fit."""
     out = []
-    for z, _ in zones:
+    for z in _zone_order(c, gpu, pools, start):
         k = 0
         while True:
             trial = [[Replica(gpu, tp, z)] * (k + 1)] * P
@@ -357,6 +369,29 @@ def test_two_types_split_microbatches_at_any_count():
     assert {r.gpu for r in plan.stages[0].replicas} == {"small-a", "small-b"}
 
 
+def test_two_types_share_a_zone_where_their_fill_orders_differ():
+    """small-a in z2 only, small-b in z2 and z3, whose faster measured link puts z3 first in small-b's
+    fill order. Filled in its own order, small-b's pipelines sit in z3 and every mixed ring crosses
+    zones over the slow default link; searched also with small-b's order starting in small-a's first
+    zone, both types share z2, and that plan is brute force's (over the same orders; no pipeline through
+    three pools beats it, as the planner, which searches those too here, finds) and the fastest: 0.295 s
+    against 0.349 s for a chain, the best without it."""
+    from planner.profiles.network_fits import BandwidthFit, NetworkFits
+
+    pools = [("small-a", "z2", 6), ("small-b", "z2", 8), ("small-b", "z3", 8)]
+    fits = NetworkFits(inter={(z, g, t, z, g, t): BandwidthFit(0.0, 0.0, gbps, gbps * 1e9)
+                              for g, z, gbps in (("small-a", "z2", 3.0), ("small-b", "z2", 2.0),
+                                                 ("small-b", "z3", 3.0)) for t in (1, 2, 4)})
+    sim = simulator(cluster(pools), fits)
+    planner = Planner(sim, 8, Goal(), max_stages=6)
+    assert planner._zones("small-b")[0][0] == "z3"
+    plan, est = planner.run(top=1).plans[0]
+    assert {(r.gpu, r.zone) for s in plan.stages for r in s.replicas} == {("small-a", "z2"), ("small-b", "z2")}
+    assert est.iteration_time_s == pytest.approx(brute_force(sim, 8, Goal(), type_chains=False), rel=1e-9)
+    without = Planner(sim, 8, Goal(), max_stages=6, two_classes=False).run(top=1).plans[0][1]
+    assert est.iteration_time_s < 0.95 * without.iteration_time_s
+
+
 @pytest.mark.parametrize("case", [0, 1, 3, 5])
 @pytest.mark.parametrize("goal", [Goal("throughput"), Goal("cost")], ids=["throughput", "cost"])
 def test_distributed_optimizer_matches_brute_force(case, goal):
@@ -368,6 +403,30 @@ def test_distributed_optimizer_matches_brute_force(case, goal):
     assert plan.distributed_optimizer
     found = est.iteration_time_s if goal.objective == "throughput" else est.cost_per_iteration_usd
     assert found == pytest.approx(brute_force(sim, gbs, goal, distributed_optimizer=True), rel=1e-9)
+
+
+def test_distributed_optimizer_takes_more_pipelines_than_the_microbatches_need():
+    """Five of eight 0.3 GiB GPUs, 16 microbatches: four pipelines run four microbatches each, and so
+    does the busiest of five, but with the optimizer state split four ways no whole-model stage fits,
+    split five ways it does. The planner tries every pipeline count with the distributed optimizer
+    (the fewest for each microbatch count is the best only without it) and finds brute force's plan,
+    0.775 s against 0.899 s for the best on at most four GPUs (what the fewest gave)."""
+    from planner.profiles.network_fits import BandwidthFit, NetworkFits
+
+    tight = replace(SMALL_A, memory_bytes=int(0.3 * GIB))
+    c = replace(Cluster(gpus={"small-a": tight, "small-b": SMALL_B}), available=(Pool("small-a", "z1", 8),))
+    fits = NetworkFits()
+    for tp in (1, 2, 4):
+        fits.inter[("z1", "small-a", tp, "z1", "small-a", tp)] = BandwidthFit(0.0, 0.0, 3.0, 3e9)
+    sim, goal = simulator(c, fits), Goal("throughput", max_gpus=5)
+    plan, est = Planner(sim, 16, goal, max_stages=6, distributed_optimizer=True).run(top=1).plans[0]
+    assert (plan.pp, plan.dp, max(p.num_microbatches for p in plan.pipelines)) == (1, 5, 4)
+    four = replace(plan, stages=(replace(plan.stages[0], replicas=plan.stages[0].replicas[:4]),),
+                   pipelines=(Pipeline(plan.pipelines[0].microbatch_size, 4),) * 4)
+    assert not sim.simulate(four).fits_in_memory
+    assert est.iteration_time_s == pytest.approx(brute_force(sim, 16, goal, distributed_optimizer=True), rel=1e-9)
+    four_gpus = brute_force(sim, 16, Goal("throughput", max_gpus=4), distributed_optimizer=True)
+    assert est.iteration_time_s < 0.9 * four_gpus
 
 
 def test_distributed_optimizer_finds_plans_that_fit_only_with_it():
@@ -608,6 +667,24 @@ def test_only_the_first_stage_recomputes_and_that_beats_all_or_none():
     assert est.iteration_time_s == pytest.approx(brute_force(sim, 8, goal), rel=1e-9)
     all_or_none = brute_force(sim, 8, goal, recompute=True)
     assert est.iteration_time_s < 0.95 * all_or_none
+
+
+@pytest.mark.parametrize("gbs", [8, 16])
+def test_a_chain_recomputes_only_the_stage_that_needs_it(gbs):
+    """Two zones of two 0.25 GiB GPUs: the fastest plan is a chain, its first stage on one zone's GPUs
+    (two replicas, two microbatches in flight: it must recompute), its second on the other's (one in
+    flight: it fits without). The chain recomputes per stage, as brute force over every per-stage
+    choice does, and beats recomputing on all stages or none (7 % at 16 microbatches)."""
+    tight = replace(SMALL_A, memory_bytes=int(0.25 * GIB))
+    c = replace(Cluster(gpus={"small-a": tight, "small-b": SMALL_B}),
+                available=(Pool("small-a", "us-central1-a", 2), Pool("small-a", "us-central1-b", 2)))
+    sim, goal = simulator(c), Goal("throughput")
+    plan, est = Planner(sim, gbs, goal, max_stages=6).run(top=1).plans[0]
+    assert [s.recompute for s in plan.stages] == [True, False]
+    assert [{r.zone for r in s.replicas} for s in plan.stages] == [{"us-central1-a"}, {"us-central1-b"}]
+    assert est.iteration_time_s == pytest.approx(brute_force(sim, gbs, goal), rel=1e-9)
+    all_or_none = min(brute_force(sim, gbs, goal, recompute=True), brute_force(sim, gbs, goal, recompute=False))
+    assert est.iteration_time_s < 0.99 * all_or_none
 
 
 def test_min_throughput_floor_matches_brute_force():
