@@ -262,7 +262,7 @@ class Chains:
     def _least_prefix(self, chain: tuple) -> list[float]:
         """[j]: the least F+B of layers 0..j-1 of one microbatch on the chain's pools in order, each
         holding at least one layer."""
-        key = ("least", tuple(id(p.costs) for p in chain))  # pools of one shape share their costs (and plain)
+        key = ("least", tuple(id(p.costs) for p in chain))  # pools of one shape share their costs
         if key not in self._front_cache:
             L, i = self.L, len(chain) - 1
             # best[j]: layers 0..j-1 on the pools before the last (their own prefix, cached: chains grow)
