@@ -254,9 +254,8 @@ class Chains:
             return 0.0
         key = ("least-extra", id(p.costs))
         if key not in self._front_cache:
-            reach = p.plain.last_fit(min(self.max_stages, self.gbs // p.mbs))
-            self._front_cache[key] = min((p.costs.compute(j, r + 1) - p.plain.compute(j, r + 1)
-                                          for j, r in enumerate(reach) if r + 1 < self.L), default=math.inf)
+            self._front_cache[key] = self._least_over_needed(
+                p, min(self.max_stages, self.gbs // p.mbs), lambda i, j: p.costs.compute(i, j) - p.plain.compute(i, j))
         return self._front_cache[key]
 
     def _least_prefix(self, chain: tuple) -> list[float]:

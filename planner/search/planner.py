@@ -185,10 +185,14 @@ class Planner(SinglePool, Chains, TwoTypes):
         f = min(most or top, top)
         floors = shape.tables.setdefault("floors", [None] * (top + 1))
         if floors[f] is None:
-            reach = shape.plain.last_fit(f)
-            floors[f] = min((shape.costs.compute(j, reach[j] + 1) for j in range(self.L) if reach[j] + 1 < self.L),
-                            default=math.inf)
+            floors[f] = self._least_over_needed(shape, f, shape.costs.compute)
         return floors[f]
+
+    def _least_over_needed(self, shape: Shape, inflight: int, of) -> float:
+        """min of of(first, last) over the shortest stage from each layer that does not fit without
+        recomputing with `inflight` microbatches in flight (inf: none)."""
+        reach = shape.plain.last_fit(inflight)
+        return min((of(j, r + 1) for j, r in enumerate(reach) if r + 1 < self.L), default=math.inf)
 
     def _least_needed_stage(self, shape: Shape, inflight: int) -> float:
         key = ("needed", inflight)
