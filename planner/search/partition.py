@@ -238,17 +238,34 @@ class SplitTable:
         return pareto(cell)
 
 
-# A joint split: (bottleneck seconds of each class, params of the largest stage, bounds)
-JointSplit = tuple[tuple[float, ...], int, tuple[int, ...]]
+# A joint split: (bottleneck seconds of each class, params of the largest stage, bounds, extra seconds of
+# each class's recomputing stages' second forwards: zeros without per-stage recomputation)
+JointSplit = tuple[tuple[float, ...], int, tuple[int, ...], tuple[float, ...]]
 
 
 def pareto_joint(labels: list[JointSplit]) -> list[JointSplit]:
-    """Keep the joint splits no other beats in every class's slot and in params."""
+    """Keep the joint splits no other beats in every class's slot, in params and in every class's extra."""
     labels.sort()
     out: list[JointSplit] = []
     for x in labels:
-        if not any(all(a <= b for a, b in zip(y[0], x[0])) and y[1] <= x[1] for y in out):
+        if not any(all(a <= b for a, b in zip(y[0], x[0])) and y[1] <= x[1] and all(a <= b for a, b in zip(y[3], x[3]))
+                   for y in out):
             out.append(x)
+    return out
+
+
+def joint_split_compute(costs: list[StageCosts], plains: list[StageCosts] | None, bounds: tuple[int, ...],
+                        num_layers: int) -> list[list[float]]:
+    """F+B seconds of every stage of a joint split, per class (JointSplitTable's rule: with `plains` a stage
+    recomputes on every class unless it fits every class without, with P - s microbatches in flight)."""
+    edges = (0, *bounds, num_layers)
+    P = len(edges) - 1
+    out: list[list[float]] = [[] for _ in costs]
+    for s in range(P):
+        first, last = edges[s], edges[s + 1] - 1
+        fits = plains is not None and all(p.memory(first, last, P - s) <= p.capacity for p in plains)
+        for k, c in enumerate(plains if fits else costs):
+            out[k].append(c.compute(first, last))
     return out
 
 
@@ -256,49 +273,79 @@ class JointSplitTable:
     """Like SplitTable, for pipelines of several classes (GPU type, TP) sharing one split.
 
     Data-parallel replicas of one stage may run on different GPU types with
-    different TP degrees; every class must fit each stage in memory (with its own
-    in-flight count), and each class has its own bottleneck. The frontier is over
-    (slot of every class, largest stage's parameters).
+    different TP degrees; every class must fit each stage in memory (each class's
+    busiest pipeline runs at least as many microbatches as there are stages, so
+    stage s has P - s in flight), and each class has its own bottleneck. The
+    frontier is over (slot of every class, largest stage's parameters).
+
+    Per-stage recomputation (`plains`, each class's facts without it; `costs` are
+    then the recomputing ones): a stage recomputes, on every class (recomputation
+    is the stage's), unless it fits every class without; the frontier also keeps
+    the extra seconds each class's recomputing stages add.
     """
 
-    def __init__(self, costs: list[StageCosts], comms: list[float], microbatches: list[int], max_stages: int):
-        self.costs, self.comms, self.ms = costs, comms, microbatches
+    def __init__(self, costs: list[StageCosts], comms: list[float], max_stages: int,
+                 plains: list[StageCosts] | None = None):
+        self.costs, self.comms, self.plains = costs, comms, plains
         L = costs[0].L
         self.L, self.max_stages = L, min(max_stages, L)
+        self.none = (0.0,) * len(costs)
         pp = costs[0].params_prefix
         table: list[list[list[JointSplit]]] = [[[] for _ in range(self.max_stages)] for _ in range(L + 1)]
         for r in range(self.max_stages - 1):
-            fits = [c.last_fit(min(r + 1, m)) for c, m in zip(costs, microbatches)]
             for j in range(L - 1, 0, -1):
-                reach = min(f[j] for f in fits)  # the stage must fit every class
+                reach = self._reach(j, r + 1)
                 if r == 0:
                     if reach >= L - 1:
-                        table[j][0] = [(tuple(c.compute(j, L - 1) + 2 * x for c, x in zip(costs, comms)),
-                                        pp[L] - pp[j], (j,))]
+                        times, extras = self._stage(j, L, 1)
+                        table[j][0] = [(tuple(t + 2 * x for t, x in zip(times, comms)), pp[L] - pp[j], (j,), extras)]
                     continue
                 cell = []
                 for i in range(j + 1, min(L - r, reach + 1) + 1):
                     nxt = table[i][r - 1]
                     if not nxt:
                         continue
-                    slots = tuple(c.compute(j, i - 1) + 4 * x for c, x in zip(costs, comms))
+                    times, extras = self._stage(j, i, r + 1)
+                    slots = tuple(t + 4 * x for t, x in zip(times, comms))
                     params = pp[i] - pp[j]
-                    for s2, p2, b2 in nxt:
-                        cell.append((tuple(max(a, b) for a, b in zip(slots, s2)), max(params, p2), (j, *b2)))
+                    for s2, p2, b2, e2 in nxt:
+                        cell.append((tuple(max(a, b) for a, b in zip(slots, s2)), max(params, p2), (j, *b2),
+                                     tuple(a + b for a, b in zip(extras, e2))))
                 table[j][r] = pareto_joint(cell) if len(cell) > 1 else cell
         self.table = table
 
+    def _reach(self, j: int, inflight: int) -> int:
+        """The last layer a stage from layer j may end at: it fits every class (with recomputation, if
+        that is allowed)."""
+        reach = min(c.last_fit(inflight)[j] for c in self.costs)
+        if self.plains is not None:
+            reach = max(reach, min(p.last_fit(inflight)[j] for p in self.plains))
+        return reach
+
+    def _stage(self, j: int, i: int, inflight: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(F+B of each class, extra of each class) of stage j..i-1, which fits."""
+        if self.plains is not None and all(i - 1 <= p.last_fit(inflight)[j] for p in self.plains):
+            return tuple(p.compute(j, i - 1) for p in self.plains), self.none
+        times = tuple(c.compute(j, i - 1) for c in self.costs)
+        if self.plains is None:
+            return times, self.none
+        return times, tuple(t - p.compute(j, i - 1) for t, p in zip(times, self.plains))
+
     def frontier(self, stages: int) -> list[JointSplit]:
-        L, costs, pp = self.L, self.costs, self.costs[0].params_prefix
-        fits = [c.last_fit(min(stages, m)) for c, m in zip(costs, self.ms)]
-        reach = min(f[0] for f in fits)
+        L, pp = self.L, self.costs[0].params_prefix
+        reach = self._reach(0, stages)
         if stages == 1:
-            return [(tuple(c.compute(0, L - 1) for c in costs), pp[L], ())] if reach >= L - 1 else []
+            if reach < L - 1:
+                return []
+            times, extras = self._stage(0, L, 1)
+            return [(times, pp[L], (), extras)]
         if stages > self.max_stages:
             return []
         cell = []
         for i in range(1, min(L - stages + 1, reach + 1) + 1):
-            slots = tuple(c.compute(0, i - 1) + 2 * x for c, x in zip(costs, self.comms))
-            for s2, p2, b2 in self.table[i][stages - 2]:
-                cell.append((tuple(max(a, b) for a, b in zip(slots, s2)), max(pp[i], p2), b2))
+            times, extras = self._stage(0, i, stages)
+            slots = tuple(t + 2 * x for t, x in zip(times, self.comms))
+            for s2, p2, b2, e2 in self.table[i][stages - 2]:
+                cell.append((tuple(max(a, b) for a, b in zip(slots, s2)), max(pp[i], p2), b2,
+                             tuple(a + b for a, b in zip(extras, e2))))
         return pareto_joint(cell)

@@ -22,9 +22,10 @@ judged by the simulator, that only ever replaces a plan by a better one.
 Activation recomputation (`recompute`): "never", "always" (every stage
 recomputes), or "auto": a second pass over the same space with recomputation,
 which starts from the first pass's best plans as its cutoff. In that pass a
-stage of a single-pool design or a chain recomputes only if it does not fit
-without (per-stage recomputation, in the split search: partition.SplitTable,
-and the chains' segments); two-type designs recompute on every stage. A plan
+stage recomputes only if it does not fit without (per-stage recomputation, in
+the split search: partition.SplitTable, the chains' segments, and
+partition.JointSplitTable for two types side by side, where a stage recomputes
+on both types unless both fit it without). A plan
 of that pass can only beat the first pass's if one of its stages does not fit
 without recomputing (else the same plan without it is faster), so that
 stage's time bounds the family's bottleneck from below (`_recompute_floor`),
@@ -422,12 +423,6 @@ class Planner(SinglePool, Chains, TwoTypes):
         segs = tuple(Segment(g, tp, n, (zones,) * D if isinstance(zones, str) else zones)
                      for g, tp, n, zones in segments)
         return Design(mbs, segs, bounds, spread(self.gbs // mbs, D))
-
-    def _slot(self, costs: StageCosts, bounds: tuple[int, ...], c: float) -> float:
-        """1F1B bottleneck of a split when each boundary costs c seconds."""
-        edges = (0, *bounds, self.L)
-        P = len(edges) - 1
-        return max(costs.compute(edges[s], edges[s + 1] - 1) + 2 * c * ((s > 0) + (s < P - 1)) for s in range(P))
 
     def _offer(self, cand: Candidate, best: list, front: list, top: int, pareto: bool) -> None:
         entry = (-cand.score, self.evaluated, cand)

@@ -18,7 +18,7 @@ import math
 from dataclasses import replace
 
 from planner.search.goal import Outcome
-from planner.search.partition import JointSplitTable
+from planner.search.partition import JointSplitTable, joint_split_compute
 from planner.search.space import Shape, capacity, crossing, ring_edges_of, spread
 from planner.simulator.network import Endpoint
 from planner.simulator.simulate import GRAD_BYTES
@@ -120,7 +120,7 @@ class TwoTypes:
                 d = min(d, self.goal.max_gpus // (P * sh.tp))
             same = P * sh.tp <= sh.per_node
             c = min(sh.comm[(z, same)] for z, _ in sh.zones) if P > 1 else 0.0
-            fb = sh.costs.compute(0, self.L - 1)
+            fb = (sh.plain or sh.costs).compute(0, self.L - 1)  # (per stage, no stage need recompute on this type)
             sh.tables[key] = (d, (fb + 2 * (P - 1) * c, (fb + 4 * (P - 1) * c) / P))
         return sh.tables[key]
 
@@ -230,10 +230,11 @@ class TwoTypes:
             comms.append({z: (sh.comm[(z, same)] if P > 1 else 0.0) for z, _ in pl})
         d = self._shards(dx + dy)
         costs = [x.costs.sharded(d), y.costs.sharded(d)]
+        # per-stage recomputation (auto mode's recomputing pass): a stage recomputes unless both types fit it
+        plains = [x.plain.sharded(d), y.plain.sharded(d)] if x.plain and y.plain else None
         key = ("classes", id(costs[0]), id(costs[1]), max(comms[0].values()), max(comms[1].values()))
         if key not in self._front_cache:
-            self._front_cache[key] = JointSplitTable(costs, [max(c.values()) for c in comms],
-                                                     [self.max_stages] * 2, self.max_stages)
+            self._front_cache[key] = JointSplitTable(costs, [max(c.values()) for c in comms], self.max_stages, plains)
         splits = self._front_cache[key].frontier(P)
         shares = _shares(M, P, dx, dy)  # (configurations without any are not made)
         edges = self._class_ring((x, y), P, placed)
@@ -247,12 +248,11 @@ class TwoTypes:
         u = max(x.u, y.u)
         # every stage's ring is the same mixed ring: all of them send the whole model's gradients
         egress = self.sim.edges_sync(x.costs.params(0, self.L - 1), dx + dy, edges)[1]
-        for _, params, bounds in splits:
-            # (c, fill, slot) of each zone of each class: the exact per-zone pipeline times
+        for _, params, bounds, _ in splits:
+            # (fill, slot, pipelines) of each zone of each class: the exact per-zone pipeline times
             zone_times = []
-            for sh, cz, pl in zip(shapes, comms, placed):
-                fb = sh.costs.compute(0, self.L - 1)
-                zone_times.append([(fb + 2 * (P - 1) * cz[z], self._slot(sh.costs, bounds, cz[z]), k) for z, k in pl])
+            for fb, cz, pl in zip(joint_split_compute(costs, plains, bounds, self.L), comms, placed):
+                zone_times.append([(sum(fb) + 2 * (P - 1) * cz[z], _slot(fb, cz[z]), k) for z, k in pl])
             def times(t):  # exact (X's time, Y's time) when X's pipelines run t microbatches in all
                 return self._class_time(zone_times[0], t, dx), self._class_time(zone_times[1], M - t, dy)
 
@@ -266,7 +266,7 @@ class TwoTypes:
             zones_y = tuple(z for z, k in placed[1] for _ in range(k))
             self._consider(Outcome(T, T * usd_per_s + egress, gpus, tuple(gpus_per_zone.items())),
                            ("classes", x.mbs, ((x.gpu, x.tp, zones_x, micro_x), (y.gpu, y.tp, zones_y, micro_y)), bounds),
-                           best, front, top, pareto)
+                           best, front, top, pareto, "per stage" if plains else None)
 
     @staticmethod
     def _class_time(zone_times, total: int, pipelines: int) -> float:
@@ -300,6 +300,12 @@ class TwoTypes:
             key = (Endpoint(src[0].gpu, src[1], 0, src[0].tp), Endpoint(dst[0].gpu, dst[1], 1, dst[0].tp))
             counts[key] = counts.get(key, 0) + 1
         return [(a, b, n) for (a, b), n in counts.items()]
+
+
+def _slot(fb: list[float], c: float) -> float:
+    """1F1B bottleneck of stages of these F+B seconds when each boundary costs c seconds."""
+    P = len(fb)
+    return max(t + 2 * c * ((s > 0) + (s < P - 1)) for s, t in enumerate(fb))
 
 
 def _starting_in(sh: Shape, zone: str) -> Shape | None:
