@@ -10,7 +10,9 @@ type spread over its pipelines, is where the two types' times cross
 (space.crossing). Each type fills its zones in its own fill order; where the two
 orders start in different zones, the pair is also searched with one type's
 order starting in the other's first zone, so that both can share a zone (a
-mixed ring inside one zone, where the own orders would cross zones).
+mixed ring inside one zone, where the own orders would cross zones). In auto
+mode's recomputing pass a stage recomputes, on both types, unless both fit it
+without.
 """
 from __future__ import annotations
 
@@ -120,7 +122,7 @@ class TwoTypes:
                 d = min(d, self.goal.max_gpus // (P * sh.tp))
             same = P * sh.tp <= sh.per_node
             c = min(sh.comm[(z, same)] for z, _ in sh.zones) if P > 1 else 0.0
-            fb = (sh.plain or sh.costs).compute(0, self.L - 1)  # (per stage, no stage need recompute on this type)
+            fb = (sh.plain or sh.costs).compute(0, self.L - 1)  # (recomputing per stage, a type may run none)
             sh.tables[key] = (d, (fb + 2 * (P - 1) * c, (fb + 4 * (P - 1) * c) / P))
         return sh.tables[key]
 
