@@ -111,12 +111,14 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
     pools = sorted({(p.gpu, p.zone) for p in c.available})
     best = math.inf
 
-    def consider(stages, mbs, D, recompute=bool(recompute)):
-        nonlocal best
+    def consider(stages, mbs, D):
         M = gbs // mbs
         q, r = divmod(M, D)
-        plan = Plan(MODEL.name, gbs, stages, tuple(Pipeline(mbs, q + 1 if k < r else q) for k in range(D)),
-                    distributed_optimizer=distributed_optimizer)
+        evaluate(Plan(MODEL.name, gbs, stages, tuple(Pipeline(mbs, q + 1 if k < r else q) for k in range(D)),
+                      distributed_optimizer=distributed_optimizer))
+
+    def evaluate(plan):
+        nonlocal best
         if not _fits_pools(plan, c):
             return
         est = _simulate(sim, plan, recompute)
@@ -138,7 +140,7 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                                                     (Pipeline(mbs, 1),) * D), c):
                     break  # D pipelines do not fit, nor will more
                 for cut in cuts:
-                    consider(_stages(L, cut, kinds), mbs, D, recompute)
+                    consider(_stages(L, cut, kinds), mbs, D)
 
     for mbs in (1, 2, 4, 8):
         if gbs % mbs:
@@ -170,12 +172,12 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                         if left:
                             break  # D pipelines do not fit, nor will more
                         for cut in _splits(L, P):
-                            consider(_stages(L, cut, [[Replica(gpu, tp, z) for z in zs]] * P), mbs, D, recompute)
+                            consider(_stages(L, cut, [[Replica(gpu, tp, z) for z in zs]] * P), mbs, D)
                             if stage_major and P > 1 and len(set(zs)) > 1:  # the same replicas stage by stage
                                 for order in permutations(dict.fromkeys(zs)):
                                     slots = [z for z in order for _ in range(zs.count(z) * P)]
                                     reps = [[Replica(gpu, tp, z) for z in slots[s * D:(s + 1) * D]] for s in range(P)]
-                                    consider(_stages(L, cut, reps), mbs, D, recompute)
+                                    consider(_stages(L, cut, reps), mbs, D)
         # chains of two pools: the first stages on pool A (up to FIRST_POOL_STAGES, by B's type), the rest on B
         chains = [(pair, tps) for pair in permutations(pools, 2) for tps in product((1, 2, 4), repeat=2)]
         # zone chains: one type and TP over its first k >= 3 zones in fill order (cheapest, then largest)
@@ -186,59 +188,9 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                        for tp in (1, 2, 4)]
         for chain, tps in chains:
             chain_plans(chain, tps, mbs)
-        # two GPU types side by side (throughput only): each type's pipelines fill its zones; both use
-        # as many pipelines as fit, or share M/P of them; every pipeline runs at least P microbatches
-        if goal.objective != "throughput":
-            continue
-        types = sorted({g for g, _ in pools})
-        for gx in types:
-            for gy in types:
-                if gx >= gy:
-                    continue
-                for tx in (1, 2, 4):
-                    for ty in (1, 2, 4):
-                        for P in range(1, max_stages + 1):
-                            cut0 = next(_splits(L, P), None)
-                            if cut0 is None:
-                                continue
-                            own = {g: _zone_fill(c, gpu=g, tp=t, P=P, L=L, cut=cut0, mbs=mbs, gbs=gbs, pools=pools)
-                                   for g, t in ((gx, tx), (gy, ty))}
-                            # and where the types' fill orders start in different zones, one type's
-                            # order starting in the other's first zone
-                            fills, first = [own], {g: _zone_order(c, g, pools)[0] for g in (gx, gy)}
-                            for g, t, other in ((gy, ty, gx), (gx, tx, gy)):
-                                if first[gx] != first[gy] and first[other] in _zone_order(c, g, pools):
-                                    fills.append({**own, g: _zone_fill(c, gpu=g, tp=t, P=P, L=L, cut=cut0, mbs=mbs,
-                                                                       gbs=gbs, pools=pools, start=first[other])})
-                            for fill in fills:
-                                cx, cy, most = len(fill[gx]), len(fill[gy]), M // P
-                                if cx + cy <= most:
-                                    pairs = [(cx, cy)]
-                                else:
-                                    pairs = [(dx, most - dx) for dx in range(max(1, most - cy), min(cx, most - 1) + 1)]
-                                for dx, dy in pairs:
-                                    if dx < 1 or dy < 1:
-                                        continue
-                                    reps = [Replica(gx, tx, z) for z in fill[gx][:dx]] + \
-                                        [Replica(gy, ty, z) for z in fill[gy][:dy]]
-                                    for mx_total in range(dx, M - dy + 1):
-                                        qx, rx = divmod(mx_total, dx)
-                                        qy, ry = divmod(M - mx_total, dy)
-                                        micro = [qx + (k < rx) for k in range(dx)] + [qy + (k < ry) for k in range(dy)]
-                                        if micro[0] < P or micro[dx] < P:
-                                            continue
-                                        for cut in _splits(L, P):
-                                            plan = Plan(MODEL.name, gbs, _stages(L, cut, [reps] * P),
-                                                        tuple(Pipeline(mbs, m) for m in micro),
-                                                        distributed_optimizer=distributed_optimizer)
-                                            est = _simulate(sim, plan, recompute)
-                                            if est.fits_in_memory and _fits_pools(plan, c):
-                                                from planner.search.goal import Outcome
-
-                                                o = Outcome(est.iteration_time_s, est.cost_per_iteration_usd,
-                                                            plan.num_gpus)
-                                                if goal.admits(o):
-                                                    best = min(best, goal.score(o))
+        if goal.objective == "throughput":  # two GPU types side by side
+            for plan in _two_type_plans(c, pools, mbs, gbs, max_stages, distributed_optimizer):
+                evaluate(plan)
     small = sum(p.count for p in c.available) <= 32
     if type_chains and (small or type_chains == "always" or best == math.inf) and 3 <= len(pools) <= 6 and \
             len({g for g, _ in pools}) >= 2:
@@ -248,6 +200,40 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                     for tps in product((1, 2, 4), repeat=3):
                         chain_plans(chain, tps, mbs)
     return best
+
+
+def _two_type_plans(c, pools, mbs, gbs, max_stages, distributed_optimizer):
+    """Every plan of two GPU types side by side: each type's pipelines fill its zones in its own order (and,
+    where the types' orders start in different zones, with one type's order starting in the other's first
+    zone); both use as many pipelines as fit, or share M/P of them; every pipeline runs one or more
+    microbatches, and each type's busiest P or more."""
+    L, M = MODEL.num_layers, gbs // mbs
+    for (gx, gy), tx, ty in product(combinations(sorted({g for g, _ in pools}), 2), (1, 2, 4), (1, 2, 4)):
+        for P in range(1, max_stages + 1):
+            cut0 = next(_splits(L, P), None)
+            if cut0 is None:
+                continue
+            own = {g: _zone_fill(c, gpu=g, tp=t, P=P, L=L, cut=cut0, mbs=mbs, gbs=gbs, pools=pools)
+                   for g, t in ((gx, tx), (gy, ty))}
+            fills, first = [own], {g: _zone_order(c, g, pools)[0] for g in (gx, gy)}
+            for g, t, other in ((gy, ty, gx), (gx, tx, gy)):
+                if first[gx] != first[gy] and first[other] in _zone_order(c, g, pools):
+                    fills.append({**own, g: _zone_fill(c, gpu=g, tp=t, P=P, L=L, cut=cut0, mbs=mbs, gbs=gbs,
+                                                       pools=pools, start=first[other])})
+            for fill in fills:
+                cx, cy, most = len(fill[gx]), len(fill[gy]), M // P
+                pairs = [(cx, cy)] if cx + cy <= most else \
+                    [(dx, most - dx) for dx in range(max(1, most - cy), min(cx, most - 1) + 1)]
+                for dx, dy in (pair for pair in pairs if min(pair) >= 1):
+                    reps = [Replica(gx, tx, z) for z in fill[gx][:dx]] + [Replica(gy, ty, z) for z in fill[gy][:dy]]
+                    for total_x in range(dx, M - dy + 1):
+                        (qx, rx), (qy, ry) = divmod(total_x, dx), divmod(M - total_x, dy)
+                        micro = [qx + (k < rx) for k in range(dx)] + [qy + (k < ry) for k in range(dy)]
+                        if micro[0] >= P and micro[dx] >= P:
+                            for cut in _splits(L, P):
+                                yield Plan(MODEL.name, gbs, _stages(L, cut, [reps] * P),
+                                           tuple(Pipeline(mbs, m) for m in micro),
+                                           distributed_optimizer=distributed_optimizer)
 
 
 def _stage_counts(chain, max_stages):
