@@ -56,18 +56,21 @@ def pareto_extra(labels: list[Split]) -> list[Split]:
     return out
 
 
-def split_compute(costs: "StageCosts", plain: "StageCosts | None", bounds: tuple[int, ...], microbatches: int,
-                  num_layers: int) -> list[float]:
-    """F+B seconds of every stage of a split. With `plain` (per-stage recomputation; `costs` are then the
-    recomputing ones) stage s recomputes only if it does not fit without, with its 1F1B in-flight count
-    min(P - s, m)."""
+def split_compute(costs: list["StageCosts"], plains: list["StageCosts"] | None, bounds: tuple[int, ...],
+                  microbatches: int, num_layers: int) -> list[list[float]]:
+    """F+B seconds of every stage of a split, for each class (GPU type, TP) running it: one for a single
+    pool, two for two types side by side (JointSplitTable). With `plains` (per-stage recomputation;
+    `costs` are then the recomputing ones) stage s recomputes, on every class, unless it fits every
+    class without, with its 1F1B in-flight count min(P - s, microbatches)."""
     edges = (0, *bounds, num_layers)
     P = len(edges) - 1
-    out = []
+    out: list[list[float]] = [[] for _ in costs]
     for s in range(P):
         first, last = edges[s], edges[s + 1] - 1
-        fits = plain is not None and plain.memory(first, last, min(P - s, microbatches)) <= plain.capacity
-        out.append((plain if fits else costs).compute(first, last))
+        inflight = min(P - s, microbatches)
+        fits = plains is not None and all(p.memory(first, last, inflight) <= p.capacity for p in plains)
+        for k, c in enumerate(plains if fits else costs):
+            out[k].append(c.compute(first, last))
     return out
 
 
@@ -251,21 +254,6 @@ def pareto_joint(labels: list[JointSplit]) -> list[JointSplit]:
         if not any(all(a <= b for a, b in zip(y[0], x[0])) and y[1] <= x[1] and all(a <= b for a, b in zip(y[3], x[3]))
                    for y in out):
             out.append(x)
-    return out
-
-
-def joint_split_compute(costs: list[StageCosts], plains: list[StageCosts] | None, bounds: tuple[int, ...],
-                        num_layers: int) -> list[list[float]]:
-    """F+B seconds of every stage of a joint split, per class (JointSplitTable's rule: with `plains` a stage
-    recomputes on every class unless it fits every class without, with P - s microbatches in flight)."""
-    edges = (0, *bounds, num_layers)
-    P = len(edges) - 1
-    out: list[list[float]] = [[] for _ in costs]
-    for s in range(P):
-        first, last = edges[s], edges[s + 1] - 1
-        fits = plains is not None and all(p.memory(first, last, P - s) <= p.capacity for p in plains)
-        for k, c in enumerate(plains if fits else costs):
-            out[k].append(c.compute(first, last))
     return out
 
 

@@ -25,11 +25,11 @@ which starts from the first pass's best plans as its cutoff. In that pass a
 stage recomputes only if it does not fit without (per-stage recomputation, in
 the split search: partition.SplitTable, the chains' segments, and
 partition.JointSplitTable for two types side by side, where a stage recomputes
-on both types unless both fit it without). A plan
-of that pass can only beat the first pass's if one of its stages does not fit
-without recomputing (else the same plan without it is faster), so that
-stage's time bounds the family's bottleneck from below (`_recompute_floor`),
-and families without such a stage are skipped.
+on both types unless both fit it without). A plan of that pass can only beat
+the first pass's if one of its stages does not fit without recomputing (else
+the same plan without it is faster), so that stage's time bounds the family's
+bottleneck from below (`_recompute_floor`), and families without such a stage
+are skipped.
 
 With the distributed optimizer (`distributed_optimizer`) every stage's D replicas split its
 optimizer state and step, so what fits depends on D: the exact evaluations take the stage

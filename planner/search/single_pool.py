@@ -123,7 +123,7 @@ class SinglePool:
         for split in splits:
             params, bounds = split[1], split[2]
             # F+B of each stage (a stage recomputes only where the most microbatches in flight need it)
-            fb = split_compute(costs, plain, bounds, m, self.L)
+            fb = split_compute([costs], plain and [plain], bounds, m, self.L)[0]
             t_pp = max(sum(fb) + 2 * (P - 1) * cz + (mz - 1) * max(
                 t + 2 * cz * ((s > 0) + (s < P - 1)) for s, t in enumerate(fb)) for cz, mz in busiest)
             sync = self._sync(params, D, shape.gpu, tp, tuple(placed), per)[0]

@@ -20,7 +20,7 @@ import math
 from dataclasses import replace
 
 from planner.search.goal import Outcome
-from planner.search.partition import JointSplitTable, joint_split_compute
+from planner.search.partition import JointSplitTable, split_compute
 from planner.search.space import Shape, capacity, crossing, ring_edges_of, spread
 from planner.simulator.network import Endpoint
 from planner.simulator.simulate import GRAD_BYTES
@@ -251,9 +251,10 @@ class TwoTypes:
         # every stage's ring is the same mixed ring: all of them send the whole model's gradients
         egress = self.sim.edges_sync(x.costs.params(0, self.L - 1), dx + dy, edges)[1]
         for _, params, bounds, _ in splits:
-            # (fill, slot, pipelines) of each zone of each class: the exact per-zone pipeline times
+            # (fill, slot, pipelines) of each zone of each class: the exact per-zone pipeline times (each
+            # class's busiest pipeline runs P microbatches or more, so stage s has P - s in flight)
             zone_times = []
-            for fb, cz, pl in zip(joint_split_compute(costs, plains, bounds, self.L), comms, placed):
+            for fb, cz, pl in zip(split_compute(costs, plains, bounds, P, self.L), comms, placed):
                 zone_times.append([(sum(fb) + 2 * (P - 1) * cz[z], _slot(fb, cz[z]), k) for z, k in pl])
             def times(t):  # exact (X's time, Y's time) when X's pipelines run t microbatches in all
                 return self._class_time(zone_times[0], t, dx), self._class_time(zone_times[1], M - t, dy)
