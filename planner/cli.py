@@ -166,7 +166,7 @@ def cmd_plan(args) -> int:
     if args.gpus is not None or not cluster.available:
         cluster = cluster.with_available(parse_gpus(EXAMPLE_CLUSTER if args.gpus is None else args.gpus, cluster,
                                                     "--gpus"))
-    cluster, sim = _context(args, model, cluster=cluster)  # the precision follows the GPU types offered
+    cluster, sim = _context(args, model, cluster=cluster)  # searched in the default for the GPU types offered
     goal = Goal(args.objective, args.max_cost_per_iter, args.max_cost_per_hour, args.min_throughput, args.max_gpus)
     planner = Planner(sim, args.global_batch, goal, args.runtime, args.max_stages,
                       list(args.microbatch_sizes) if args.microbatch_sizes else None, recompute=args.recompute,
@@ -177,28 +177,35 @@ def cmd_plan(args) -> int:
         from planner.search.explain import explain_infeasible
 
         raise SailorError(explain_infeasible(planner, goal))
-    plans = shortlist(result.plans)[:args.top]
+    plans, pareto = shortlist(result.plans)[:args.top], result.pareto
+    sims = {sim.precision: sim}
+    if args.precision is None:
+        own = _own_precision(sims)
+        plans, pareto = [own(p, e) for p, e in plans], [own(p, e) for p, e in pareto]
     best_plan, best = plans[0]
     text = plan_text(best_plan, "sailor" if args.format == "sailor" else "sailor-plan")
-    if args.plot and result.pareto:
+    if args.plot and pareto:
         from planner.plots import plot_pareto
 
-        _save_plot(plot_pareto, args.plot, inputs, result.pareto,
+        _save_plot(plot_pareto, args.plot, inputs, pareto,
                    title=f"{model.name}: throughput vs cost of the best plans")
     write_output(args.output, text, inputs, "plan file (-o)")
     from planner.provenance import provenance
 
+    def origin(plan):
+        return provenance(sims[plan.precision], plan, args.model)
+
     def summary(plan, est) -> dict:
-        return {**_summary(plan, est), "estimated": provenance(sim, plan, args.model).to_dict()}
+        return {**_summary(plan, est), "estimated": origin(plan).to_dict()}
 
     seq = _seq_length(model, args)
     if args.json:
         out = {
             "plan": plan_to_dict(best_plan),
             **seq,
-            "precision": sim.precision,
+            "precision": best_plan.precision,
             "distributed_optimizer": best_plan.distributed_optimizer,
-            "estimated": provenance(sim, best_plan, args.model).to_dict(),
+            "estimated": origin(best_plan).to_dict(),
             "iteration_time_s": best.iteration_time_s,
             "throughput_iters_per_s": best.throughput_iters_per_s,
             "cost_per_iteration_usd": best.cost_per_iteration_usd,
@@ -211,18 +218,21 @@ def cmd_plan(args) -> int:
             "top": [summary(p, e) for p, e in plans],
         }
         if args.pareto:
-            out["pareto"] = [summary(p, e) for p, e in result.pareto]
+            out["pareto"] = [summary(p, e) for p, e in pareto]
         print(json.dumps(out, indent=1))
         return 0
     from planner.report import print_plans
 
-    shown = result.pareto if args.pareto else plans
+    shown = pareto if args.pareto else plans
     print_plans(shown, title=f"{model.name}, global batch "
                 f"{args.global_batch}, objective {args.objective}" + (" (Pareto front)" if args.pareto else ""),
-                provenances=[provenance(sim, p, args.model) for p, _ in shown])
+                provenances=[origin(p) for p, _ in shown])
     _print_seq_length(seq)
-    print(f"precision {sim.precision}" + (", distributed optimizer (each stage's optimizer state split over its "
-                                          "replicas)" if best_plan.distributed_optimizer else ""))
+    precisions = [p.precision for p, _ in shown]
+    print((f"precision {precisions[0]}" if len(set(precisions)) == 1 else
+           "precision: " + ", ".join(f"plan {i} {prec}" for i, prec in enumerate(precisions, 1)))
+          + (", distributed optimizer (each stage's optimizer state split over its replicas)"
+             if best_plan.distributed_optimizer else ""))
     print(f"search: {result.search_time_s:.2f} s CPU, {result.evaluated} candidate plans evaluated; best plan written "
           f"to {args.output}" + (f", plot to {args.plot}" if args.plot and result.pareto else ""))
     for line in result.not_searched:
@@ -230,9 +240,34 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _own_precision(sims: dict):
+    """(plan, estimate) -> the same in the default precision of the plan's own GPU types.
+
+    The search runs in the default for all GPU types offered: fp16 if any of them lacks bf16. A plan
+    that uses none of those trains in bf16, as the default rule says for its GPUs
+    (specs/precision.py); its numbers come from a bf16 simulation (on GPUs with both they equal
+    fp16's: the same peak FLOP/s and bytes). `sims` maps precision -> Simulator; new ones are added."""
+    from dataclasses import replace
+
+    from planner.simulator.simulate import Simulator
+    from planner.specs.precision import default_precision
+
+    sim = next(iter(sims.values()))
+
+    def own(plan, est):
+        precision = default_precision(sim.cluster.gpu(g) for g in sorted({g for g, _ in plan.gpus_used()}))
+        if precision == plan.precision:
+            return plan, est
+        if precision not in sims:
+            sims[precision] = Simulator(sim.model, sim.cluster, sim.profiles, precision)
+        plan = replace(plan, precision=precision)
+        return plan, sims[precision].simulate(plan)
+    return own
+
+
 def _summary(plan, est) -> dict:
     return {"stages": plan.pp, "replicas": plan.dp, "tp": sorted({r.tp for s in plan.stages for r in s.replicas}),
-            "recompute": plan.recompute,
+            "precision": plan.precision, "recompute": plan.recompute,
             "microbatch_size": plan.pipelines[0].microbatch_size, "iteration_time_s": est.iteration_time_s,
             "throughput_iters_per_s": est.throughput_iters_per_s, "cost_per_iteration_usd": est.cost_per_iteration_usd,
             "cost_per_hour_usd": est.cost_per_hour_usd, "gpus_used": est.gpus_used,

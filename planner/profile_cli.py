@@ -255,7 +255,9 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     m.add_argument("--concurrency", type=flags.integer(1, 1024), default=1,
                    help="CPU: processes busy at once while measuring, as many as the training ranks that will "
                         "share this machine (default 1)")
-    m.add_argument("--precision", choices=["fp32", "bf16"], help="default: bf16 on CUDA, fp32 on CPU (the runtime's)")
+    m.add_argument("--precision", choices=["fp32", "bf16", "fp16"],
+                   help="default: bf16 on CUDA, fp32 on CPU (the runtime's); fp16 for plans on GPUs without bf16 "
+                        "(V100, T4, Turing)")
     m.add_argument("--seed", type=flags.integer(0, 2**32 - 1), default=1234, help="random seed of the inputs")
     m.add_argument("--timeout", type=flags.seconds, default=1800, help="seconds a profiling process may take")
     m.add_argument("-q", "--quiet", action="store_true", help="no progress and no summary; errors only")

@@ -111,7 +111,7 @@ def conversion_note(provenances: list[Provenance | None]) -> str | None:
     converted = sorted({c for p in provenances if p is not None for c in p.converted})
     if not converted:
         return None
-    target = next(p for p in provenances if p is not None and p.converted).precision
+    target = " or ".join(sorted({p.precision for p in provenances if p is not None and p.converted}))
     return ("converted: measured profiles of " + ", ".join(f"{g} ({prec}, {rt})" for g, prec, rt in converted)
             + f" scaled to {target} on this runtime by the estimator's ratios (docs/simulator.md); "
             "profiles of your own (`sailor profile model`) need none")

@@ -90,7 +90,7 @@ class Profile:
     model: str
     gpu: str
     num_layers: int
-    precision: str  # fp32 | bf16
+    precision: str  # fp32 | bf16 | fp16
     source: str  # measured | estimated
     times: dict[tuple[int, int], LayerTimes]  # (mbs, tp) -> times
     optimizer_s_per_param: float
@@ -245,7 +245,7 @@ def profile_from_dict(d: dict, source_name: str) -> Profile:
     # our profiler's files are sailor_ext's; a file exported from Sailor's data says its origin
     meta["runtime"] = top["runtime"].str(RUNTIMES) if "runtime" in top else (
         "megatron-deepspeed" if meta.get("origin") == "sailor-data" else "sailor")
-    precision = top["precision"].str(("fp32", "bf16")) if "precision" in top else "fp32"
+    precision = top["precision"].str(("fp32", "bf16", "fp16")) if "precision" in top else "fp32"
     return Profile(top["model"].str(), top["gpu"].str(), layers, precision, MEASURED, times,
                    top["optimizer_s_per_param"].number(0.0, 1.0), memory, meta, spec)
 

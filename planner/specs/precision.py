@@ -7,8 +7,9 @@
 The default follows the target, as the runtime's does (sailor_ext/precision.py:
 bf16 on CUDA, fp32 on CPU): fp32 if every GPU type is the CPU, else bf16 if
 every GPU type has bf16, else fp16 (one precision per run: a V100 among A100s
-makes the whole run fp16). A plan records its precision, and `sailor launch`
-passes it to the runtime (launch_flags).
+makes the whole run fp16). `sailor plan` applies it to each plan's own GPU
+types, not to all those offered. A plan records its precision, and `sailor
+launch` passes it to the runtime (launch_flags).
 """
 from __future__ import annotations
 

@@ -25,10 +25,12 @@ degree, and measures for one microbatch size:
 Only `blocks` transformer blocks are built: blocks have identical shapes, so
 every block of the model gets the median of the measured blocks (Sailor
 profiles two). The optimizer step is the runtime's `Optimizer` (AdamW, global
-norm, clipping) over the built layers, reported per parameter. With bf16 the
-stage is cast as the runtime casts it (precision.MainParams: bf16 weights and
-activations, fp32 main gradients filled by hooks, fp32 masters stepped and
-copied back), so the times include what mixed precision costs.
+norm, clipping) over the built layers, reported per parameter. With bf16 or
+fp16 the stage is cast as the runtime casts it (precision.MainParams: 16-bit
+weights and activations, fp32 main gradients filled by hooks, fp32 masters
+stepped and copied back), so the times include what mixed precision costs; an
+fp16 step also unscales the gradients and reads their norm on the host, as the
+trainer's does (loss scaling).
 """
 from __future__ import annotations
 
@@ -94,7 +96,8 @@ class LayerBench:
         self.layers = list(self.stage.layers.values())
         self.kinds = [reduced.kind(i) for i in range(reduced.num_layers)]
         self.clock = Clock(device)
-        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+        self.scaled = precision == "fp16"
         self.main = MainParams(self.stage, self.dtype)
         if self.main.low_precision:  # the runtime's fp32 main gradients are persistent buffers
             for p in self.main.params.values():
@@ -237,7 +240,12 @@ class LayerBench:
         opt = Optimizer(self.main.params, self.stage.shards, _SoloTopology(0), OptimizerConfig())
 
         def step():
-            opt.step(opt.local_grad_sumsq().sqrt())  # the clip coefficient on the device, as in training
+            if self.scaled:  # (by 1: the same pass over the gradients, which then do not shrink over the repeats)
+                opt.unscale(1.0)
+            sumsq = opt.local_grad_sumsq()
+            if self.scaled:  # fp16: the host decides whether the step is skipped (trainer.py)
+                float(sumsq)
+            opt.step(sumsq.sqrt())  # the clip coefficient on the device, as in training
             self.main.copy_to_model()
 
         times = []

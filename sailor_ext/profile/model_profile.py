@@ -105,9 +105,9 @@ def check_request(req: ModelProfileRequest) -> tuple[ModelSpec, Settings]:
         if req.concurrency != 1:
             raise SailorError("--concurrency models processes sharing CPU cores; it is for --device cpu only")
     precision = req.precision or ("bf16" if req.device == "cuda" else "fp32")
-    if precision not in ("fp32", "bf16"):
-        raise SailorError(f"unknown --precision {precision!r}: use fp32 or bf16")
-    if precision == "bf16" and req.device == "cpu":
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise SailorError(f"unknown --precision {precision!r}: use fp32, bf16 or fp16")
+    if precision != "fp32" and req.device == "cpu":
         raise SailorError("the runtime trains in fp32 on CPU; profile with --precision fp32")
     gpu = resolve_gpu(req.gpu, req.device)
     oversubscribed = req.device == "cpu" and max(req.concurrency, *req.tp_degrees) * req.threads > cores()

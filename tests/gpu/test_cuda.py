@@ -14,6 +14,7 @@ bf16 rounding, measured there).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -138,3 +139,29 @@ def test_no_host_synchronisation_inside_a_step(tmp_path):
                                                "--dist-timeout", "60"], env={"SAILOR_CUDA_SYNC_DEBUG": "1"})
     assert_ok(run)
     assert len(run.metrics) == 4 and all(m["peak_memory_bytes"] > 0 for m in run.metrics)
+
+
+def test_fp16_profile_on_cuda(tmp_path):
+    """`sailor profile model --precision fp16` (for plans on GPUs without bf16) measures the runtime's fp16 layers
+    and optimizer step; the store hands the profile to fp16 plans as measured and converts it for bf16 ones."""
+    import subprocess
+    import sys
+
+    from planner.profiles.store import load_profiles
+    from planner.specs.model import get_model
+
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-m", "planner.cli", "profile", "model", "--model", "tiny", "--device",
+                          "cuda", "--gpu", "H100-80", "--precision", "fp16", "--micro-batch-sizes", "1,2",
+                          "--warmup", "1", "--repeats", "3", "-o", tmp_path],
+                         capture_output=True, text=True, cwd=root, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    written = json.loads((tmp_path / "tiny" / "H100-80" / "profile.json").read_text())  # (a label: any GPU)
+    assert written["precision"] == "fp16" and written["optimizer_s_per_param"] > 0
+    model = get_model("tiny")
+    store = load_profiles([str(tmp_path)], model="tiny", runtime="sailor")
+    gpu = store._gpus["H100-80"]
+    measured = store.get(model, gpu, "fp16")
+    assert measured.precision == "fp16" and "converted_from" not in measured.meta
+    assert all(t > 0 for lt in measured.times.values() for t in lt.fwd + lt.bwd)
+    assert store.get(model, gpu, "bf16").meta["converted_from"] == "fp16"

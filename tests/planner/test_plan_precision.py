@@ -84,6 +84,34 @@ def test_plan_precision_round_trips_to_every_launch_target(tmp_path, gpus, flags
     assert json.loads(exported.read_text())["precision"] == expect and load_plan(str(exported)).precision == expect
 
 
+@pytest.mark.parametrize("objective, expect", [("throughput", "fp16"), ("cost", "bf16")])
+def test_the_default_precision_follows_each_plans_own_gpus(tmp_path, objective, expect):
+    """V100s offered beside A100s: the fastest plan uses both and trains in fp16; the cheapest uses the A100s
+    only and trains in bf16 (not in fp16 because a V100 was offered). Every listed plan takes its own GPUs'
+    default, the plan file records the best's, and simulate predicts what plan printed."""
+    plan_file = tmp_path / "plan.json"
+    out = sailor("plan", "--model", "opt-350m", "--gpus", "A100-40@us-central1-a=2,V100-16@us-central1-a=16",
+                 "--global-batch", "256", "--max-stages", "4", "--objective", objective, "--pareto", "--json",
+                 "-o", plan_file)
+    assert out.returncode == 0, out.stderr
+    planned = json.loads(out.stdout)
+    assert planned["precision"] == expect == json.loads(plan_file.read_text())["precision"]
+    listed = planned["top"] + planned["pareto"]
+    assert {p["precision"] for p in listed} == {"bf16", "fp16"}  # both kinds of plan are listed
+    for p in listed:
+        assert p["precision"] == ("fp16" if any(k.startswith("V100") for k in p["gpus_used"]) else "bf16"), p
+    sim = sailor("simulate", plan_file, "--json")
+    assert sim.returncode == 0, sim.stderr
+    assert json.loads(sim.stdout)["precision"] == expect
+    assert json.loads(sim.stdout)["iteration_time_s"] == pytest.approx(planned["iteration_time_s"], rel=1e-9)
+    table = sailor("plan", "--model", "opt-350m", "--gpus", "A100-40@us-central1-a=2,V100-16@us-central1-a=16",
+                   "--global-batch", "256", "--max-stages", "4", "--objective", objective, "--pareto",
+                   "-o", tmp_path / "again.json")
+    assert table.returncode == 0, table.stderr
+    said = re.search(r"^precision: (.*)$", table.stdout, re.M)
+    assert said and "bf16" in said.group(1) and "fp16" in said.group(1), table.stdout
+
+
 def test_contradicting_precision_is_one_line(tmp_path):
     plan_file = tmp_path / "plan.json"
     assert sailor("plan", "--model", "opt-125m", "--gpus", "V100-16@us-central1-a=4", "--global-batch", "8",

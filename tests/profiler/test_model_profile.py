@@ -29,6 +29,21 @@ def test_profile_loads_with_the_store(tiny_profile):
     assert theirs.meta["converted_from_runtime"] == "sailor" and theirs.runtime == "megatron-deepspeed"
 
 
+def test_an_fp16_profile_serves_fp16_plans_as_measured(tiny_profile, tmp_path):
+    """A profile measured in fp16 (`--precision fp16`, for GPUs without bf16; CUDA only, so here the CPU file
+    relabelled): fp16 plans get it as measured, bf16 ones a conversion of it."""
+    d = json.loads((tiny_profile / "tiny" / "CPU" / "profile.json").read_text())
+    (tmp_path / "tiny" / "CPU").mkdir(parents=True)
+    (tmp_path / "tiny" / "CPU" / "profile.json").write_text(json.dumps({**d, "precision": "fp16"}))
+    model = get_model("tiny")
+    store = load_profiles([str(tmp_path)], model="tiny", runtime="sailor")
+    gpu = store._gpus["CPU"]
+    fp16 = store.get(model, gpu, "fp16")
+    assert fp16 is store.measured[("tiny", "CPU")] and fp16.precision == "fp16"
+    bf16 = store.get(model, gpu, "bf16")
+    assert bf16.precision == "bf16" and bf16.meta["converted_from"] == "fp16"
+
+
 def test_file_keys_and_tags(tiny_profile):
     d = json.loads((tiny_profile / "tiny" / "CPU" / "profile.json").read_text())
     assert d["format"] == "sailor-profile" and d["version"] == 1 and d["model"] == "tiny" and d["gpu"] == "CPU"

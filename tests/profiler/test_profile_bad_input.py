@@ -13,6 +13,7 @@ from _profiler_helpers import one_line_error, sailor
     (["--model", "tiny", "--device", "cuda"], ["no CUDA device", "--device cpu"]),
     (["--model", "tiny", "--repeats", "0"], ["--repeats"]),
     (["--model", "tiny", "--precision", "bf16"], ["fp32 on CPU"]),
+    (["--model", "tiny", "--precision", "fp16"], ["fp32 on CPU"]),
 ])
 def test_bad_model_input(tmp_path, args, needles):
     run = sailor("profile", "model", "--device", "cpu", *args, "-o", tmp_path)  # a later --device wins
