@@ -32,16 +32,11 @@ def plot_replay(runs, path: str, title: str = "") -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
     for i, r in enumerate(runs):
-        t = [s.start_s / 3600 for s in r.steps] + [r.steps[-1].end_s / 3600]
-        thr = [s.iterations / (s.end_s - s.start_s) if s.end_s > s.start_s else 0 for s in r.steps]
-        iters, cost = [0.0], [0.0]
-        for s in r.steps:
-            iters.append(iters[-1] + s.iterations)
-            cost.append(cost[-1] + s.cost_usd)
+        t, thr, iters, cost = replay_series(r)
         line, marker = STYLES[i % len(STYLES)]
         # later policies are drawn thinner on top, so one that coincides with an earlier one still shows
         style = dict(label=r.policy, linestyle=line, linewidth=2.6 - 0.6 * i, alpha=0.85, zorder=2 + i)
-        axes[0].step(t[:-1], thr, where="post", **style)
+        axes[0].step(t, thr, where="post", **style)
         axes[1].plot(t, iters, marker=marker, markersize=4, markevery=max(1, len(t) // 12), **style)
         axes[2].plot(t, cost, marker=marker, markersize=4, markevery=max(1, len(t) // 12), **style)
     axes[0].set_ylabel("iterations / s")
@@ -54,6 +49,18 @@ def plot_replay(runs, path: str, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def replay_series(run) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(hours, iterations/s, iterations done, USD spent) at each step's start and at the run's end. The
+    rate holds from a point to the next (a step plot), so the end repeats the last step's rate."""
+    t = [s.start_s / 3600 for s in run.steps] + [run.steps[-1].end_s / 3600]
+    thr = [s.iterations / (s.end_s - s.start_s) if s.end_s > s.start_s else 0 for s in run.steps]
+    iters, cost = [0.0], [0.0]
+    for s in run.steps:
+        iters.append(iters[-1] + s.iterations)
+        cost.append(cost[-1] + s.cost_usd)
+    return t, thr + thr[-1:], iters, cost
 
 
 def plot_plan(plan, est, sim, path: str, title: str = "") -> None:

@@ -73,3 +73,17 @@ def test_replay_cli(tmp_path):
     by = {s["policy"]: s for s in d["summary"]}
     assert by["sailor"]["iterations"] >= by["static"]["iterations"] > 0
     assert (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_the_throughput_plot_reaches_the_end_of_the_trace():
+    """The rate of a step holds until the next step starts; the last step's until the run ends (its
+    segment was missing from the plot)."""
+    from types import SimpleNamespace
+
+    from planner.plots import replay_series
+
+    steps = [SimpleNamespace(start_s=0.0, end_s=3600.0, iterations=360.0, cost_usd=1.0),
+             SimpleNamespace(start_s=3600.0, end_s=5400.0, iterations=360.0, cost_usd=2.0)]
+    t, rate, done, usd = replay_series(SimpleNamespace(steps=steps))
+    assert t == [0.0, 1.0, 1.5] and rate == [0.1, 0.2, 0.2]
+    assert done == [0.0, 360.0, 720.0] and usd == [0.0, 1.0, 3.0]
