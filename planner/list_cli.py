@@ -91,7 +91,9 @@ FOOTNOTES = {
     "gpus": "Use them as --gpus TYPE@ZONE=N; a cluster file (--cluster) adds types and overrides fields and prices.",
     "zones": "Egress per GB between zones: free inside a zone, same region $0.01, same continent $0.02, other "
              "continents $0.08 (a cluster file's egress_usd_per_gb overrides). Declare other sites under 'zones:'.",
-    "models": "--model takes these names, Sailor's names, or a path to a config.json or model directory.",
+    "models": "--model takes these names, Sailor's names, or a path to a config.json or model directory. The presets "
+              "are Megatron-style builds, as the runs behind Sailor's profiles (llama-3-8b: full multi-head "
+              "attention and GPT-2's vocabulary); for a released model's exact architecture pass its config.json.",
 }
 
 

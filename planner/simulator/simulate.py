@@ -23,10 +23,14 @@ replicas' links (network.allreduce_time); update_s,k = optimizer seconds per
 parameter (profile) * the stage's parameters / tp, / D_s with the distributed optimizer (each
 replica steps its 1/D_s part; its reduce-scatter and all-gather move the all-reduce's bytes,
 so allreduce_s is unchanged). A stage that recomputes
-activations has its blocks' backward and memory changed by recompute.py. No
-overlap of the gradient sync with backward (as in the frameworks we model).
-(Syncing a stage as soon as its own last backward is done, as DeepSpeed does,
-changes the predictions on the measured runs by less than 0.1 %.)
+activations has its blocks' backward and memory changed by recompute.py.
+
+The sync is counted from the slowest pipeline's last backward on. A stage's ring
+can start earlier: once the stage's own last backward is done (DeepSpeed; this
+changes the predictions on the measured runs by less than 0.1 %), and in our
+runtime (--overlap-grad-reduce) bucket by bucket during that backward. Either
+way it hides at most one microbatch's backward through stages s, s-1, ..., 0
+(the stage's last backward and the drain after it), which is not counted.
 
 Cost per iteration:
 
