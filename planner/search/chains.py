@@ -700,6 +700,8 @@ class Chains:
         segments = (chain[0].mbs, tuple((p.gpu, p.tp, n, z) for p, n, z in zip(chain, Ps, zones)))
 
         cut = self._cutoff  # (the K-th best plan's score, or the probe's; inf for a Pareto front)
+        if pareto and self.goal.objective == "throughput":
+            cut = min(cut, _dominated_from(front, usd_per_s))
         # left to right over the pools: at each pool boundary j, the undominated partial splits
         # (compute, slot, sync, update, ring USD, first layers) of layers 0..j-1
         labels: dict = {0: [(0.0, 0.0, 0.0, 0.0, 0.0, ())]}
@@ -769,6 +771,15 @@ def _spread_bound(work: float, pools: list[tuple[float, float, float]]) -> float
             return t * (1 - 1e-12)
         slope, done = slope - a, done + room
     return math.inf  # (unreached: the sum of U_i covers the work)
+
+
+def _dominated_from(front: list, usd_per_s: float) -> float:
+    """The least iteration time from which a plan costing `usd_per_s` USD per second is matched or beaten
+    in both time and cost by a plan of the Pareto front (Planner._offer then drops it): a plan of time
+    T >= max(t_f, c_f / usd_per_s) costs at least T * usd_per_s >= c_f. inf: none is."""
+    return min((max(f.outcome.iteration_time_s, f.outcome.cost_per_iteration_usd / usd_per_s) if usd_per_s > 0
+                else f.outcome.iteration_time_s if f.outcome.cost_per_iteration_usd <= 0 else math.inf
+                for f in front), default=math.inf)
 
 
 def _undominated(labels: list) -> list:

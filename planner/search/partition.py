@@ -278,9 +278,15 @@ class JointSplitTable:
         L = costs[0].L
         self.L, self.max_stages = L, min(max_stages, L)
         self.none = (0.0,) * len(costs)
-        pp = costs[0].params_prefix
-        table: list[list[list[JointSplit]]] = [[[] for _ in range(self.max_stages)] for _ in range(L + 1)]
-        for r in range(self.max_stages - 1):
+        self.table: list[list[list[JointSplit]]] = [[[] for _ in range(self.max_stages)] for _ in range(L + 1)]
+        self.rows = 0  # table[j][r] is filled for r < rows: up to the deepest pipeline asked for (frontier)
+
+    def _fill(self, rows: int) -> None:
+        """Fill table[j][r] for r < rows (splits of layers j.. into r + 1 stages; the last row a
+        frontier of P stages reads is P - 2). Rows are filled as deep pipelines are asked for: their
+        frontiers are the largest, and most tables are only asked for shallow ones."""
+        L, comms, table, pp = self.L, self.comms, self.table, self.costs[0].params_prefix
+        for r in range(self.rows, min(rows, self.max_stages - 1)):
             for j in range(L - 1, 0, -1):
                 reach = self._reach(j, r + 1)
                 if r == 0:
@@ -300,7 +306,7 @@ class JointSplitTable:
                         cell.append((tuple(max(a, b) for a, b in zip(slots, s2)), max(params, p2), (j, *b2),
                                      tuple(a + b for a, b in zip(extras, e2))))
                 table[j][r] = pareto_joint(cell) if len(cell) > 1 else cell
-        self.table = table
+        self.rows = max(self.rows, rows)
 
     def _reach(self, j: int, inflight: int) -> int:
         """The last layer a stage from layer j may end at: it fits every class (with recomputation, if
@@ -329,6 +335,7 @@ class JointSplitTable:
             return [(times, pp[L], (), extras)]
         if stages > self.max_stages:
             return []
+        self._fill(stages - 1)
         cell = []
         for i in range(1, min(L - stages + 1, reach + 1) + 1):
             times, extras = self._stage(0, i, stages)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.profiles.profile import LayerMemory, LayerTimes
-from planner.search.partition import SplitTable, StageCosts, pareto
+from planner.search.partition import JointSplitTable, SplitTable, StageCosts, pareto
 
 
 def brute_frontier(costs: StageCosts, comm: float, m: int, P: int):
@@ -77,3 +77,25 @@ def test_stage_memory_is_the_simulators_to_the_bit(data, L, mbs, tied):
                     transient = parts["activations"] + parts["backward workspace"]
                     assert parts["optimizer step"] == pytest.approx(
                         max(0.0, step * (mem.stage_params(first, last) + extra) - transient), rel=1e-12, abs=1e-3)
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), L=st.integers(4, 10), capacity=st.integers(150, 900))
+def test_joint_table_rows_are_filled_as_deep_pipelines_are_asked_for(data, L, capacity):
+    """JointSplitTable fills the rows of its DP up to the deepest pipeline asked for: asked shallow first,
+    then deep, it gives what a table filled whole at once gives (two classes, per-stage recomputation)."""
+    def costs(scale, recomputing):
+        f = data.draw(st.lists(st.floats(0.01, 1.0), min_size=L, max_size=L))
+        acts = data.draw(st.lists(st.floats(1, 60), min_size=L, max_size=L))
+        times = LayerTimes(tuple(scale * x for x in f), tuple((3 if recomputing else 2) * scale * x for x in f))
+        mem = LayerMemory(tuple([5] * L), tuple(a / 4 if recomputing else a for a in acts), (1.0,) * L)
+        return StageCosts(times, mem, mem, mbs=1, state_bytes=4.0, allocator=1.0, overhead=10.0,
+                          capacity=capacity, tied_params=0)
+
+    recomputing, plains = [costs(1.0, True), costs(1.7, True)], [costs(1.0, False), costs(1.7, False)]
+    whole = JointSplitTable(recomputing, [0.01, 0.02], L, plains)
+    whole._fill(L)
+    lazy = JointSplitTable(recomputing, [0.01, 0.02], L, plains)
+    for P in [2, 1, *range(3, L + 1)]:
+        assert lazy.frontier(P) == whole.frontier(P), P
+        assert lazy.rows == max(1, P - 1)
