@@ -6,7 +6,8 @@ every stage's gradient ring stays inside one pool's zone while a pipeline
 crosses k - 1 pool boundaries. Every pool but the last holds up to
 FIRST_POOL_STAGES stages (four before another type: cheap or memory-light GPUs
 for the embedding end; two before the same type in another zone), the last
-pool the rest. Chains are
+pool the rest; where nothing fits within those limits, Planner.run's last pass
+lifts them (_stage_limit). Chains are
   * of two pools: any two (GPU type, zone) pools, each with its own TP degree;
   * zone chains: one GPU type and TP degree over its first k >= 3 zones in the
     fill order of single_pool.py (cheapest, fastest network, largest);
@@ -346,9 +347,9 @@ class Chains:
                         yield bound, "chain", (sub, ext)
 
     # -- families and configurations ------------------------------------------
-    @staticmethod
-    def _stage_limit(a: Shape, b: Shape) -> int:
-        return FIRST_POOL_STAGES["other type" if a.gpu != b.gpu else "other zone"]
+    def _stage_limit(self, a: Shape, b: Shape) -> int:
+        """Stages pool a may take before pool b: FIRST_POOL_STAGES; any number in run()'s last pass."""
+        return self.max_stages if self._any_head else FIRST_POOL_STAGES["other type" if a.gpu != b.gpu else "other zone"]
 
     def _chain_families(self, chain: tuple, cutoff: float = math.inf):
         """(bound, args) of every stage-count vector (P_1, ..., P_k) of the chain whose bound is below
@@ -369,8 +370,10 @@ class Chains:
         # per pool and stage count n: (pipelines it holds, p2p between its stages, GPUs, USD per second)
         facts = [self._pool_facts(p, top) for p in chain]
         last = facts[-1]
-        limits = [self._stage_limit(a, b) for a, b in zip(chain, chain[1:])]
-        for head in product(*(range(1, min(n, top) + 1) for n in limits)):
+        # a pool but the last takes up to its limit, and no more stages than its GPUs hold (capacity falls with n)
+        limits = [sum(1 for n in range(1, min(self._stage_limit(a, b), top) + 1) if f[n][0] >= 1)
+                  for a, b, f in zip(chain, chain[1:], facts)]
+        for head in product(*(range(1, n + 1) for n in limits)):
             if sum(head) >= top:
                 continue  # no stage left for the last pool
             h_cap, h_comm, h_gpus, h_usd = M, sum(crosses), 0, 0.0

@@ -115,6 +115,7 @@ class Planner(SinglePool, Chains, TwoTypes):
         self.type_chains = type_chains
         self._pass_recomputes = False  # the pass running now
         self._type_chain_pass = False  # the passes that add type chains (run(): where nothing else fits)
+        self._any_head = False  # the pass that lets a chain's first pools take any number of stages (run())
         self.evaluated = 0
         self._sync_cache: dict = {}
         self._cutoff = math.inf  # what a bound must beat: the K-th best score found, or the probe's
@@ -250,6 +251,15 @@ class Planner(SinglePool, Chains, TwoTypes):
                 self._search(searched[-1], best, front, top, pareto)
             if best or small or not self.two_pools:
                 break
+        if not best and self.two_pools:
+            # nothing fits, or meets the goal: chains may put any number of stages on every pool, not only on
+            # the last (FIRST_POOL_STAGES keeps the search fast where plans exist, but a large model on
+            # small GPUs may fit only across two deep pools)
+            self._any_head = self._type_chain_pass = True
+            for recompute in RECOMPUTE_MODES[self.recompute]:
+                self._pass_recomputes = recompute
+                searched.append(self.shapes(recompute))
+                self._search(searched[-1], best, front, top, pareto)
         not_searched = []
         places = {(sh.gpu, z) for shapes in searched for sh in shapes for z, _ in sh.zones}  # (what can run)
         if not self._type_chain_pass and self.two_pools and self._type_chain_places(places):

@@ -93,6 +93,23 @@ def test_plan_in_sailor_format_and_pareto(tmp_path):
     assert "pipeline_list" in json.loads((tmp_path / "s.json").read_text())
 
 
+def test_a_model_that_fits_only_across_two_deep_pools_gets_a_plan(tmp_path, sailor_data):
+    """OPT-30 on 32 V100-16 and 32 T4 in one zone: neither type alone holds it (at most 8 stages of TP 4
+    each), nor a chain with at most four stages before the other type (FIRST_POOL_STAGES: 12 stages). Where
+    nothing fits, the search lets a chain's first pool take any number of stages (Planner.run's last
+    pass): 16 stages over both types, where it used to answer that the model does not fit."""
+    plan_file = tmp_path / "p.json"
+    out = sailor("plan", "--model", "OPT-30", "--gpus", "V100-16@us-central1-a=32,T4@us-central1-a=32",
+                 "--global-batch", "64", "--profiles", str(sailor_data), "--json", "-o", str(plan_file))
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    types = [s["replicas"][0]["gpu"] for s in d["plan"]["stages"]]
+    head = next(i for i, g in enumerate(types) if g != types[0])
+    assert set(types) == {"V100-16", "T4"} and types[head:] == [types[head]] * (len(types) - head) and head > 4
+    sim = json.loads(sailor("simulate", str(plan_file), "--profiles", str(sailor_data), "--json").stdout)
+    assert sim["fits_in_memory"] and sim["iteration_time_s"] == pytest.approx(d["iteration_time_s"], rel=1e-9)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "llama-3-8b", "--gpus", "T4@us-central1-a=1"], "does not fit on the GPUs given"),
     (["--model", "llama-3-8b", "--gpus", "T4@us-central1-a=4", "--global-batch", "8"], "GB on a T4"),

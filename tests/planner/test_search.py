@@ -106,10 +106,13 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
     also single-pool plans laid out stage by stage over their zones (arrange.py's pass, outside the exact
     search: the planner's best is at least as good as the space without them). type_chains: pipelines
     through three pools of at least two GPU types (on clusters of three to six pools; on more than 32
-    GPUs only where no other plan fits, unless "always")."""
+    GPUs only where no other plan fits, unless "always"). Where no plan fits (or meets the goal), chains
+    again with any number of stages on every pool (Planner.run's last pass)."""
     c, L = sim.cluster, MODEL.num_layers
     pools = sorted({(p.gpu, p.zone) for p in c.available})
     best = math.inf
+    any_head = False
+    every_chain = []  # (chain, TP degrees, mbs)
 
     def consider(stages, mbs, D):
         M = gbs // mbs
@@ -132,7 +135,7 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
 
     def chain_plans(chain, tps, mbs):
         """Every plan of D alike pipelines through the chain's pools in order."""
-        for counts in _stage_counts(chain, max_stages):
+        for counts in _stage_counts(chain, max_stages, any_head):
             for D in range(1, gbs // mbs + 1):
                 kinds = [[Replica(g, t, z)] * D for (g, z), t, n in zip(chain, tps, counts) for _ in range(n)]
                 cuts = list(_splits(L, sum(counts)))
@@ -186,19 +189,24 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                             if g == gpu), key=lambda zn: (c.price_per_hour(gpu, zn[0]), -zn[1], zn[0]))
             chains += [(tuple((gpu, z) for z, _ in zones[:k]), (tp,) * k) for k in range(3, len(zones) + 1)
                        for tp in (1, 2, 4)]
+        every_chain += [(chain, tps, mbs) for chain, tps in chains]
         for chain, tps in chains:
             chain_plans(chain, tps, mbs)
         if goal.objective == "throughput":  # two GPU types side by side
             for plan in _two_type_plans(c, pools, mbs, gbs, max_stages, distributed_optimizer):
                 evaluate(plan)
     small = sum(p.count for p in c.available) <= 32
-    if type_chains and (small or type_chains == "always" or best == math.inf) and 3 <= len(pools) <= 6 and \
-            len({g for g, _ in pools}) >= 2:
-        for mbs in (1, 2, 4, 8):
-            for chain in permutations(pools, 3):
-                if gbs % mbs == 0 and len({g for g, _ in chain}) >= 2:
-                    for tps in product((1, 2, 4), repeat=3):
-                        chain_plans(chain, tps, mbs)
+    type_chain_list = [(chain, tps, mbs) for mbs in (1, 2, 4, 8) for chain in permutations(pools, 3)
+                       if gbs % mbs == 0 and len({g for g, _ in chain}) >= 2 for tps in product((1, 2, 4), repeat=3)]
+    if type_chains and 3 <= len(pools) <= 6 and len({g for g, _ in pools}) >= 2:
+        every_chain += type_chain_list
+        if small or type_chains == "always" or best == math.inf:
+            for chain, tps, mbs in type_chain_list:
+                chain_plans(chain, tps, mbs)
+    if best == math.inf:
+        any_head = True
+        for chain, tps, mbs in every_chain:
+            chain_plans(chain, tps, mbs)
     return best
 
 
@@ -236,9 +244,10 @@ def _two_type_plans(c, pools, mbs, gbs, max_stages, distributed_optimizer):
                                            distributed_optimizer=distributed_optimizer)
 
 
-def _stage_counts(chain, max_stages):
-    """Stages of each pool of a chain: up to FIRST_POOL_STAGES on each pool but the last."""
-    limits = [FIRST_POOL_STAGES["other type" if a[0] != b[0] else "other zone"] for a, b in zip(chain, chain[1:])]
+def _stage_counts(chain, max_stages, any_head=False):
+    """Stages of each pool of a chain: up to FIRST_POOL_STAGES on each pool but the last (any_head: any)."""
+    limits = [max_stages if any_head else FIRST_POOL_STAGES["other type" if a[0] != b[0] else "other zone"]
+              for a, b in zip(chain, chain[1:])]
     for head in product(*(range(1, n + 1) for n in limits)):
         for last in range(1, max_stages - sum(head) + 1):
             yield (*head, last)
