@@ -22,9 +22,9 @@ def explain_infeasible(planner, goal: Goal) -> str:
         return (f"{model.name} does not fit: its smallest layer needs {smallest / 1e9:.1f} GB per GPU at the "
                 f"highest TP degree and microbatch size 1, but the largest GPU given has {largest_gpu / 1e9:.1f} GB; "
                 "add GPUs with more memory")
-    result = _again(planner, Goal(goal.objective)).run(top=1)
+    result = planner.again(Goal(goal.objective)).run(top=1)
     if not result.plans:
-        if planner.recompute == "never" and _again(planner, Goal(goal.objective), recompute="auto").run(top=1).plans:
+        if planner.recompute == "never" and planner.again(Goal(goal.objective), recompute="auto").run(top=1).plans:
             return (f"{model.name} does not fit on the GPUs given without recomputing activations; allow it with "
                     "--recompute auto, or add GPUs")
         need, how, gpu = min(_least_memory(planner, sh) for sh in shapes)
@@ -33,8 +33,8 @@ def explain_infeasible(planner, goal: Goal) -> str:
                 f"{need / 1e9:.1f} GB on a {gpu} with {have / 1e9:.1f} GB; add GPUs (deeper pipelines, more TP) or "
                 "larger GPUs")
     _, best = result.plans[0]
-    fastest = _again(planner, Goal("throughput")).run(top=1)
-    cheapest = _again(planner, Goal("cost")).run(top=1)
+    fastest = planner.again(Goal("throughput")).run(top=1)
+    cheapest = planner.again(Goal("cost")).run(top=1)
     f, c = fastest.plans[0][1], cheapest.plans[0][1]
     if goal.min_throughput and f.throughput_iters_per_s < goal.min_throughput:
         return (f"--min-throughput {goal.min_throughput:g} it/s is out of reach: the fastest plan on these GPUs "
@@ -47,15 +47,6 @@ def explain_infeasible(planner, goal: Goal) -> str:
                 f"(the fastest plan costs ${f.cost_per_hour_usd:.4g}/hour); raise the budget or relax the limits")
     return ("no plan meets all the limits together (each can be met alone); relax --min-throughput, "
             "--max-cost-per-iter, --max-cost-per-hour or --max-gpus")
-
-
-def _again(planner, goal: Goal, **changes):
-    """The same search with another goal (and any other setting changed)."""
-    kw = dict(runtime=planner.runtime, max_stages=planner.max_stages,
-              microbatch_sizes=sorted(planner.mbs_filter) if planner.mbs_filter else None,
-              two_pools=planner.two_pools, two_classes=planner.two_classes, max_tp=planner.max_tp,
-              recompute=planner.recompute, distributed_optimizer=planner.distributed_optimizer)
-    return type(planner)(planner.sim, planner.gbs, goal, **{**kw, **changes})
 
 
 def _least_memory(planner, shape) -> tuple[float, str, str]:

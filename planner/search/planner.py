@@ -87,7 +87,8 @@ class Planner(SinglePool, Chains, TwoTypes):
     def __init__(self, sim: Simulator, global_batch: int, goal: Goal, runtime: str = "sailor",
                  max_stages: int | None = None, microbatch_sizes: list[int] | None = None, two_pools: bool = True,
                  two_classes: bool = True, max_tp: int | None = None, recompute: str = "auto",
-                 arrange: bool = True, distributed_optimizer: bool = False, type_chains: str = "auto"):
+                 arrange: bool = True, distributed_optimizer: bool = False, type_chains: str = "auto",
+                 deep_chains: bool = True):
         if global_batch < 1:
             raise SailorError("--global-batch must be positive")
         if not sim.cluster.available:
@@ -115,6 +116,7 @@ class Planner(SinglePool, Chains, TwoTypes):
         self.type_chains = type_chains
         self._pass_recomputes = False  # the pass running now
         self._type_chain_pass = False  # the passes that add type chains (run(): where nothing else fits)
+        self.deep_chains = deep_chains  # where nothing fits, chains with any number of stages on every pool
         self._any_head = False  # the pass that lets a chain's first pools take any number of stages (run())
         self.evaluated = 0
         self._sync_cache: dict = {}
@@ -251,10 +253,10 @@ class Planner(SinglePool, Chains, TwoTypes):
                 self._search(searched[-1], best, front, top, pareto)
             if best or small or not self.two_pools:
                 break
-        if not best and self.two_pools:
-            # nothing fits, or meets the goal: chains may put any number of stages on every pool, not only on
-            # the last (FIRST_POOL_STAGES keeps the search fast where plans exist, but a large model on
-            # small GPUs may fit only across two deep pools)
+        if not best and self.two_pools and self.deep_chains and self._fits_nowhere():
+            # chains may put any number of stages on every pool, not only on the last: FIRST_POOL_STAGES keeps
+            # the search fast where plans exist, but a large model on small GPUs may fit only across two deep
+            # pools
             self._any_head = self._type_chain_pass = True
             for recompute in RECOMPUTE_MODES[self.recompute]:
                 self._pass_recomputes = recompute
@@ -274,6 +276,22 @@ class Planner(SinglePool, Chains, TwoTypes):
                            key=lambda pe: self.goal.score_estimate(pe[1]))
         frontier = [self._materialize(c) for c in sorted(front, key=lambda c: c.outcome.iteration_time_s)]
         return Result(plans, time.process_time() - t0, self.evaluated, frontier, not_searched)
+
+    def again(self, goal: Goal, **changes) -> "Planner":
+        """The same search with another goal (and any other setting changed)."""
+        kw = dict(runtime=self.runtime, max_stages=self.max_stages,
+                  microbatch_sizes=sorted(self.mbs_filter) if self.mbs_filter else None,
+                  two_pools=self.two_pools, two_classes=self.two_classes, max_tp=self.max_tp,
+                  recompute=self.recompute, arrange=self.arrange, distributed_optimizer=self.distributed_optimizer,
+                  type_chains=self.type_chains, deep_chains=self.deep_chains)
+        return type(self)(self.sim, self.gbs, goal, **{**kw, **changes})
+
+    def _fits_nowhere(self) -> bool:
+        """No plan of the space fits the GPUs, whatever the goal's limits: run() found none, and where the
+        goal has limits, neither does a search without them (nor the last pass: run() itself lifts
+        the chains' limits only where nothing fits)."""
+        free = Goal(self.goal.objective)
+        return self.goal == free or not self.again(free, deep_chains=False, arrange=False).run(top=1).plans
 
     def _probe(self, shapes: list[Shape], singles: list) -> float:
         """Just above the score of the first plan that a best-first search over single-pool designs

@@ -108,6 +108,11 @@ def test_a_model_that_fits_only_across_two_deep_pools_gets_a_plan(tmp_path, sail
     assert set(types) == {"V100-16", "T4"} and types[head:] == [types[head]] * (len(types) - head) and head > 4
     sim = json.loads(sailor("simulate", str(plan_file), "--profiles", str(sailor_data), "--json").stdout)
     assert sim["fits_in_memory"] and sim["iteration_time_s"] == pytest.approx(d["iteration_time_s"], rel=1e-9)
+    # with a budget that plan meets, too (nothing fits without the last pass, whatever the budget)
+    budget = sailor("plan", "--model", "OPT-30", "--gpus", "V100-16@us-central1-a=32,T4@us-central1-a=32",
+                    "--global-batch", "64", "--profiles", str(sailor_data), "--json", "-o", str(tmp_path / "b.json"),
+                    "--max-cost-per-hour", str(d["cost_per_hour_usd"] * 1.01))
+    assert budget.returncode == 0 and json.loads(budget.stdout)["plan"] == d["plan"], budget.stderr
 
 
 @pytest.mark.parametrize("args, message", [

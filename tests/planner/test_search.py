@@ -106,12 +106,12 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
     also single-pool plans laid out stage by stage over their zones (arrange.py's pass, outside the exact
     search: the planner's best is at least as good as the space without them). type_chains: pipelines
     through three pools of at least two GPU types (on clusters of three to six pools; on more than 32
-    GPUs only where no other plan fits, unless "always"). Where no plan fits (or meets the goal), chains
-    again with any number of stages on every pool (Planner.run's last pass)."""
+    GPUs only where no other plan fits, unless "always"). Where no plan fits the GPUs (whatever the goal),
+    chains again with any number of stages on every pool (Planner.run's last pass)."""
     c, L = sim.cluster, MODEL.num_layers
     pools = sorted({(p.gpu, p.zone) for p in c.available})
     best = math.inf
-    any_head = False
+    any_head = fits = False
     every_chain = []  # (chain, TP degrees, mbs)
 
     def consider(stages, mbs, D):
@@ -121,12 +121,13 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                       distributed_optimizer=distributed_optimizer))
 
     def evaluate(plan):
-        nonlocal best
+        nonlocal best, fits
         if not _fits_pools(plan, c):
             return
         est = _simulate(sim, plan, recompute)
         if not est.fits_in_memory:
             return
+        fits = True
         from planner.search.goal import Outcome
 
         o = Outcome(est.iteration_time_s, est.cost_per_iteration_usd, plan.num_gpus)
@@ -203,7 +204,7 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
         if small or type_chains == "always" or best == math.inf:
             for chain, tps, mbs in type_chain_list:
                 chain_plans(chain, tps, mbs)
-    if best == math.inf:
+    if not fits:
         any_head = True
         for chain, tps, mbs in every_chain:
             chain_plans(chain, tps, mbs)
