@@ -521,13 +521,15 @@ class Chains:
                 return  # the cutoff only falls: neither this configuration nor a later one can be the best
             sync, cap = None, math.inf  # (cost: the sync floor when refined, as the bounds are in USD)
             if throughput:
+                # a Pareto search: also what the front already matches or beats in time and cost
+                beat = min(self._cutoff, _dominated_from(self._front, usd * D)) if self._pareto else self._cutoff
                 # with its sync floor, before the split DP (later ones, fewer replicas, may sync less)
                 sync = self._sync_floor(chain, Ps, D)
-                if base + sync >= self._cutoff:
+                if base + sync >= beat:
                     continue
-                # a bottleneck of at least `cap` puts the bound at or past the K-th best plan found
+                # a bottleneck of at least `cap` puts the bound at or past the K-th best plan found (or the front)
                 if m > 1:
-                    cap = (self._cutoff - fill - upd_d - sync) / (m - 1)
+                    cap = (beat - fill - upd_d - sync) / (m - 1)
             slot = max(low, self._least_slot(chain, Ps, m, intra, crosses, cap, self._shards(D)))
             if slot == math.inf:
                 continue  # no split fits in memory
@@ -703,8 +705,8 @@ class Chains:
         segments = (chain[0].mbs, tuple((p.gpu, p.tp, n, z) for p, n, z in zip(chain, Ps, zones)))
 
         cut = self._cutoff  # (the K-th best plan's score, or the probe's; inf for a Pareto front)
-        if pareto and self.goal.objective == "throughput":
-            cut = min(cut, _dominated_from(front, usd_per_s))
+        if pareto and (usd_per_s > 0 or self.goal.objective == "throughput"):  # (in the objective's units)
+            cut = min(cut, self._bound(_dominated_from(front, usd_per_s), usd_per_s))
         # left to right over the pools: at each pool boundary j, the undominated partial splits
         # (compute, slot, sync, update, ring USD, first layers) of layers 0..j-1
         labels: dict = {0: [(0.0, 0.0, 0.0, 0.0, 0.0, ())]}
