@@ -349,7 +349,9 @@ class Chains:
     # -- families and configurations ------------------------------------------
     def _stage_limit(self, a: Shape, b: Shape) -> int:
         """Stages pool a may take before pool b: FIRST_POOL_STAGES; any number in run()'s last pass."""
-        return self.max_stages if self._any_head else FIRST_POOL_STAGES["other type" if a.gpu != b.gpu else "other zone"]
+        if self._any_head:
+            return self.max_stages
+        return FIRST_POOL_STAGES["other type" if a.gpu != b.gpu else "other zone"]
 
     def _chain_families(self, chain: tuple, cutoff: float = math.inf):
         """(bound, args) of every stage-count vector (P_1, ..., P_k) of the chain whose bound is below

@@ -289,9 +289,8 @@ class Planner(SinglePool, Chains, TwoTypes):
         return type(self)(self.sim, self.gbs, goal, **{**kw, **changes})
 
     def _fits_nowhere(self) -> bool:
-        """No plan of the space fits the GPUs, whatever the goal's limits: run() found none, and where the
-        goal has limits, neither does a search without them (nor the last pass: run() itself lifts
-        the chains' limits only where nothing fits)."""
+        """No plan fits the GPUs, whatever the goal's limits: run() found none and the goal has no limits,
+        or a search without them (and without this last pass) finds none either."""
         free = Goal(self.goal.objective)
         return self.goal == free or not self.again(free, deep_chains=False, arrange=False).run(top=1).plans
 
