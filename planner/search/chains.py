@@ -524,7 +524,7 @@ class Chains:
             sync, cap = None, math.inf  # (cost: the sync floor when refined, as the bounds are in USD)
             if throughput:
                 # a Pareto search: also what the front already matches or beats in time and cost
-                beat = min(self._cutoff, _dominated_from(self._front, usd * D)) if self._pareto else self._cutoff
+                beat = min(self._cutoff, _dominated_from(self._front, usd * D))
                 # with its sync floor, before the split DP (later ones, fewer replicas, may sync less)
                 sync = self._sync_floor(chain, Ps, D)
                 if base + sync >= beat:
@@ -707,7 +707,7 @@ class Chains:
         segments = (chain[0].mbs, tuple((p.gpu, p.tp, n, z) for p, n, z in zip(chain, Ps, zones)))
 
         cut = self._cutoff  # (the K-th best plan's score, or the probe's; inf for a Pareto front)
-        if pareto and (usd_per_s > 0 or self.goal.objective == "throughput"):  # (in the objective's units)
+        if usd_per_s > 0 or self.goal.objective == "throughput":  # a Pareto search's front (in the objective's units)
             cut = min(cut, self._bound(_dominated_from(front, usd_per_s), usd_per_s))
         # left to right over the pools: at each pool boundary j, the undominated partial splits
         # (compute, slot, sync, update, ring USD, first layers) of layers 0..j-1
@@ -783,7 +783,8 @@ def _spread_bound(work: float, pools: list[tuple[float, float, float]]) -> float
 def _dominated_from(front: list, usd_per_s: float) -> float:
     """The least iteration time from which a plan costing `usd_per_s` USD per second is matched or beaten
     in both time and cost by a plan of the Pareto front (Planner._offer then drops it): a plan of time
-    T >= max(t_f, c_f / usd_per_s) costs at least T * usd_per_s >= c_f. inf: none is."""
+    T >= max(t_f, c_f / usd_per_s) costs at least T * usd_per_s >= c_f. inf: none is (an empty front: the
+    search keeps one only for --pareto)."""
     return min((max(f.outcome.iteration_time_s, f.outcome.cost_per_iteration_usd / usd_per_s) if usd_per_s > 0
                 else f.outcome.iteration_time_s if f.outcome.cost_per_iteration_usd <= 0 else math.inf
                 for f in front), default=math.inf)

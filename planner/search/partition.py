@@ -251,8 +251,8 @@ def pareto_joint(labels: list[JointSplit]) -> list[JointSplit]:
     labels.sort()
     out: list[JointSplit] = []
     for x in labels:
-        if not any(all(a <= b for a, b in zip(y[0], x[0])) and y[1] <= x[1] and all(a <= b for a, b in zip(y[3], x[3]))
-                   for y in out):
+        if not any(y[1] <= x[1] and all(a <= b for a, b in zip(y[0], x[0]))
+                   and all(a <= b for a, b in zip(y[3], x[3])) for y in out):
             out.append(x)
     return out
 

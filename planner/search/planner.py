@@ -121,8 +121,7 @@ class Planner(SinglePool, Chains, TwoTypes):
         self.evaluated = 0
         self._sync_cache: dict = {}
         self._cutoff = math.inf  # what a bound must beat: the K-th best score found, or the probe's
-        self._front: list = []  # the Pareto front found so far, in a Pareto search (_pareto)
-        self._pareto = False
+        self._front: list = []  # the Pareto front found so far (empty but in a Pareto search)
         self._probe_cut = math.inf  # just above the score of the probe's plan (_probe)
         self._ring_cache: dict = {}  # (gpu, tp, placed, replicas per node) -> the ring's distinct edges
         self._front_cache: dict = {}
@@ -320,7 +319,7 @@ class Planner(SinglePool, Chains, TwoTypes):
         if probe is None and top == 1 and not pareto and self._probe_cut == math.inf:
             self._probe_cut = self._probe(shapes, singles)
         bar = math.inf if probe is not None else self._probe_cut
-        self._front, self._pareto = front, pareto  # (a Pareto search also drops what its front beats: chains.py)
+        self._front = front  # (a Pareto search also drops what its front beats: chains.py)
 
         def cutoff() -> float:  # a bound at or past it cannot give the best plan(s)
             return min(bar, -best[0][0]) if len(best) == top and not pareto else bar
