@@ -169,7 +169,7 @@ class Chains:
         time: their sum is at most a microbatch's compute, the largest at most the bottleneck (its
         stage holds it); D <= d_most pipelines, so at least ceil(M / d_most) - 1 bubbles; the bound's
         terms decrease in P, so P = top is the least. A 1e-9 margin for rounding."""
-        if self.goal.objective != "throughput" or self._cutoff == math.inf:
+        if not self._by_time or self._cutoff == math.inf:
             return -math.inf
         (a, b), L, M, top = rep, self.L, self.gbs // rep[0].mbs, min(self.max_stages, self.L)
         fa, fb = _fb(a), _fb(b)
@@ -207,7 +207,7 @@ class Chains:
         M, top, L = self.gbs // chain[0].mbs, min(self.max_stages, self.L), self.L
         least = self._least_compute(chain)
         pools = chain
-        if self.goal.objective != "throughput":
+        if not self._by_time:
             return M * least * min(p.tp * p.prices[p.zones[0][0]] for p in pools)
         if cross is None:
             cross = sum(self._cross(a, b) for a, b in zip(chain, chain[1:]))
@@ -289,7 +289,7 @@ class Chains:
         least += min(self._least_extra(p) for p in everything)  # (the chain's pools are among them)
         if least == math.inf:
             return math.inf
-        if self.goal.objective != "throughput":
+        if not self._by_time:
             return M * least * min(p.tp * p.prices[p.zones[0][0]] for p in everything)
         cross = sum(self._cross(a, b) for a, b in zip(prefix, prefix[1:]))
         groups = [n // p.tp for p in prefix for _, n in p.zones]
@@ -316,7 +316,7 @@ class Chains:
             # throughput: floor + 2 p2p bounds each chain's own bound from below (floor took the largest
             # pools, so the most pipelines and no larger term of _chain_bound, and no p2p, which every
             # term grows with); a 1e-9 margin for rounding. Cost: prices differ by zone, no such floor.
-            lowest = (floor if self.goal.objective == "throughput" else 0.0) * (1 - 1e-9)
+            lowest = (floor if self._by_time else 0.0) * (1 - 1e-9)
             for a in pa:
                 if self._canonical((), a):
                     for b in pb:
@@ -361,7 +361,7 @@ class Chains:
         params_total = chain[0].costs.params(0, L - 1)
         u = min(p.u for p in chain) * params_total
         crosses = tuple(self._cross(a, b) for a, b in zip(chain, chain[1:]))
-        throughput = self.goal.objective == "throughput"
+        by_time = self._by_time
         floor = min(self._recompute_floor_upto(p) for p in chain)  # 0 unless recomputing
         quotas, max_gpus = self.sim.cluster.quotas, self.goal.max_gpus
         top = min(self.max_stages, L)
@@ -402,7 +402,7 @@ class Chains:
                 slot_lb = max((least + 4 * comm) / P, floor, minmax[P])
                 t_lb = fill + (m_min - 1) * slot_lb + upd_d
                 usd, Ps = h_usd + price, (*head, n)
-                bound = t_lb if throughput else _cost_bound(fill, slot_lb, upd_d, usd, M, m_min)
+                bound = t_lb if by_time else _cost_bound(fill, slot_lb, upd_d, usd, M, m_min)
                 if not alike and bound < cutoff:  # a tighter bottleneck bound: pools that differ in speed
                     spread_lb = _spread_bound(fastest, [(k / r, e / r, heaviest[min(k * c, L)])
                                                         for k, r, e, c in zip(Ps, slower, excess, most)])
@@ -411,8 +411,8 @@ class Chains:
                     if spread_lb > slot_lb:
                         slot_lb = spread_lb
                         t_lb = fill + (m_min - 1) * slot_lb + upd_d
-                        bound = t_lb if throughput else _cost_bound(fill, slot_lb, upd_d, usd, M, m_min)
-                if throughput and bound < cutoff and d_cap > 1 and slot_lb > 0:
+                        bound = t_lb if by_time else _cost_bound(fill, slot_lb, upd_d, usd, M, m_min)
+                if by_time and bound < cutoff and d_cap > 1 and slot_lb > 0:
                     # the configurations that may beat the cutoff have at most 1 + steps microbatches
                     # per pipeline, so at least the pipelines that needs, and their rings (_sync_tail)
                     bound += self._sync_tail(chain, Ps, (cutoff - fill - upd_d) / slot_lb)
@@ -502,8 +502,8 @@ class Chains:
 
     def _chain_configs(self, chain, Ps, d_cap, intra, crosses, fill, slot_lb, upd, usd):
         """Configurations (m, D), m growing: their bounds grow too (the least bottleneck of a split that
-        fits can only grow with the in-flight counts). For throughput, a configuration whose bound with
-        its sync floor already reaches the cutoff is dropped before its split DP (`_least_slot`, the
+        fits can only grow with the in-flight counts). A configuration whose bound with its sync floor
+        already reaches the cutoff (or the front) is dropped before its split DP (`_least_slot`, the
         costly part), and the DP stops where the bottleneck would take the bound there."""
         M, P = self.gbs // chain[0].mbs, sum(Ps)
         after = P
@@ -514,17 +514,21 @@ class Chains:
         floor = min(floors)
         if floor == math.inf:
             return  # no stage needs recomputing: the plain family is as good
-        throughput = self.goal.objective == "throughput"
+        by_time = self._by_time
         low = max(slot_lb, floor)  # the bottleneck's least so far: it grows with m
         for m, D in self._microbatch_counts(M, d_cap):
             upd_d = upd / self._shards(D)
             base = fill + (m - 1) * low + upd_d
-            if throughput and base >= self._cutoff:
+            if by_time and base >= self._cutoff:
                 return  # the cutoff only falls: neither this configuration nor a later one can be the best
-            sync, cap = None, math.inf  # (cost: the sync floor when refined, as the bounds are in USD)
-            if throughput:
-                # a Pareto search: also what the front already matches or beats in time and cost
-                beat = min(self._cutoff, _dominated_from(self._front, usd * D))
+            # the least time that puts the bound at or past the K-th best plan's score (for cost: in USD at
+            # usd * D per second, with a relative 1e-12 for the rounding of the division); in a Pareto
+            # search also what the front already matches or beats in time and cost
+            beat = self._cutoff if by_time else self._cutoff / (usd * D) * (1 + 1e-12) if usd * D > 0 \
+                else math.inf
+            beat = min(beat, _dominated_from(self._front, usd * D))
+            sync, cap = None, math.inf
+            if beat < math.inf:
                 # with its sync floor, before the split DP (later ones, fewer replicas, may sync less)
                 sync = self._sync_floor(chain, Ps, D)
                 if base + sync >= beat:
@@ -640,6 +644,14 @@ class Chains:
         self._front_cache[key] = (best[L] if exact else cap, exact)
         return self._front_cache[key][0]
 
+    def _front_cut(self, usd_per_s: float) -> float:
+        """The least bound (in the objective's units) of a plan costing `usd_per_s` USD per second that the
+        Pareto front matches or beats in time and cost (_dominated_from); inf: none (an empty front, outside
+        a Pareto search; or for cost at 0 USD per second)."""
+        if usd_per_s <= 0 and not self._by_time:
+            return math.inf
+        return self._bound(_dominated_from(self._front, usd_per_s), usd_per_s)
+
     def _pool_sync(self, params: int, shape: Shape, stages: int, D: int) -> tuple:
         return self._sync(params, D, shape.gpu, shape.tp, ((shape.zones[0][0], D),), self._per_node(shape, stages))
 
@@ -706,9 +718,8 @@ class Chains:
         fast = self._fastest[chain[0].mbs]
         segments = (chain[0].mbs, tuple((p.gpu, p.tp, n, z) for p, n, z in zip(chain, Ps, zones)))
 
-        cut = self._cutoff  # (the K-th best plan's score, or the probe's; inf for a Pareto front)
-        if usd_per_s > 0 or self.goal.objective == "throughput":  # a Pareto search's front (in the objective's units)
-            cut = min(cut, self._bound(_dominated_from(front, usd_per_s), usd_per_s))
+        # the K-th best plan's score, or the probe's (inf for a Pareto front), or the front's cut
+        cut = min(self._cutoff, self._front_cut(usd_per_s))
         # left to right over the pools: at each pool boundary j, the undominated partial splits
         # (compute, slot, sync, update, ring USD, first layers) of layers 0..j-1
         labels: dict = {0: [(0.0, 0.0, 0.0, 0.0, 0.0, ())]}

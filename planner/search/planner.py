@@ -122,6 +122,7 @@ class Planner(SinglePool, Chains, TwoTypes):
         self._sync_cache: dict = {}
         self._cutoff = math.inf  # what a bound must beat: the K-th best score found, or the probe's
         self._front: list = []  # the Pareto front found so far (empty but in a Pareto search)
+        self._by_time = goal.objective == "throughput"  # bounds are seconds (else USD per iteration): run()
         self._probe_cut = math.inf  # just above the score of the probe's plan (_probe)
         self._ring_cache: dict = {}  # (gpu, tp, placed, replicas per node) -> the ring's distinct edges
         self._front_cache: dict = {}
@@ -239,6 +240,10 @@ class Planner(SinglePool, Chains, TwoTypes):
         the search stops once a bound cannot beat the K-th best plan found.
         """
         t0 = time.process_time()
+        # A Pareto front does not depend on the objective, so a Pareto search bounds time and searches
+        # the whole space (two GPU types side by side too, which cannot be the cheapest plan but can be
+        # on the front); the K best plans are still the objective's.
+        self._by_time = pareto or self.goal.objective == "throughput"
         best: list = []  # heap of (-score, seq, candidate): the K best so far
         front: list[Candidate] = []
         searched = []  # every pass's shapes stay alive: caches are keyed by id() of their costs
@@ -332,9 +337,9 @@ class Planner(SinglePool, Chains, TwoTypes):
             for bound, entry in self._chain_starts(mbs):
                 if bound < self._cutoff:
                     heapq.heappush(queue, (bound, next(seq), GROUP, self._chain_expand, entry))
-        # pipelines of two types side by side: for throughput (for cost, the cheaper type per
-        # microbatch alone is as cheap up to fill and sync; see docs/planner.md)
-        classes = self.two_classes and self.goal.objective == "throughput" and probe is None
+        # pipelines of two types side by side: for throughput and Pareto fronts (for cost, the cheaper type
+        # per microbatch alone is as cheap up to fill and sync; see docs/planner.md)
+        classes = self.two_classes and self._by_time and probe is None
         for x, y, orders in self._class_pairs(shapes) if classes else ():
             if max(x.costs.compute(0, self.L - 1), y.costs.compute(0, self.L - 1)) >= self._cutoff:
                 continue  # every family's time holds a whole microbatch's F+B on each type (_two_class_family)
@@ -355,7 +360,7 @@ class Planner(SinglePool, Chains, TwoTypes):
                                                                         kind == "family" else (GROUP, fn, sub))))
             elif step == FAMILY:  # expand into configurations, bounded cheaply
                 configs = fn(*args)  # throughput bounds grow with m: already in order
-                if self.goal.objective != "throughput":
+                if not self._by_time:
                     configs = iter(sorted(configs, key=lambda c: c[0]))
                 nxt = next(configs, None)
                 if nxt is not None:
@@ -368,11 +373,8 @@ class Planner(SinglePool, Chains, TwoTypes):
                     heapq.heappush(queue, (nxt[0], next(seq), CONFIG, nxt, args))
             elif step == REFINE:  # add a lower bound of the gradient sync, then queue again
                 extra, usd, evaluate, cfg = fn(*args)
-                if pareto and self.goal.objective == "throughput":  # bound is a time: prune dominated configs
-                    t_lb = bound + extra
-                    if any(f.outcome.iteration_time_s <= t_lb and f.outcome.cost_per_iteration_usd <= t_lb * usd
-                           for f in front):
-                        continue
+                if bound + extra >= self._front_cut(usd):
+                    continue  # a Pareto search's front matches or beats it in time and cost
                 heapq.heappush(queue, (bound + extra, next(seq), EVALUATE, evaluate, cfg))
             else:
                 fn(*args, best, front, top, pareto)
@@ -380,7 +382,7 @@ class Planner(SinglePool, Chains, TwoTypes):
                     return
 
     def _bound(self, t_lb: float, usd_per_s: float) -> float:
-        return t_lb if self.goal.objective == "throughput" else t_lb * usd_per_s
+        return t_lb if self._by_time else t_lb * usd_per_s
 
     def _could_admit(self, t_lb: float, usd_per_s: float) -> bool:
         """False if lower bounds of time and price already break a limit of the goal."""

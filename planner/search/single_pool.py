@@ -43,7 +43,7 @@ class SinglePool:
         m_min = math.ceil(M / d_cap)
         if not self._could_admit(fill + (m_min - 1) * slot_lb + least_upd, 0.0):
             return None
-        if self.goal.objective == "throughput":
+        if self._by_time:
             # with D >= 2 pipelines there is a ring to sync, and it is at least as slow as a ring of two
             per = n // (P * tp) if same_node else n // tp
             two = self._sync(math.ceil(params_total / P), 2, shape.gpu, tp, ((shape.zones[0][0], 2),), per)[0]

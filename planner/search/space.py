@@ -12,7 +12,7 @@ A plan is built from
                       stages on one pool, the next on another, ...; each pool with its
                       own TP degree (pairs of any pools, and one type over 3+ zones);
       two_types.py    pipelines of two GPU types side by side, each type with its own
-                      TP degree and microbatch count (throughput objective);
+                      TP degree and microbatch count (throughput objective and Pareto fronts);
   * the number of pipelines D;
   * node placement by the simulator's rule (simulator/placement.py);
   * after the search, the best plans' replicas also tried stage by stage over

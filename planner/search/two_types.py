@@ -81,14 +81,14 @@ class TwoTypes:
         upd = min(x.u, y.u) * x.costs.params(0, self.L - 1) / (P * self._shards(members))
         # each class runs at least P microbatches, so _balance's time is at least either's time then
         least = max(lbs[0][0] + (P - 1) * lbs[0][1], lbs[1][0] + (P - 1) * lbs[1][1])
-        if self.goal.objective == "throughput" and least + upd >= cutoff:
+        if self._by_time and least + upd >= cutoff:
             return None
         ideal = self._balance(M, P, [(min(caps[0], most - 1), *lbs[0]), (min(caps[1], most - 1), *lbs[1])])
         # the ring's largest stage has at least the average number of parameters
         sync = self._mixed_edge_floor(x, y, members, math.ceil(x.costs.params(0, self.L - 1) / P))
         price = min(x.prices.values()) * P * x.tp + min(y.prices.values()) * P * y.tp  # one pipeline each
         t = ideal[0] + upd + sync
-        bound = t if self.goal.objective == "throughput" else t * price
+        bound = t if self._by_time else t * price
         return bound, (x, y, P, caps, lbs, upd)
 
     def _mixed_edge_floor(self, x: Shape, y: Shape, members: int, params: int) -> float:

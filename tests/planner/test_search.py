@@ -99,7 +99,8 @@ def _simulate(sim: Simulator, plan: Plan, recompute: bool | str):
 
 
 def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recompute: bool | str = "per stage",
-                distributed_optimizer: bool = False, stage_major: bool = True, type_chains: bool | str = True):
+                distributed_optimizer: bool = False, stage_major: bool = True, type_chains: bool | str = True,
+                outcomes: list | None = None):
     """Best score over every plan of the space (see planner.search.planner), by simulation. The planner's
     auto mode recomputes per stage.
     distributed_optimizer: every plan splits its optimizer state over each stage's replicas. stage_major:
@@ -107,7 +108,9 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
     search: the planner's best is at least as good as the space without them). type_chains: pipelines
     through three pools of at least two GPU types (on clusters of three to six pools; on more than 32
     GPUs only where no other plan fits, unless "always"). Where no plan fits the GPUs (whatever the goal),
-    chains again with any number of stages on every pool (Planner.run's last pass)."""
+    chains again with any number of stages on every pool (Planner.run's last pass). outcomes: gets the
+    (seconds, USD) per iteration of every plan the goal admits, two GPU types side by side included
+    whatever the objective (a Pareto front's space)."""
     c, L = sim.cluster, MODEL.num_layers
     pools = sorted({(p.gpu, p.zone) for p in c.available})
     best = math.inf
@@ -133,6 +136,8 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
         o = Outcome(est.iteration_time_s, est.cost_per_iteration_usd, plan.num_gpus)
         if goal.admits(o):
             best = min(best, goal.score(o))
+            if outcomes is not None:
+                outcomes.append((o.iteration_time_s, o.cost_per_iteration_usd))
 
     def chain_plans(chain, tps, mbs):
         """Every plan of D alike pipelines through the chain's pools in order."""
@@ -193,7 +198,7 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
         every_chain += [(chain, tps, mbs) for chain, tps in chains]
         for chain, tps in chains:
             chain_plans(chain, tps, mbs)
-        if goal.objective == "throughput":  # two GPU types side by side
+        if goal.objective == "throughput" or outcomes is not None:  # two GPU types side by side (for a front too)
             for plan in _two_type_plans(c, pools, mbs, gbs, max_stages, distributed_optimizer):
                 evaluate(plan)
     small = sum(p.count for p in c.available) <= 32
@@ -568,9 +573,10 @@ def test_type_chain_bounds_hold_on_random_clusters(capacity, counts, tilt, objec
        tilt=st.tuples(*[st.sampled_from([0.3, 0.7, 1.0, 1.5, 3.0])] * 6),
        gbs=st.sampled_from([8, 16, 32]), objective=st.sampled_from(["throughput", "cost"]))
 def test_the_pareto_cut_in_chains_loses_nothing(capacity, counts, tilt, gbs, objective):
-    """A Pareto search drops a chain's configurations and partial splits once the front matches or beats
-    them in time and cost (chains._dominated_from): the front is the one found without that cut, and so
-    are the plans listed (those no better-ranked plan beats on both)."""
+    """A Pareto search drops configurations (a chain's before its split DP, any at its refinement) and a
+    chain's partial splits once the front matches or beats them in time and cost (chains._dominated_from):
+    the front is the one found without that cut, and so are the plans listed (those no better-ranked plan
+    beats on both)."""
     import planner.search.chains as chains
     from planner.search.goal import shortlist
 
@@ -588,6 +594,37 @@ def test_the_pareto_cut_in_chains_loses_nothing(capacity, counts, tilt, gbs, obj
         chains._dominated_from = cut
     assert front == pytest.approx(front_uncut, rel=1e-12) and front
     assert listed[:len(listed_uncut)] == pytest.approx(listed_uncut, rel=1e-12)  # (the cut may find more)
+
+
+def _undominated(points: list) -> list:
+    """The (seconds, USD) points no other matches or beats in both, one of each tie, fastest first."""
+    out: list = []
+    for t, c in sorted(points):
+        if not out or c < out[-1][1]:
+            out.append((t, c))
+    return out
+
+
+@pytest.mark.parametrize("case", [*CASES[:3], *CASES[4:6], (_three_types, 0.3, (2, 2, 2)),
+                                  (_three_types, 0.25, (1, 2, 3))])
+@pytest.mark.parametrize("goal", [Goal("throughput"), Goal("cost"), Goal("cost", max_cost_per_hour=3.0)],
+                         ids=["throughput", "cost", "cost-capped"])
+def test_the_pareto_front_is_brute_forces(case, goal):
+    """--pareto: every plan of the space that no other matches or beats in time and cost, and only those,
+    as brute force finds them (the search's cuts drop only what its front already beats), whatever the
+    objective: two GPU types side by side, which cannot be the cheapest plan, can be on the front
+    (CASES[4]'s fastest plan)."""
+    if case[0] is _three_types:
+        sim, gbs = _three_types(*case[1:]), 8
+    else:
+        pools, quotas, gbs, nic = case
+        sim = simulator(cluster(pools, quotas, nic))
+    points: list = []
+    brute_force(sim, gbs, goal, stage_major=False, outcomes=points)
+    front = Planner(sim, gbs, goal, max_stages=6).run(top=3, pareto=True).pareto
+    found = [x for _, e in front for x in (e.iteration_time_s, e.cost_per_iteration_usd)]
+    assert len(found) > 2 or len(points) <= 1
+    assert found == pytest.approx([x for point in _undominated(points) for x in point], rel=1e-9)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
