@@ -22,8 +22,9 @@ def explain_infeasible(planner, goal: Goal) -> str:
         return (f"{model.name} does not fit: its smallest layer needs {smallest / 1e9:.1f} GB per GPU at the "
                 f"highest TP degree and microbatch size 1, but the largest GPU given has {largest_gpu / 1e9:.1f} GB; "
                 "add GPUs with more memory")
-    result = planner.again(Goal(goal.objective)).run(top=1)
-    if not result.plans:
+    # whether any plan fits does not depend on the objective, so the fastest plan's search answers it
+    fastest = planner.again(Goal("throughput")).run(top=1)
+    if not fastest.plans:
         if planner.recompute == "never" and planner.again(Goal(goal.objective), recompute="auto").run(top=1).plans:
             return (f"{model.name} does not fit on the GPUs given without recomputing activations; allow it with "
                     "--recompute auto, or add GPUs")
@@ -32,16 +33,16 @@ def explain_infeasible(planner, goal: Goal) -> str:
         return (f"{model.name} does not fit on the GPUs given: the best placement ({how}) still needs "
                 f"{need / 1e9:.1f} GB on a {gpu} with {have / 1e9:.1f} GB; add GPUs (deeper pipelines, more TP) or "
                 "larger GPUs")
-    _, best = result.plans[0]
-    fastest = planner.again(Goal("throughput")).run(top=1)
-    cheapest = planner.again(Goal("cost")).run(top=1)
-    f, c = fastest.plans[0][1], cheapest.plans[0][1]
+    f = fastest.plans[0][1]
     if goal.min_throughput and f.throughput_iters_per_s < goal.min_throughput:
         return (f"--min-throughput {goal.min_throughput:g} it/s is out of reach: the fastest plan on these GPUs "
                 f"does {f.throughput_iters_per_s:.4g} it/s; add GPUs or lower the floor")
-    if goal.max_cost_per_iteration and c.cost_per_iteration_usd > goal.max_cost_per_iteration:
+    # (a cost search leaves out two types side by side: with the distributed optimizer, the only plans that
+    # fit may be such)
+    cheapest = planner.again(Goal("cost")).run(top=1).plans if goal.max_cost_per_iteration else []
+    if cheapest and cheapest[0][1].cost_per_iteration_usd > goal.max_cost_per_iteration:
         return (f"--max-cost-per-iter ${goal.max_cost_per_iteration:g} is below the cheapest feasible plan "
-                f"(${c.cost_per_iteration_usd:.4g}/iteration); raise the budget")
+                f"(${cheapest[0][1].cost_per_iteration_usd:.4g}/iteration); raise the budget")
     if goal.max_cost_per_hour:
         return (f"no plan meets --max-cost-per-hour ${goal.max_cost_per_hour:g} together with the other limits "
                 f"(the fastest plan costs ${f.cost_per_hour_usd:.4g}/hour); raise the budget or relax the limits")
