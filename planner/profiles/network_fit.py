@@ -33,8 +33,8 @@ intra-node fits are per GPU pair.
 
 All-reduce: the simulator models a ring all-reduce of G bytes over D ranks as
 2(D-1)/D * G / (BW * efficiency) + 2(D-1) * latency. A two-rank all-reduce over
-each measured link gives that link's `allreduce_efficiency` (median over 64 KB
-and more of what makes the model match); the larger groups are reported with
+each measured link gives that link's `allreduce_efficiency` (the one at which the
+model matches the all-reduces of 64 KB and more best); the larger groups are reported with
 their own matching efficiency, for information.
 """
 from __future__ import annotations
@@ -50,6 +50,7 @@ from planner.errors import SailorError
 from planner.profiles.network_fits import BandwidthFit
 
 FIT_MIN_BYTES = 64e3  # Sailor fitted its curves on 64 KB .. 1 GB
+GOLDEN = (1 + 5 ** 0.5) / 2
 
 
 @dataclass(frozen=True)
@@ -147,15 +148,26 @@ def ring_model_seconds(fit: LinkFit, nbytes: float, members: int, efficiency: fl
 
 
 def allreduce_efficiency(fit: LinkFit, m: AllReduceMeasurement) -> float | None:
-    """The efficiency that makes the ring model match the measured all-reduces of 64 KB and more:
-    median of (volume / BW) / (measured - latency terms). None if nothing was measurable."""
+    """The efficiency at which the ring model matches the measured all-reduces of 64 KB and more
+    best: it minimises sum(log(model / measured)^2) over [1e-3, 1e3]. An all-reduce that ran faster
+    than the model's latency terms alone (a busy host's noisy latency fit) pulls it up rather than
+    being dropped. None if no all-reduce of 64 KB or more was measured."""
     d = len(m.ranks)
-    ratios = []
-    for x, t in zip(m.nbytes, m.seconds):
-        rest = t - 2 * (d - 1) * fit.latency_s
-        if x >= FIT_MIN_BYTES and rest > 0:
-            ratios.append(2 * (d - 1) / d * x / fit.bandwidth.bytes_per_s(x / d) / rest)
-    return float(np.median(ratios)) if ratios else None
+    points = [(x, t) for x, t in zip(m.nbytes, m.seconds) if x >= FIT_MIN_BYTES and t > 0]
+    if not points:
+        return None
+
+    def error(log_eff: float) -> float:
+        eff = 10.0 ** log_eff
+        return sum(math.log(ring_model_seconds(fit, x, d, eff) / t) ** 2 for x, t in points)
+
+    grid = np.linspace(-3.0, 3.0, 121)
+    i = int(np.argmin([error(u) for u in grid]))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    for _ in range(80):  # golden-section search inside the best grid cell's neighbours
+        a, b = hi - (hi - lo) / GOLDEN, lo + (hi - lo) / GOLDEN
+        lo, hi = (lo, b) if error(a) < error(b) else (a, hi)
+    return float(10.0 ** ((lo + hi) / 2))
 
 
 def with_allreduce(fit: LinkFit, m: AllReduceMeasurement | None) -> LinkFit:

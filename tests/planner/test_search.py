@@ -6,6 +6,7 @@ from collections import defaultdict
 from dataclasses import replace
 from itertools import combinations, permutations, product
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -98,6 +99,15 @@ def _simulate(sim: Simulator, plan: Plan, recompute: bool | str):
     return sim.simulate(replace(plan, stages=tuple(replace(s, recompute=r) for s, r in zip(plan.stages, rc))))
 
 
+_SPACES: dict = {}  # brute force's simulated spaces, by simulator inputs and options: the goals of a case share one
+
+
+def _fingerprint(sim: Simulator) -> str:
+    """Everything a simulation depends on: equal fingerprints, equal estimates of every plan."""
+    p = sim.profiles
+    return repr((sim.model, sim.cluster, sim.precision, sorted(p.measured.items()), p.network, p.runtime, p._gpus))
+
+
 def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recompute: bool | str = "per stage",
                 distributed_optimizer: bool = False, stage_major: bool = True, type_chains: bool | str = True,
                 outcomes: list | None = None):
@@ -110,38 +120,73 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
     GPUs only where no other plan fits, unless "always"). Where no plan fits the GPUs (whatever the goal),
     chains again with any number of stages on every pool (Planner.run's last pass). outcomes: gets the
     (seconds, USD) per iteration of every plan the goal admits, two GPU types side by side included
-    whatever the objective (a Pareto front's space)."""
-    c, L = sim.cluster, MODEL.num_layers
+    whatever the objective (a Pareto front's space).
+    Each part of the space is simulated once per simulator inputs and options, and kept as the
+    (seconds, USD, GPUs) of its plans that fit: the goals of one case reuse it."""
+    c = sim.cluster
     pools = sorted({(p.gpu, p.zone) for p in c.available})
-    best = math.inf
-    any_head = fits = False
-    every_chain = []  # (chain, TP degrees, mbs)
+    key = (_fingerprint(sim), gbs, max_stages, recompute, distributed_optimizer, stage_major, type_chains)
+    parts = _SPACES.setdefault(key, {})
+    space = _Space(sim, gbs, max_stages, distributed_optimizer, stage_major, pools)
 
-    def consider(stages, mbs, D):
-        M = gbs // mbs
-        q, r = divmod(M, D)
-        evaluate(Plan(MODEL.name, gbs, stages, tuple(Pipeline(mbs, q + 1 if k < r else q) for k in range(D)),
-                      distributed_optimizer=distributed_optimizer))
+    def part(name: str, plans) -> np.ndarray:
+        """(seconds, USD, GPUs) of every plan of this part that fits the GPUs and their memory."""
+        if name not in parts:
+            rows = []
+            for plan in plans():
+                if _fits_pools(plan, c):
+                    est = _simulate(sim, plan, recompute)
+                    if est.fits_in_memory:
+                        rows.append((est.iteration_time_s, est.cost_per_iteration_usd, plan.num_gpus))
+            parts[name] = np.array(rows, dtype=float).reshape(-1, 3)
+        return parts[name]
 
-    def evaluate(plan):
-        nonlocal best, fits
-        if not _fits_pools(plan, c):
-            return
-        est = _simulate(sim, plan, recompute)
-        if not est.fits_in_memory:
-            return
-        fits = True
+    fits, best = False, math.inf
+
+    def include(rows: np.ndarray):
+        nonlocal fits, best
         from planner.search.goal import Outcome
 
-        o = Outcome(est.iteration_time_s, est.cost_per_iteration_usd, plan.num_gpus)
-        if goal.admits(o):
-            best = min(best, goal.score(o))
-            if outcomes is not None:
-                outcomes.append((o.iteration_time_s, o.cost_per_iteration_usd))
+        fits = fits or len(rows) > 0
+        for t, usd, gpus in rows.tolist():
+            o = Outcome(t, usd, int(gpus))
+            if goal.admits(o):
+                best = min(best, goal.score(o))
+                if outcomes is not None:
+                    outcomes.append((t, usd))
 
-    def chain_plans(chain, tps, mbs):
+    include(part("one type and chains", space.one_type_and_chains))
+    if goal.objective == "throughput" or outcomes is not None:  # two GPU types side by side (for a front too)
+        include(part("two types", space.two_types))
+    typed = bool(type_chains) and 3 <= len(pools) <= 6 and len({g for g, _ in pools}) >= 2
+    small = sum(p.count for p in c.available) <= 32
+    if typed and (small or type_chains == "always" or best == math.inf):
+        include(part("type chains", space.type_chains))
+    if not fits:
+        include(part("any head", lambda: space.any_head(typed)))
+    return best
+
+
+class _Space:
+    """The plans of brute force's space, part by part (see brute_force)."""
+
+    def __init__(self, sim, gbs, max_stages, distributed_optimizer, stage_major, pools):
+        self.c, self.gbs, self.max_stages, self.pools = sim.cluster, gbs, max_stages, pools
+        self.distributed_optimizer, self.stage_major = distributed_optimizer, stage_major
+
+    def _mbs(self):
+        return [mbs for mbs in (1, 2, 4, 8) if self.gbs % mbs == 0]
+
+    def _plan(self, stages, mbs, D):
+        M = self.gbs // mbs
+        q, r = divmod(M, D)
+        return Plan(MODEL.name, self.gbs, stages, tuple(Pipeline(mbs, q + 1 if k < r else q) for k in range(D)),
+                    distributed_optimizer=self.distributed_optimizer)
+
+    def chain_plans(self, chain, tps, mbs, any_head=False):
         """Every plan of D alike pipelines through the chain's pools in order."""
-        for counts in _stage_counts(chain, max_stages, any_head):
+        c, L, gbs = self.c, MODEL.num_layers, self.gbs
+        for counts in _stage_counts(chain, self.max_stages, any_head):
             for D in range(1, gbs // mbs + 1):
                 kinds = [[Replica(g, t, z)] * D for (g, z), t, n in zip(chain, tps, counts) for _ in range(n)]
                 cuts = list(_splits(L, sum(counts)))
@@ -149,71 +194,78 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
                                                     (Pipeline(mbs, 1),) * D), c):
                     break  # D pipelines do not fit, nor will more
                 for cut in cuts:
-                    consider(_stages(L, cut, kinds), mbs, D)
+                    yield self._plan(_stages(L, cut, kinds), mbs, D)
 
-    for mbs in (1, 2, 4, 8):
-        if gbs % mbs:
-            continue
-        M = gbs // mbs
-        # one GPU type; pipelines fill the type's zones cheapest first, then largest (these clusters have no
-        # measured network, so every zone's network is equally fast)
-        for gpu in sorted({g for g, _ in pools}):
-            zones = sorted(((z, sum(p.count for p in c.available if (p.gpu, p.zone) == (gpu, z))) for g, z in pools
-                            if g == gpu), key=lambda zn: (c.price_per_hour(gpu, zn[0]), -zn[1], zn[0]))
-            for tp in (1, 2, 4):
-                for P in range(1, max_stages + 1):
-                    cut0 = next(_splits(L, P), None)
-                    if cut0 is None:
-                        continue
-                    for D in range(1, M + 1):
-                        # the zone of each pipeline: fill zones in order, each with as many as fit
-                        zs, left = [], D
-                        for z, _ in zones:
-                            k = 0
-                            while k < left:
-                                trial = [[Replica(gpu, tp, z)] * (k + 1)] * P
-                                plan = Plan(MODEL.name, gbs, _stages(L, cut0, trial), (Pipeline(mbs, 1),) * (k + 1))
-                                if not _fits_pools(plan, c):
-                                    break
-                                k += 1
-                            zs += [z] * k
-                            left -= k
-                        if left:
-                            break  # D pipelines do not fit, nor will more
-                        for cut in _splits(L, P):
-                            consider(_stages(L, cut, [[Replica(gpu, tp, z) for z in zs]] * P), mbs, D)
-                            if stage_major and P > 1 and len(set(zs)) > 1:  # the same replicas stage by stage
-                                for order in permutations(dict.fromkeys(zs)):
-                                    slots = [z for z in order for _ in range(zs.count(z) * P)]
-                                    reps = [[Replica(gpu, tp, z) for z in slots[s * D:(s + 1) * D]] for s in range(P)]
-                                    consider(_stages(L, cut, reps), mbs, D)
-        # chains of two pools: the first stages on pool A (up to FIRST_POOL_STAGES, by B's type), the rest on B
+    def chains(self, mbs):
+        """Chains of two pools: the first stages on pool A (up to FIRST_POOL_STAGES, by B's type), the rest
+        on B; zone chains: one type and TP over its first k >= 3 zones in fill order (cheapest, then
+        largest)."""
+        c, pools = self.c, self.pools
         chains = [(pair, tps) for pair in permutations(pools, 2) for tps in product((1, 2, 4), repeat=2)]
-        # zone chains: one type and TP over its first k >= 3 zones in fill order (cheapest, then largest)
         for gpu in sorted({g for g, _ in pools}):
             zones = sorted(((z, sum(p.count for p in c.available if (p.gpu, p.zone) == (gpu, z))) for g, z in pools
                             if g == gpu), key=lambda zn: (c.price_per_hour(gpu, zn[0]), -zn[1], zn[0]))
             chains += [(tuple((gpu, z) for z, _ in zones[:k]), (tp,) * k) for k in range(3, len(zones) + 1)
                        for tp in (1, 2, 4)]
-        every_chain += [(chain, tps, mbs) for chain, tps in chains]
-        for chain, tps in chains:
-            chain_plans(chain, tps, mbs)
-        if goal.objective == "throughput" or outcomes is not None:  # two GPU types side by side (for a front too)
-            for plan in _two_type_plans(c, pools, mbs, gbs, max_stages, distributed_optimizer):
-                evaluate(plan)
-    small = sum(p.count for p in c.available) <= 32
-    type_chain_list = [(chain, tps, mbs) for mbs in (1, 2, 4, 8) for chain in permutations(pools, 3)
-                       if gbs % mbs == 0 and len({g for g, _ in chain}) >= 2 for tps in product((1, 2, 4), repeat=3)]
-    if type_chains and 3 <= len(pools) <= 6 and len({g for g, _ in pools}) >= 2:
-        every_chain += type_chain_list
-        if small or type_chains == "always" or best == math.inf:
-            for chain, tps, mbs in type_chain_list:
-                chain_plans(chain, tps, mbs)
-    if not fits:
-        any_head = True
-        for chain, tps, mbs in every_chain:
-            chain_plans(chain, tps, mbs)
-    return best
+        return [(chain, tps, mbs) for chain, tps in chains]
+
+    def one_type_and_chains(self):
+        c, L, gbs, pools = self.c, MODEL.num_layers, self.gbs, self.pools
+        for mbs in self._mbs():
+            M = gbs // mbs
+            # one GPU type; pipelines fill the type's zones cheapest first, then largest (these clusters have
+            # no measured network, so every zone's network is equally fast)
+            for gpu in sorted({g for g, _ in pools}):
+                zones = sorted(((z, sum(p.count for p in c.available if (p.gpu, p.zone) == (gpu, z)))
+                                for g, z in pools if g == gpu),
+                               key=lambda zn: (c.price_per_hour(gpu, zn[0]), -zn[1], zn[0]))
+                for tp in (1, 2, 4):
+                    for P in range(1, self.max_stages + 1):
+                        cut0 = next(_splits(L, P), None)
+                        if cut0 is None:
+                            continue
+                        for D in range(1, M + 1):
+                            # the zone of each pipeline: fill zones in order, each with as many as fit
+                            zs, left = [], D
+                            for z, _ in zones:
+                                k = 0
+                                while k < left:
+                                    trial = [[Replica(gpu, tp, z)] * (k + 1)] * P
+                                    plan = Plan(MODEL.name, gbs, _stages(L, cut0, trial), (Pipeline(mbs, 1),) * (k + 1))
+                                    if not _fits_pools(plan, c):
+                                        break
+                                    k += 1
+                                zs += [z] * k
+                                left -= k
+                            if left:
+                                break  # D pipelines do not fit, nor will more
+                            for cut in _splits(L, P):
+                                yield self._plan(_stages(L, cut, [[Replica(gpu, tp, z) for z in zs]] * P), mbs, D)
+                                if self.stage_major and P > 1 and len(set(zs)) > 1:  # the same replicas stage by stage
+                                    for order in permutations(dict.fromkeys(zs)):
+                                        slots = [z for z in order for _ in range(zs.count(z) * P)]
+                                        reps = [[Replica(gpu, tp, z) for z in slots[s * D:(s + 1) * D]] for s in range(P)]
+                                        yield self._plan(_stages(L, cut, reps), mbs, D)
+            for chain, tps, _ in self.chains(mbs):
+                yield from self.chain_plans(chain, tps, mbs)
+
+    def two_types(self):
+        for mbs in self._mbs():
+            yield from _two_type_plans(self.c, self.pools, mbs, self.gbs, self.max_stages, self.distributed_optimizer)
+
+    def type_chain_list(self):
+        return [(chain, tps, mbs) for mbs in self._mbs() for chain in permutations(self.pools, 3)
+                if len({g for g, _ in chain}) >= 2 for tps in product((1, 2, 4), repeat=3)]
+
+    def type_chains(self):
+        for chain, tps, mbs in self.type_chain_list():
+            yield from self.chain_plans(chain, tps, mbs)
+
+    def any_head(self, typed: bool):
+        """Every chain again, with any number of stages on each pool."""
+        every = [x for mbs in self._mbs() for x in self.chains(mbs)] + (self.type_chain_list() if typed else [])
+        for chain, tps, mbs in every:
+            yield from self.chain_plans(chain, tps, mbs, any_head=True)
 
 
 def _two_type_plans(c, pools, mbs, gbs, max_stages, distributed_optimizer):

@@ -72,6 +72,20 @@ def test_allreduce_efficiency_is_recovered():
         assert allreduce_efficiency(fit, m) == pytest.approx(eff, rel=1e-6)
 
 
+def test_allreduce_efficiency_of_all_reduces_faster_than_the_latency_terms():
+    """A busy host can fit a latency above what a small all-reduce then takes: the efficiency is still a
+    number (the ring model's best match, at the top of its range), not dropped (CI once got None here)."""
+    fit = fit_link(synthetic((-0.01, 0.2, 2.0), 80e-6))
+    sizes = SIZES[4:7]
+    fast = tuple(1.5 * fit.latency_s for _ in sizes)  # below the model's 2 latency terms at any bandwidth
+    assert allreduce_efficiency(fit, AllReduceMeasurement("pair", (0, 1), "intra", sizes, fast)) == pytest.approx(1e3)
+    # one such point among matching ones pulls the efficiency up, but the matching ones still count
+    seconds = tuple(ring_model_seconds(fit, x, 2, 0.5) for x in SIZES[4:])
+    mixed = allreduce_efficiency(fit, AllReduceMeasurement("pair", (0, 1), "intra", SIZES[4:], (fast[0], *seconds[1:])))
+    assert 0.5 < mixed < 1.0
+    assert allreduce_efficiency(fit, AllReduceMeasurement("pair", (0, 1), "intra", SIZES[:3], fast)) is None
+
+
 def test_simulator_uses_the_written_fit(tmp_path):
     fit = fit_link(synthetic((-0.01, 0.2, 2.0), 80e-6))
     sizes = SIZES[4:]
