@@ -526,7 +526,7 @@ class Chains:
             # search also what the front already matches or beats in time and cost
             beat = self._cutoff if by_time else self._cutoff / (usd * D) * (1 + 1e-12) if usd * D > 0 \
                 else math.inf
-            beat = min(beat, _dominated_from(self._front, usd * D))
+            beat = min(beat, _dominated_from(self._front, usd * D, self._p2p_egress(chain)))
             sync, cap = None, math.inf
             if beat < math.inf:
                 # with its sync floor, before the split DP (later ones, fewer replicas, may sync less)
@@ -644,13 +644,26 @@ class Chains:
         self._front_cache[key] = (best[L] if exact else cap, exact)
         return self._front_cache[key][0]
 
-    def _front_cut(self, usd_per_s: float) -> float:
-        """The least bound (in the objective's units) of a plan costing `usd_per_s` USD per second that the
-        Pareto front matches or beats in time and cost (_dominated_from); inf: none (an empty front, outside
-        a Pareto search; or for cost at 0 USD per second)."""
+    def _front_cut(self, usd_per_s: float, usd_fixed: float = 0.0) -> float:
+        """The least bound (in the objective's units) of a plan costing `usd_per_s` USD per second, and at
+        least `usd_fixed` USD per iteration more, that the Pareto front matches or beats in time and cost
+        (_dominated_from); inf: none (an empty front, outside a Pareto search; or for cost at 0 USD per
+        second)."""
         if usd_per_s <= 0 and not self._by_time:
             return math.inf
-        return self._bound(_dominated_from(self._front, usd_per_s), usd_per_s)
+        return self._bound(_dominated_from(self._front, usd_per_s, usd_fixed), usd_per_s)
+
+    def _p2p_egress(self, chain) -> float:
+        """USD per iteration of the activations and their gradients that cross zones between the chain's
+        pools (every microbatch crosses each boundary both ways)."""
+        key = ("egress", chain[0].mbs, chain[0].gpu, tuple(p.zones[0][0] for p in chain))
+        if key not in self._front_cache:
+            cl, zones = self.sim.cluster, [p.zones[0][0] for p in chain]
+            x = chain[0].mbs * self.sim.profile(chain[0].gpu).layer_memory(1).output_bytes[1]
+            self._front_cache[key] = sum(self.gbs // chain[0].mbs * x * (cl.egress_per_gb(a, b) +
+                                                                         cl.egress_per_gb(b, a)) / 1e9
+                                         for a, b in zip(zones, zones[1:]) if a != b)
+        return self._front_cache[key]
 
     def _pool_sync(self, params: int, shape: Shape, stages: int, D: int) -> tuple:
         return self._sync(params, D, shape.gpu, shape.tp, ((shape.zones[0][0], D),), self._per_node(shape, stages))
@@ -696,10 +709,7 @@ class Chains:
         micro = spread(self.gbs // chain[0].mbs, D)
         bubbles = micro[0] - 1
         zones = [p.zones[0][0] for p in chain]
-        cl = self.sim.cluster
-        x = chain[0].mbs * self.sim.profile(chain[0].gpu).layer_memory(1).output_bytes[1]
-        egress = sum(self.gbs // chain[0].mbs * x * (cl.egress_per_gb(a, b) + cl.egress_per_gb(b, a)) / 1e9
-                     for a, b in zip(zones, zones[1:]) if a != b)
+        egress = self._p2p_egress(chain)
         usd_per_s = D * sum(n * p.tp * p.prices[z] for p, n, z in zip(chain, Ps, zones))
         used: dict[str, int] = {}
         for p, n, z in zip(chain, Ps, zones):
@@ -719,7 +729,7 @@ class Chains:
         segments = (chain[0].mbs, tuple((p.gpu, p.tp, n, z) for p, n, z in zip(chain, Ps, zones)))
 
         # the K-th best plan's score, or the probe's (inf for a Pareto front), or the front's cut
-        cut = min(self._cutoff, self._front_cut(usd_per_s))
+        cut = min(self._cutoff, self._front_cut(usd_per_s, egress))
         # left to right over the pools: at each pool boundary j, the undominated partial splits
         # (compute, slot, sync, update, ring USD, first layers) of layers 0..j-1
         labels: dict = {0: [(0.0, 0.0, 0.0, 0.0, 0.0, ())]}
@@ -791,14 +801,15 @@ def _spread_bound(work: float, pools: list[tuple[float, float, float]]) -> float
     return math.inf  # (unreached: the sum of U_i covers the work)
 
 
-def _dominated_from(front: list, usd_per_s: float) -> float:
-    """The least iteration time from which a plan costing `usd_per_s` USD per second is matched or beaten
-    in both time and cost by a plan of the Pareto front (Planner._offer then drops it): a plan of time
-    T >= max(t_f, c_f / usd_per_s) costs at least T * usd_per_s >= c_f. inf: none is (an empty front: the
-    search keeps one only for --pareto)."""
-    return min((max(f.outcome.iteration_time_s, f.outcome.cost_per_iteration_usd / usd_per_s) if usd_per_s > 0
-                else f.outcome.iteration_time_s if f.outcome.cost_per_iteration_usd <= 0 else math.inf
-                for f in front), default=math.inf)
+def _dominated_from(front: list, usd_per_s: float, usd_fixed: float = 0.0) -> float:
+    """The least iteration time from which a plan costing `usd_per_s` USD per second and at least
+    `usd_fixed` USD per iteration more (egress) is matched or beaten in both time and cost by a plan of the
+    Pareto front (Planner._offer then drops it): a plan of time T >= max(t_f, (c_f - usd_fixed) / usd_per_s)
+    costs at least T * usd_per_s + usd_fixed >= c_f. inf: none is (an empty front: the search keeps one
+    only for --pareto)."""
+    return min((max(f.outcome.iteration_time_s, (f.outcome.cost_per_iteration_usd - usd_fixed) / usd_per_s)
+                if usd_per_s > 0 else f.outcome.iteration_time_s if f.outcome.cost_per_iteration_usd <= usd_fixed
+                else math.inf for f in front), default=math.inf)
 
 
 def _undominated(labels: list) -> list:
