@@ -34,8 +34,8 @@ intra-node fits are per GPU pair.
 All-reduce: the simulator models a ring all-reduce of G bytes over D ranks as
 2(D-1)/D * G / (BW * efficiency) + 2(D-1) * latency. A two-rank all-reduce over
 each measured link gives that link's `allreduce_efficiency` (the one at which the
-model matches the all-reduces of 64 KB and more best); the larger groups are reported with
-their own matching efficiency, for information.
+model best matches the all-reduces of 64 KB and more); the larger groups are
+reported with their own matching efficiency, for information.
 """
 from __future__ import annotations
 
