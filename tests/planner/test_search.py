@@ -127,7 +127,7 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
     pools = sorted({(p.gpu, p.zone) for p in c.available})
     key = (_fingerprint(sim), gbs, max_stages, recompute, distributed_optimizer, stage_major, type_chains)
     parts = _SPACES.setdefault(key, {})
-    space = _Space(sim, gbs, max_stages, distributed_optimizer, stage_major, pools)
+    space = _Space(c, gbs, max_stages, distributed_optimizer, stage_major, pools)
 
     def part(name: str, plans) -> np.ndarray:
         """(seconds, USD, GPUs) of every plan of this part that fits the GPUs and their memory."""
@@ -170,8 +170,8 @@ def brute_force(sim: Simulator, gbs: int, goal: Goal, max_stages: int = 6, recom
 class _Space:
     """The plans of brute force's space, part by part (see brute_force)."""
 
-    def __init__(self, sim, gbs, max_stages, distributed_optimizer, stage_major, pools):
-        self.c, self.gbs, self.max_stages, self.pools = sim.cluster, gbs, max_stages, pools
+    def __init__(self, c, gbs, max_stages, distributed_optimizer, stage_major, pools):
+        self.c, self.gbs, self.max_stages, self.pools = c, gbs, max_stages, pools
         self.distributed_optimizer, self.stage_major = distributed_optimizer, stage_major
 
     def _mbs(self):
@@ -203,9 +203,8 @@ class _Space:
         c, pools = self.c, self.pools
         chains = [(pair, tps) for pair in permutations(pools, 2) for tps in product((1, 2, 4), repeat=2)]
         for gpu in sorted({g for g, _ in pools}):
-            zones = sorted(((z, sum(p.count for p in c.available if (p.gpu, p.zone) == (gpu, z))) for g, z in pools
-                            if g == gpu), key=lambda zn: (c.price_per_hour(gpu, zn[0]), -zn[1], zn[0]))
-            chains += [(tuple((gpu, z) for z, _ in zones[:k]), (tp,) * k) for k in range(3, len(zones) + 1)
+            zones = _zone_order(c, gpu, pools)
+            chains += [(tuple((gpu, z) for z in zones[:k]), (tp,) * k) for k in range(3, len(zones) + 1)
                        for tp in (1, 2, 4)]
         return [(chain, tps, mbs) for chain, tps in chains]
 
@@ -216,9 +215,7 @@ class _Space:
             # one GPU type; pipelines fill the type's zones cheapest first, then largest (these clusters have
             # no measured network, so every zone's network is equally fast)
             for gpu in sorted({g for g, _ in pools}):
-                zones = sorted(((z, sum(p.count for p in c.available if (p.gpu, p.zone) == (gpu, z)))
-                                for g, z in pools if g == gpu),
-                               key=lambda zn: (c.price_per_hour(gpu, zn[0]), -zn[1], zn[0]))
+                zones = _zone_order(c, gpu, pools)
                 for tp in (1, 2, 4):
                     for P in range(1, self.max_stages + 1):
                         cut0 = next(_splits(L, P), None)
@@ -227,7 +224,7 @@ class _Space:
                         for D in range(1, M + 1):
                             # the zone of each pipeline: fill zones in order, each with as many as fit
                             zs, left = [], D
-                            for z, _ in zones:
+                            for z in zones:
                                 k = 0
                                 while k < left:
                                     trial = [[Replica(gpu, tp, z)] * (k + 1)] * P
