@@ -28,6 +28,29 @@ def pytest_configure(config):
                                        "(tools/gpu_check.sh), never in CI")
 
 
+# Test files that start several processes (training ranks, agents, controllers) and watch them with
+# heartbeats and deadlines. Under the README's `-n auto --dist loadfile` they run one after another on one
+# worker, beside the single-process files on the others: two of them at once on a 2-core machine starved
+# an agent's heartbeat and a job's shutdown past their limits. (xdist's own --dist loadgroup does not
+# group tests under pytest 9.)
+PROCESS_DIRS = ("elastic", "runtime", "deploy", "profiler")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own
+    from xdist.scheduler import LoadFileScheduling
+
+    class ProcessFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            parts = Path(path).parts
+            many = (len(parts) > 2 and parts[1] in PROCESS_DIRS) or parts[-1] == "test_readme.py"
+            return "processes" if many else path
+
+    return ProcessFilesTogether(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     selected = "cuda" in (config.getoption("-m") or "")
     for item in items:
