@@ -193,7 +193,7 @@ class Chains:
         home, rank = self._zone_rank[z]
         return len({p.zones[0][0] for p in chain if self._zone_rank[p.zones[0][0]][0] == home}) == rank
 
-    def _chain_bound(self, chain: tuple, grow: bool, cross: float | None = None) -> float:
+    def _chain_bound(self, chain: tuple, grow: bool, cross: float | None = None, by_time: bool | None = None) -> float:
         """A lower bound of the objective of every design on `chain` (grow: on a zone chain that extends
         it, whose further pools have the same GPU type and TP degree).
 
@@ -202,12 +202,13 @@ class Chains:
         stages the bottleneck is at least the average stage and the least largest stage of a split
         of the fastest layers (`_minmax_stage`); D pipelines need P_i tp-groups of each pool i, so
         D <= n_i / tp_i and D P <= sum_i n_i / tp_i (this chain only). For cost, every microbatch
-        runs `least` seconds on GPUs at the cheapest price.
+        runs `least` seconds on GPUs at the cheapest price. by_time: which of the two (default: the
+        objective's).
         """
         M, top, L = self.gbs // chain[0].mbs, min(self.max_stages, self.L), self.L
         least = self._least_compute(chain)
         pools = chain
-        if not self._by_time:
+        if not (self._by_time if by_time is None else by_time):
             return M * least * min(p.tp * p.prices[p.zones[0][0]] for p in pools)
         if cross is None:
             cross = sum(self._cross(a, b) for a, b in zip(chain, chain[1:]))
@@ -325,6 +326,9 @@ class Chains:
                             if bound < cutoff:
                                 yield bound, "chain", ("chain", (a, b))
         elif kind == "chain":
+            if self._front and self._front_beats(what, self._chain_bound(what, False, by_time=True),
+                                                 self._chain_bound(what, False, by_time=False)):
+                return  # a Pareto search's front matches or beats every design of the chain
             for fam in self._chain_families(what, cutoff):
                 yield fam[0], "family", fam[1]
         elif kind == "extend":  # a type chain's prefix: its chains one pool longer (or their prefixes)
@@ -416,7 +420,8 @@ class Chains:
                     # the configurations that may beat the cutoff have at most 1 + steps microbatches
                     # per pipeline, so at least the pipelines that needs, and their rings (_sync_tail)
                     bound += self._sync_tail(chain, Ps, (cutoff - fill - upd_d) / slot_lb)
-                if bound < cutoff and self._could_admit(t_lb, 0.0):
+                if bound < cutoff and self._could_admit(t_lb, 0.0) and not (self._front and self._front_beats(
+                        chain, t_lb, _cost_bound(fill, slot_lb, upd_d, usd, M, m_min) if by_time else bound)):
                     yield bound, (chain, Ps, d_cap, tuple(f[k][1] for f, k in zip(facts, Ps)), crosses, fill,
                                   slot_lb, upd, usd)
 
@@ -506,6 +511,11 @@ class Chains:
         already reaches the cutoff (or the front) is dropped before its split DP (`_least_slot`, the
         costly part), and the DP stops where the bottleneck would take the bound there."""
         M, P = self.gbs // chain[0].mbs, sum(Ps)
+        if self._front:  # (the front may have grown since the family was queued)
+            m_min, upd_min = -(-M // d_cap), upd / self._shards(d_cap)
+            t_min = fill + (m_min - 1) * slot_lb + upd_min
+            if self._front_beats(chain, t_min, _cost_bound(fill, slot_lb, upd_min, usd, M, m_min)):
+                return
         after = P
         floors = []
         for p, n in zip(chain, Ps):  # the in-flight counts a pool's stages can have
@@ -528,6 +538,8 @@ class Chains:
                 else math.inf
             beat = min(beat, _dominated_from(self._front, usd * D, self._p2p_egress(chain)))
             sync, cap = None, math.inf
+            if base >= beat:
+                continue  # (a sync floor only adds)
             if beat < math.inf:
                 # with its sync floor, before the split DP (later ones, fewer replicas, may sync less)
                 sync = self._sync_floor(chain, Ps, D)
@@ -652,6 +664,18 @@ class Chains:
         if usd_per_s <= 0 and not self._by_time:
             return math.inf
         return self._bound(_dominated_from(self._front, usd_per_s, usd_fixed), usd_per_s)
+
+    def _front_beats(self, chain, t_lb: float, usd_lb: float) -> bool:
+        """A Pareto search's front matches or beats a family's ideal point: none of its configurations
+        takes less than t_lb seconds or costs less than usd_lb USD per iteration plus the chain's p2p
+        egress c, so Planner._offer would drop each. With u = c / t_lb, _dominated_from is at most t_lb
+        exactly when some plan of the front has t_f <= t_lb and c_f <= c."""
+        if t_lb == math.inf:
+            return True  # (no configuration at all)
+        if t_lb <= 0:
+            return False
+        c = usd_lb + self._p2p_egress(chain)
+        return _dominated_from(self._front, c / t_lb) <= t_lb * (1 - 1e-12)
 
     def _p2p_egress(self, chain) -> float:
         """USD per iteration of the activations and their gradients that cross zones between the chain's
