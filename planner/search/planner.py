@@ -102,7 +102,11 @@ class Planner(SinglePool, Chains, TwoTypes):
         self.distributed_optimizer = distributed_optimizer  # plans split their optimizer state (ZeRO-1)
         self.model = sim.model
         self.L = self.model.num_layers
-        self.max_stages = min(max_stages or self.L, self.L)
+        # a stage takes a GPU at least: no more stages than GPUs (split tables grow with the stage count)
+        gpus = sum(p.count for p in sim.cluster.available)
+        if goal.max_gpus is not None:
+            gpus = min(gpus, goal.max_gpus)
+        self.max_stages = max(1, min(max_stages or self.L, self.L, gpus))
         self.mbs_filter = set(microbatch_sizes) if microbatch_sizes else None
         self.max_tp = max_tp  # e.g. what an elastic job's vocabulary padding allows
         self.two_pools = two_pools  # also search designs that chain pools (types or zones) in a pipeline

@@ -366,6 +366,17 @@ def test_planner_matches_brute_force(pools, quotas, gbs, nic, goal):
     assert found == pytest.approx(exhaustive, rel=1e-9)
 
 
+@pytest.mark.parametrize("goal", [Goal("throughput"), Goal("throughput", max_gpus=2)], ids=["all", "max2"])
+def test_no_more_stages_than_gpus(goal):
+    """A stage takes a GPU at least, so the planner searches (and builds split tables for) no more stages
+    than the GPUs it may use, and still finds brute force's optimum over every stage count."""
+    sim = simulator(cluster([("small-a", "z1", 2), ("small-b", "z2", 1)]))
+    planner = Planner(sim, 8, goal, max_stages=6)
+    result = planner.run(top=1)
+    assert planner.max_stages == (2 if goal.max_gpus else 3)
+    assert result.plans[0][1].iteration_time_s == pytest.approx(brute_force(sim, 8, goal), rel=1e-9)
+
+
 # Clusters under node-to-node fits that peak at some message size and fall on either side:
 # (pools, global batch, (peak at log2 MB, fall per log2 MB squared, peak GB/s)).
 PEAKED_FITS = [
