@@ -163,6 +163,9 @@ def cmd_plan(args) -> int:
 
     model = get_model(args.model, args.seq_length)
     cluster = load_cluster(args.cluster)
+    if args.cluster and args.gpus is None and not cluster.available:  # not the example cluster in its place
+        raise SailorError(f"cluster file {args.cluster} makes no GPUs available (no count above 0 under "
+                          "'available:'); give counts under 'available:' or --gpus")
     if args.gpus is not None or not cluster.available:
         cluster = cluster.with_available(parse_gpus(EXAMPLE_CLUSTER if args.gpus is None else args.gpus, cluster,
                                                     "--gpus"))
@@ -494,6 +497,8 @@ def _stdout_gone() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if sys.stdout is None:  # started with stdout closed (`sailor ... >&-`): what it prints goes nowhere, quietly
+        sys.stdout = open(os.devnull, "w")
     try:
         args = parse(argv)
         if getattr(args, "quiet", False):

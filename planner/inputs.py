@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import sys
 from pathlib import Path
 from typing import Any, Iterable, NoReturn
 
@@ -18,13 +20,20 @@ from planner.errors import SailorError
 
 MAX_COUNT = 1 << 20  # GPUs of a pool, replicas, pipelines: beyond any real cluster
 MAX_BATCH = 1 << 24  # samples per iteration (16.8 M)
+FLOAT_MAX = sys.float_info.max  # a JSON integer beyond it has no float: `abs(x) <= FLOAT_MAX` also refuses NaN, inf
 
 
 def short(value: Any, width: int = 40) -> str:
-    """A value as the user wrote it, cut to fit in a message."""
+    """A value as the user wrote it, cut to fit in a message; never fails, since it only builds one."""
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    text = json.dumps(value) if isinstance(value, (dict, list, bool)) or value is None else repr(value)
+    try:
+        text = json.dumps(value) if isinstance(value, (dict, list, bool)) or value is None else repr(value)
+    except Exception:  # a YAML alias inside itself, an int beyond Python's digit limit, nesting beyond recursion
+        try:
+            text = repr(value)
+        except Exception:
+            return f"a {type(value).__name__}"
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
@@ -64,15 +73,42 @@ def _no_constants(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+# \ud800-\udfff escapes half a UTF-16 pair; a pair decodes to one character, one half alone to no text
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_LONG_INT = "holds an integer of thousands of digits, beyond any field's range; check the file"
+
+
 def parse_json(text: str, where: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_no_constants)
+        value = json.loads(text, parse_constant=_no_constants)
     except json.JSONDecodeError as e:
         raise SailorError(f"{where} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
-    except ValueError as e:  # NaN, Infinity
+    except ValueError as e:  # NaN, Infinity; an integer beyond Python's digit limit
+        if "digits" in str(e):
+            raise SailorError(f"{where} {_LONG_INT}") from None
         raise SailorError(f"{where} is not valid JSON ({e}); write a finite number") from None
     except RecursionError:
         raise SailorError(f"{where} is nested too deeply to be a sailor file") from None
+    if _SURROGATE_ESCAPE.search(text):  # rare: only then walk the document
+        _refuse_lone_surrogates(value, where)
+    return value
+
+
+def _refuse_lone_surrogates(value: Any, where: str) -> None:
+    """A lone \\ud800 decodes to a str that no output can encode: refuse it here, not when printing it."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            todo += v
+            todo += v.values()
+        elif isinstance(v, list):
+            todo += v
+        elif isinstance(v, str) and _SURROGATE.search(v):
+            half = ord(_SURROGATE.search(v).group())
+            raise SailorError(f"{where}: {short(v)} is not valid text (a lone \\u{half:04x} escape); write the "
+                              "character itself, or both halves of its surrogate pair")
 
 
 def read_document(path: str | Path, what: str) -> "Doc":
@@ -86,6 +122,10 @@ def read_document(path: str | Path, what: str) -> "Doc":
             value = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml where built
         except yaml.YAMLError as e:
             raise SailorError(f"{where} is not valid YAML ({' '.join(str(e).split())})") from None
+        except ValueError as e:  # a value its constructor refuses: an integer beyond the digit limit, a bad date
+            if "digits" in str(e):
+                raise SailorError(f"{where} {_LONG_INT}") from None
+            raise SailorError(f"{where} is not valid YAML ({e})") from None
         except RecursionError:
             raise SailorError(f"{where} is nested too deeply to be a sailor file") from None
     else:
@@ -171,7 +211,7 @@ class Doc:
                hint: str = "") -> float:
         """A finite number >= lo (or > above) and <= hi."""
         v = self.value
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not abs(v) <= FLOAT_MAX or \
                 (lo is not None and v < lo) or (above is not None and v <= above) or (hi is not None and v > hi):
             self.fail(number_range(lo, hi, above), hint)
         return float(v)
@@ -183,8 +223,10 @@ class Doc:
             if not isinstance(v, str) or v not in choices:
                 self.fail(f"one of {', '.join(choices)}{suggest(v, choices) if isinstance(v, str) else ''}", hint)
             return v
-        if not isinstance(v, str) or not v.strip() or len(v) > 1000:
+        if not isinstance(v, str) or not v.strip():
             self.fail("a non-empty string", hint)
+        if len(v) > 1000:
+            self.fail("a string of at most 1000 characters", hint)
         return v
 
     def bool(self, hint: str = "") -> bool:
@@ -199,12 +241,15 @@ class Doc:
         if not isinstance(v, list) or (length is not None and len(v) != length):
             self.fail(f"a list of {length} numbers" if length is not None else "a list of numbers", hint)
         if {type(x) for x in v} <= {int, float}:  # the common case, checked in bulk (bool is neither)
-            out = tuple(map(float, v))
+            try:
+                out = tuple(map(float, v))
+            except OverflowError:  # an integer beyond any float: the loop below names it
+                out = (math.nan,)
             if all(map(math.isfinite, out)) and (not out or ((lo is None or min(out) >= lo) and
                                                              (hi is None or max(out) <= hi))):
                 return out
         for i, x in enumerate(v):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or \
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not abs(x) <= FLOAT_MAX or \
                     (lo is not None and x < lo) or (hi is not None and x > hi):
                 self._child(x, i).fail(number_range(lo, hi, None), hint)
         return tuple(float(x) for x in v)

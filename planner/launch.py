@@ -19,7 +19,9 @@ Nothing here imports torch: `sailor launch` runs on the planner's machine.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -31,7 +33,7 @@ from planner.simulator.placement import place
 from planner.specs.hardware import Cluster, load_cluster
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Pipeline, Plan, Replica, Stage, check_plan_for, load_plan, plan_model, with_model
-from planner.specs.precision import launch_flags
+from planner.specs.precision import check_precision, launch_flags
 from planner.trainer_output import run_trainer
 
 DISTRIBUTED_OPTIMIZER = "--use-distributed-optimizer"  # the runtime's flag (sailor_ext/train.py, Megatron-LM's)
@@ -183,6 +185,14 @@ def local_command(layout: Layout, plan_path: str, train_args: list[str], master_
 
 
 TARGETS = ("torchrun", "slurm", "skypilot", "k8s", "megatron-lm")
+MASTER_ADDR = "$MASTER_ADDR"  # --master-addr's default: node 0's address from each node's environment
+# how each other target finds node 0 (planner/targets), so --master-addr would be ignored there
+OWN_MASTER = {"slurm": "the Slurm script finds node 0's address itself (scontrol)",
+              "skypilot": "the SkyPilot tasks find group 0's head node themselves (sky launch --env MASTER_ADDR=...)",
+              "k8s": "the PyTorchJobs reach node 0 by its pod's name",
+              "megatron-lm": "the Megatron-LM script reads MASTER_ADDR from each node's environment"}
+HOST = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?")
+VARIABLE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
 
 
 def _launch_options(p: argparse.ArgumentParser) -> None:
@@ -192,7 +202,7 @@ def _launch_options(p: argparse.ArgumentParser) -> None:
                         "stock Megatron-LM pretrain_gpt.py script (docs/deploy.md)")
     p.add_argument("-o", "--output", help="write it to this file instead of printing")
     p.add_argument("--cluster", help="cluster file (GPUs per node of custom GPU types); every rank gets it too")
-    p.add_argument("--master-addr", default="$MASTER_ADDR", help="host of node 0 (default: $MASTER_ADDR)")
+    p.add_argument("--master-addr", default=MASTER_ADDR, help="host of node 0 (default: $MASTER_ADDR)")
     p.add_argument("--master-port", type=flags.port, default=29500,
                    help="port of node 0's rendezvous (default 29500)")
     p.add_argument("--local", action="store_true", help="run every rank on this machine now")
@@ -230,8 +240,33 @@ def _split_rest(args) -> list[str]:
     return rest[cut + 1:]
 
 
+def _check_master_addr(args) -> None:
+    """--master-addr goes into a shell line unquoted (a $VARIABLE must expand on the node): only a host, an IP
+    or one variable, and only for the target that uses it."""
+    addr = args.master_addr
+    if addr == MASTER_ADDR:
+        return
+    if args.local or args.target != "torchrun":
+        how = "--local runs every rank here (127.0.0.1)" if args.local else OWN_MASTER[args.target]
+        raise SailorError(f"--master-addr is for --target torchrun; {how}: drop the flag")
+    try:
+        ipaddress.ip_address(addr)
+        return
+    except ValueError:
+        pass
+    if len(addr) > 253 or not (HOST.fullmatch(addr) or VARIABLE.fullmatch(addr)):
+        raise SailorError(f"--master-addr {shlex.quote(addr)} must be a host name or one $VARIABLE")
+
+
+def _train_file_flag(arg: str) -> bool:
+    """--plan/--cluster in the training arguments, also as --plan=FILE or a prefix argparse takes for it."""
+    name = arg.split("=", 1)[0]
+    return (len(name) >= 4 and "--plan".startswith(name)) or (len(name) >= 5 and "--cluster".startswith(name))
+
+
 def run(args) -> int:
     train_args = _split_rest(args)  # first: options after the plan (--cluster among them) count too
+    _check_master_addr(args)
     if args.output:  # issue 18: never over the plan or cluster file it is made from
         check_output(args.output, (args.plan, args.cluster), "launch file (-o)")
     plan = load_plan(args.plan)
@@ -241,9 +276,12 @@ def run(args) -> int:
     cluster = load_cluster(args.cluster)
     model = plan_model(plan)
     check_plan_for(plan, model, cluster, f"plan file {args.plan}")  # issue 18: zones, GPU types, TP (validation)
+    if plan.precision:  # what `sailor simulate` refuses is not launched either (bf16 on a V100)
+        check_precision(plan.precision, [cluster.gpu(g) for g in sorted({r.gpu for s in plan.stages
+                                                                          for r in s.replicas})], "plan")
     check_runnable(plan, model, cluster)
     layout = rank_layout(plan, cluster)
-    if "--cluster" in train_args or "--plan" in train_args:
+    if any(_train_file_flag(a) for a in train_args):
         raise SailorError("sailor launch: give the plan and the cluster file to sailor launch (--cluster FILE "
                           "before '--'); it passes them on to every rank")
     if args.local or args.target == "torchrun":
@@ -290,17 +328,19 @@ def run(args) -> int:
     stem, dot, ext = args.output.rpartition(".")
     stem, ext = (stem, "." + ext) if dot and "/" not in ext else (args.output, ".yaml")
     files = [f"{stem}-{i}{ext}" for i in range(len(tasks))]
+    for f in files:  # all checked before any is written
+        check_output(f, (args.plan, args.cluster), f"launch file (from -o {args.output})")
     for f, text in zip(files, tasks):
-        _write(f, text)
+        _write(f, text, (args.plan, args.cluster))
     print(f"# {len(tasks)} SkyPilot tasks, one cluster per node group; launch group 0 first, then the others "
           "pointed at its head node:")
     print("\n".join(launch_commands(files)))
     return 0
 
 
-def _write(path: str | None, text: str) -> int:
+def _write(path: str | None, text: str, inputs: tuple = ()) -> int:
     if path:
-        write_output(path, text, what="launch file (-o)")  # issue 18: atomic
+        write_output(path, text, inputs, what="launch file (-o)")  # issue 18: atomic
     else:
         sys.stdout.write(text)
     return 0

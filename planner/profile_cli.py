@@ -37,9 +37,13 @@ def parse_size(text: str, flag: str) -> int:
 
 # -- sailor profile model ------------------------------------------------------------------
 def cmd_model(args) -> int:
-    from planner.specs.model import get_model
+    from planner.profiles.profile import dir_level
+    from planner.specs.model import canonical_name, get_model
 
-    get_model(args.model)  # a mistake in the model is one line before torch is imported
+    # a mistake in the model is one line before torch is imported; so are names that cannot be directories
+    dir_level(canonical_name(get_model(args.model).name), f"--model {args.model}: its name", model=True)
+    if args.gpu is not None:
+        dir_level(args.gpu, "--gpu")
     if Path(args.output).exists() and not Path(args.output).is_dir():
         raise SailorError(f"-o {args.output} is a file; give the profiles directory to write into")
     flags.require_module("torch", "runtime", "sailor profile model")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,35 +60,49 @@ def load_trace(path: str, gpu: str = "A100-40", zone: str = "us-central1-a", clu
             f = row.fields(("Time", "GPUs"), hint=hint)
             snaps.append(Snapshot(f["Time"].number(0, 1e12), (Pool(gpu, zone, f["GPUs"].int(0, MAX_COUNT)),)))
     else:
-        rows = [r for r in csv.reader(text.splitlines()) if r]
-        header, rows = rows[0], rows[1:]
+        expected = "Sailor's CSV trace: a header ',Timestamp,GPU_zone,...' and one row per snapshot"
+        reader = csv.reader(text.splitlines())
+        rows = []  # (line, fields), so messages name the line an editor shows
+        try:
+            for r in reader:
+                if r:
+                    rows.append((reader.line_num, r))
+        except csv.Error as e:
+            problem = f"has a field longer than {csv.field_size_limit()} characters" \
+                if "field limit" in str(e) else f"is not CSV ({e})"
+            raise SailorError(f"{where}: line {reader.line_num} {problem}; give {expected}") from None
+        header, rows = rows[0][1], rows[1:]
         if len(header) < 3 or not rows:
-            raise SailorError(f"{where}: expected Sailor's CSV trace: a header ',Timestamp,GPU_zone,...' and one row "
-                              "per snapshot")
+            raise SailorError(f"{where}: expected {expected}")
         cols = []
         for name in header[2:]:
             g, _, z = name.partition("_")
-            cols.append((cluster.gpu(g).name, cluster.check_zone(z, f"{where}: column {name!r}") if z else zone))
+            z = cluster.check_zone(z, f"{where}: column {name!r}") if z else \
+                cluster.check_zone(zone, f"--zone (the zone of column {name!r} of {where})")
+            cols.append((cluster.gpu(g).name, z))
         if len(rows) > MAX_SNAPSHOTS:
             raise SailorError(f"{where} has {len(rows)} snapshots, more than the {MAX_SNAPSHOTS} a replay takes")
-        t0 = None
-        for i, row in enumerate(rows, 2):
+        t0 = last = None
+        for i, row in rows:
             if len(row) != len(header):
                 raise SailorError(f"{where}: line {i} has {len(row)} fields but the header has {len(header)}")
             t = _csv_number(row[1], where, i, "Timestamp", 1e12)
-            t0 = t if t0 is None else t0
             counts = [_csv_number(n, where, i, name, MAX_COUNT, integral=True) for n, name in zip(row[2:], header[2:])]
-            if t < t0:
-                raise SailorError(f"{where}: line {i} goes back in time ({row[1]} before {rows[0][1]})")
+            if last is not None and t < last[0]:
+                raise SailorError(f"{where}: line {i} goes back in time ({row[1]} before {last[2]} on line {last[1]}); "
+                                  "give the snapshots in time order")
+            t0 = t if t0 is None else t0
+            last = (t, i, row[1])
             snaps.append(Snapshot(t - t0, tuple(Pool(g, z, int(n)) for (g, z), n in zip(cols, counts))))
     return sorted(snaps, key=lambda s: s.time_s)
 
 
+_DECIMAL = re.compile(r"[ \t]*(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[ \t]*")
+
+
 def _csv_number(text: str, where: str, line: int, column: str, hi: float, integral: bool = False) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    # float() also takes '1_0', '٣' (an Arabic-Indic 3) and 'nan': a trace holds plain ASCII decimals
+    value = float(text) if _DECIMAL.fullmatch(text) else math.nan
     if not (math.isfinite(value) and 0 <= value <= hi) or (integral and not value.is_integer()):
         kind = "a whole number" if integral else "a number"
         raise SailorError(f"{where}: line {line}, column {column}: {text!r} is not {kind} from 0 to {hi:g}")
@@ -150,10 +165,13 @@ def replay(trace: list[Snapshot], plan_for, policy: str, restart_s: float, tail_
     current = None
     if policy == "static":
         floor = {}
+        pools = {(p.gpu, p.zone) for s in trace for p in s.pools}  # once: per snapshot it made replay quadratic
         for snap in trace:
-            for k in {(p.gpu, p.zone) for s in trace for p in s.pools}:
-                have = sum(p.count for p in snap.pools if (p.gpu, p.zone) == k)
-                floor[k] = min(floor.get(k, have), have)
+            have = {}
+            for p in snap.pools:
+                have[(p.gpu, p.zone)] = have.get((p.gpu, p.zone), 0) + p.count
+            for k in pools:
+                floor[k] = min(floor.get(k, have.get(k, 0)), have.get(k, 0))
         current = plan_for(tuple(Pool(g, z, n) for (g, z), n in floor.items() if n > 0), False)
     last_pools = None
     for snap, end in zip(trace, ends):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +67,11 @@ def _jsonl_documents(p: Path, key: str) -> Iterator[Document]:
             where = f"{p}:{n}"
             try:
                 record = json.loads(_decode(raw, where))
-            except json.JSONDecodeError as e:
-                raise SailorError(f"{where} is not JSON ({e.msg}); every line of a JSONL file must be one JSON "
+            except (ValueError, RecursionError) as e:  # a ValueError is also an integer too long for int()
+                problem = (e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+                           if isinstance(e, RecursionError) else
+                           f"a number of more than {sys.get_int_max_str_digits()} digits")
+                raise SailorError(f"{where} is not JSON ({problem}); every line of a JSONL file must be one JSON "
                                   "object") from None
             if not isinstance(record, dict) or key not in record:
                 keys = ", ".join(map(str, list(record)[:5])) if isinstance(record, dict) else \
@@ -77,8 +81,16 @@ def _jsonl_documents(p: Path, key: str) -> Iterator[Document]:
             if not isinstance(record[key], str):
                 raise SailorError(f"{where}: {key!r} holds a JSON {type(record[key]).__name__}, not text; name the "
                                   "text's key with --json-key")
+            text = record[key]
+            if not text.isascii():  # a JSON escape of half a UTF-16 pair decodes to a str no tokenizer can encode
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise SailorError(f"{where}: {key!r} is not valid UTF-8 text (a lone \\u{ord(text[e.start]):04x} "
+                                      f"escape at character {e.start}); write the whole surrogate pair or the "
+                                      "character itself") from None
             found = True
-            yield Document(record[key], where)
+            yield Document(text, where)
     if not found:
         raise SailorError(f"input {p} is empty: it has no JSON lines; give a file with one JSON object per line")
 
@@ -102,6 +114,17 @@ def _batches(documents: Iterable[Document]) -> Iterator[list[Document]]:
         yield batch
 
 
+def check_prefix(prefix: str) -> None:
+    """PREFIX names files: an empty one, or one ending in a directory ('dir/', '.'), would write hidden
+    .bin and .idx files."""
+    if not prefix.strip():
+        raise SailorError(f"-o {prefix!r} is empty; give a prefix like data/train (writes data/train.bin and "
+                          "data/train.idx)")
+    if os.path.basename(prefix) in ("", ".", ".."):
+        raise SailorError(f"-o {prefix!r} names a directory; give a prefix of files in it, like "
+                          f"{os.path.join(prefix, 'train')} (writes train.bin and train.idx there)")
+
+
 def check_paths(inputs: Sequence[str], outputs: Sequence[Path]) -> None:
     """Every input is a readable file and no output is one of them (before any work is done)."""
     if not inputs:
@@ -121,6 +144,7 @@ def check_paths(inputs: Sequence[str], outputs: Sequence[Path]) -> None:
 def prepare(inputs: Sequence[str], prefix: str, tokenizer: Tokenizer, json_key: str = "text",
             progress: Progress | None = None) -> Prepared:
     """Tokenize the inputs, in order, into PREFIX.bin and PREFIX.idx."""
+    check_prefix(prefix)
     outputs = (Path(prefix + ".bin"), Path(prefix + ".idx"))
     check_paths(inputs, outputs)
     megatron = indexed_dataset_module()

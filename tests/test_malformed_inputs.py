@@ -27,6 +27,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,6 +78,10 @@ SAILOR_INTRA = {"CPU": {"2": [[0.0, 0.0, 5.0], 5e9]}}
 SAILOR_INTER = {"local": {"CPU": {"1": {"local": {"CPU": {"1": [[0.0, 0.0, 1.0], 1e9]}}}}}}
 TRACE = [{"Time": 0, "GPUs": 2}, {"Time": 600, "GPUs": 4}]
 TRACE_CSV = ",Timestamp,CPU_local\n0,100.0,2\n1,700.0,4\n"
+TINY_SPEC = {"name": "tiny", "family": "opt", "hidden": 64, "num_blocks": 4, "heads": 4, "ffn_hidden": 256, "vocab": 512,
+             "seq_len": 64, "max_positions": 64}  # a plan's model_config of the tiny preset
+NEO_CONFIG = {"model_type": "gpt_neo", "hidden_size": 64, "num_layers": 4, "num_heads": 4, "vocab_size": 512,
+              "max_position_embeddings": 128, "attention_types": [[["global", "local"], 2]]}
 
 SIMULATE = ["simulate", "plan.json", "--profiles", "profiles"]
 PLAN_CMD = ["plan", "--model", "tiny", "--gpus", "CPU@local=2", "--global-batch", "8", "-o", "out.json"]
@@ -195,6 +200,7 @@ def check_refused(argv: list[str], cwd: Path) -> None:
     lines = err.strip().splitlines()
     assert code == 2, f"exit {code} for {argv}: {err[-2000:] or out[-2000:]}"
     assert len(lines) == 1 and lines[0].startswith("sailor: error: "), f"{argv}: {err[-2000:]}"
+    assert not re.search(r"\d{50}", lines[0]), f"{argv}: a number is not shortened: {lines[0][:300]}..."
     assert "Traceback" not in err and out == "", f"{argv}: {out[-500:]}"
     assert seconds < 10, f"{argv} took {seconds:.1f} s"
     assert _files(cwd) == before, f"{argv} changed or wrote files"
@@ -243,6 +249,7 @@ def bad_values(kind: str, required: bool = True, lo=None, hi=None) -> dict:
         if hi is not None:
             out["above"] = hi + 1 if kind == "int" else hi * 10
             out["huge"] = 10 ** 30 if kind == "int" else 1e300
+        out["big-int"] = 10 ** 400  # a JSON integer no float can hold
     elif kind == "str":
         out.update({"number": 5, "empty": ""})
     elif kind == "bool":
@@ -300,6 +307,8 @@ PLAN_CASES = family(PLAN_FIELDS, {
     "replicas-empty": (("stages", 0, "replicas"), []), "stages-empty": (("stages",), []),
     "pipelines-empty": (("pipelines",), []), "model-config-unknown-field": (("model_config",), {"x": 1}),
     "replica-count-mismatch": (R + ("count",), 1), "seq-beyond-context": (("seq_length",), 65),
+    "vocab-divisor-zero": (("model_config",), {**TINY_SPEC, "vocab_divisor": 0}),
+    "vocab-divisor-negative": (("model_config",), {**TINY_SPEC, "vocab_divisor": -1}),
 })
 
 
@@ -328,7 +337,7 @@ SAILOR_PLAN_FIELDS = [
     (P0 + ("tmp_per_stage", 0, 0, 0, 0, 0), "str", True, None, None),
     (P0 + ("tmp_per_stage", 0, 0, 0, 0, 1), "int", True, 1, 64),
     (P0 + ("tmp_per_stage", 0, 0, 0, 0, 2), "str", True, None, None), (P0 + ("dp",), "list", True, None, None),
-    (P0 + ("dp", 0), "int", True, 1, 1 << 20),
+    (P0 + ("dp", 0), "int", True, 1, 1 << 20), (P0 + ("tmp_per_stage", 0, 0, 1), "int", True, 1, 64),
 ]
 SAILOR_PLAN_CASES = [c for c in family(SAILOR_PLAN_FIELDS, {
     "two-templates": (("pipeline_list",), [SAILOR_PLAN["pipeline_list"][0]] * 2),
@@ -337,6 +346,7 @@ SAILOR_PLAN_CASES = [c for c in family(SAILOR_PLAN_FIELDS, {
     "gbs-not-multiple": (("gbs",), 15), "gpu-unknown": (P0 + ("tmp_per_stage", 0, 0, 0, 0, 0), "B300"),
     "zone-unknown": (P0 + ("tmp_per_stage", 0, 0, 0, 0, 2), "mars-1"),
     "replica-shape": (P0 + ("tmp_per_stage", 0, 0), ["A100-40", 1, "us-central1-a"]),
+    "replica-tp-twice": (P0 + ("tmp_per_stage", 0, 0, 1), 2),  # [[[GPU, TP, ZONE]], TP]: the same TP
 }) if c[0] != "pipeline_list=missing"]  # without pipeline_list it is not Sailor's format: read as ours, refused too
 
 
@@ -379,12 +389,17 @@ CLUSTER_CASES = [c for c in family(CLUSTER_FIELDS, {
     "zone-name-reserved": (("zones", "dc=2"), {"region": "dc"}),
     "zone-extra-key": (("zones", "dc-1", "country"), "x"),
     "new-gpu-incomplete": (("gpus", "NEWGPU"), {"memory_gb": 10}),
+    "available-empty": (("available",), []),  # no GPUs: refused, not planned on the example cluster
+    "available-all-zero": (("available",), [{"gpu": "A100-40", "zone": "us-central1-a", "count": 0}]),
 }) if not c[0].startswith(("gpus=null", "zones=null", "available=null", "quotas=null", "prices=null",
                            "egress_usd_per_gb=null"))]  # an empty section in YAML is null: allowed
 
 
 CLUSTER_CASES = [(n + "-json", p, v, "json") for n, p, v in CLUSTER_CASES] + \
     [(n + "-yaml", p, v, "yaml") for n, p, v in CLUSTER_CASES[::2]]  # YAML reaches the same checks
+CLUSTER_CASES += [  # a lone surrogate escape (\ud800) is no text: JSON only, YAML cannot even write one
+    ("zone-surrogate-json", ("zones", "z\ud800"), {"region": "x"}, "json"),
+    ("region-surrogate-json", ("zones", "dc-1", "region"), "dc\udfff", "json")]
 
 
 @pytest.mark.parametrize("name, path, value, suffix", CLUSTER_CASES, ids=ids(CLUSTER_CASES))
@@ -408,6 +423,7 @@ PROFILE_FIELDS = [
     (M + ("params",), "list", True, None, None), (M + ("params", 1), "int", True, 0, 10 ** 15),
     (M + ("activation_bytes", 2), "number", True, 0, 1e18), (M + ("output_bytes", 0), "number", True, 0, 1e18),
     (("model_config", "hidden"), "int", True, 1, 1 << 20),
+    (("model_config", "vocab_divisor"), "int", False, 1, 1 << 24),
 ]
 PROFILE_CASES = family(PROFILE_FIELDS, {
     "model-null": (("model",), None), "model-number": (("model",), 5), "model-empty": (("model",), ""),
@@ -442,6 +458,21 @@ def test_profile_ours_in_show_and_merge(case, name, path, value):
     check_refused(["profile", "merge", "profiles", "other", "-o", "merged"], case)
 
 
+@pytest.mark.parametrize("field, value", [("gpu", "../../../ESCAPED"), ("gpu", ".."), ("gpu", "A100/40"),
+                                          ("gpu", "A100\u0000"), ("model", ".."), ("model", ".")])
+def test_profile_names_never_lead_out_of_the_output(case, field, value):
+    """A profile's model and gpu become directories of merge's and export's output: a '..' or '/' in them wrote
+    outside it (with --force over a source profile)."""
+    doc = _set(json.loads((case / "profiles/tiny/CPU/profile.json").read_text()), (field,), value)
+    _dump(case / "ev/tiny/CPU/profile.json", doc)
+    for argv in (["profile", "merge", "ev", "other", "-o", "out/m"],
+                 ["profile", "merge", "ev", "other", "-o", "out/m", "--force", "--prefer", "last"],
+                 ["profile", "export", "ev", "-o", "out/x"], ["profile", "show", "ev"]):
+        check_refused(argv, case)
+    err = invoke(["profile", "merge", "ev", "other", "-o", "out/m"])[2]
+    assert f"profile ev/tiny/CPU/profile.json: {field} {value!r} must be a " in err, err
+
+
 # -- network fits: ours and Sailor's providers/ -----------------------------------------------
 NETWORK_FIELDS = [
     (("intra",), "list", False, None, None), (("intra", 0, "gpu"), "str", True, None, None),
@@ -466,7 +497,8 @@ def test_network_file(case, name, path, value):
 
 SAILOR_NET_CASES = [(f"intra-{n}", "intra_node_bandwidths.json", _set(SAILOR_INTRA, ("CPU", "2") + p, v))
                     for n, p, v in [("cap-neg", (1,), -1.0), ("cap-nan", (1,), NAN), ("coeffs-str", (0,), "x"),
-                                    ("shape", (), [1.0]), ("coeff-null", (0, 1), None)]] + \
+                                    ("shape", (), [1.0]), ("coeff-null", (0, 1), None),
+                                    ("cap-big-int", (1,), 10 ** 400), ("coeff-big-int", (0, 1), -10 ** 400)]] + \
     [(f"inter-{n}", "multizone_bandwidths_het.json", v) for n, v in [
         ("count-key", _set(SAILOR_INTER, ("local", "CPU"), {"x": {}})),
         ("entry", _set(SAILOR_INTER, ("local", "CPU", "1", "local", "CPU", "1"), {"a": 1})),
@@ -525,12 +557,18 @@ HF_CASES = family(HF_FIELDS) + [
     ("layers-million", ("num_hidden_layers",), 10 ** 6), ("rope-type", ("rope_scaling",), {"rope_type": "yarn"}),
     ("rope-params", ("rope_parameters",), "x"), ("rope-factor", ("rope_scaling",), {"rope_type": "linear"}),
     ("pad-token", ("pad_token_id",), -3), ("windows", ("layer_types",), ["sliding_attention"]),
+    ("rope-scaling-str", ("rope_scaling",), "linear"), ("rope-scaling-list", ("rope_scaling",), ["linear", 2.0]),
+    ("layer-types-number", ("layer_types",), 5), ("layers-1e308", ("num_hidden_layers",), 1e308),
+    ("name-long", ("_name_or_path",), "n" * 1001), ("name-surrogate", ("_name_or_path",), "m\ud800"),
+    *[(f"neo-repeat-{n}", (), _set(NEO_CONFIG, ("attention_types", 0, 1), v)) for n, v in (
+        ("1e300", 1e300), ("1e9", 10 ** 9), ("string", "2"), ("fraction", 2.5), ("float", 2.0), ("zero", 0),
+        ("negative", -1), ("bool", True), ("beyond-layers", 5))],
 ]
 
 
 @pytest.mark.parametrize("name, path, value", HF_CASES, ids=ids(HF_CASES))
 def test_hf_config(case, name, path, value):
-    _dump(case / "config.json", _set(HF_CONFIG, path, value))
+    _dump(case / "config.json", value if path == () else _set(HF_CONFIG, path, value))
     check_refused(["plan", "--model", "config.json", "--gpus", "CPU@local=2", "--global-batch", "8", "-o", "out.json"],
                   case)
 
@@ -557,6 +595,9 @@ CSV_CASES = {
     "count-huge": ",Timestamp,CPU_local\n0,1,1e12\n", "count-text": ",Timestamp,CPU_local\n0,1,two\n",
     "gpu-unknown": ",Timestamp,B300_local\n0,1,2\n", "zone-unknown": ",Timestamp,CPU_mars-1\n0,1,2\n",
     "back-in-time": ",Timestamp,CPU_local\n0,100,2\n1,50,2\n",
+    "back-in-time-later": ",Timestamp,CPU_local\n0,100,2\n1,200,2\n2,150,2\n",
+    "field-too-long": ",Timestamp,CPU_local\n0,0," + "2" * 140000 + "\n",
+    "time-arabic-digit": ",Timestamp,CPU_local\n0,\u0663,2\n", "count-underscore": ",Timestamp,CPU_local\n0,1,1_0\n",
 }
 
 
@@ -569,7 +610,8 @@ def test_trace_csv(case, name):
 # -- every file kind as a whole ----------------------------------------------------------------------
 CORRUPT = {"empty": b"", "blank": b"  \n", "not-utf8": b"\xff\xfe\x00\x81 bytes", "binary": bytes(range(256)),
            "truncated": None, "top-list": b"[1, 2]", "top-number": b"42", "top-string": b'"plan"',
-           "nan-literal": None, "deep": b"[" * 100000 + b"]" * 100000, "directory": None}
+           "nan-literal": None, "deep": b"[" * 100000 + b"]" * 100000, "directory": None,
+           "int-5000-digits": b"[1" + b"0" * 5000 + b"]", "self-alias": b"available: &x [*x]\n"}
 FILE_KINDS = {  # file, command that reads it
     "plan": ("plan.json", SIMULATE), "plan-launch": ("plan.json", ["launch", "plan.json"]),
     "sailor-plan": ("sailor_plan.json", ["simulate", "sailor_plan.json"]),
@@ -589,7 +631,8 @@ FILE_KINDS = {  # file, command that reads it
 }
 WHOLE_FILE_CASES = [(kind, how) for kind in FILE_KINDS for how in CORRUPT
                     if not (kind == "trace-csv" and how in ("top-list", "top-number", "nan-literal", "deep",
-                                                            "top-string"))
+                                                            "top-string", "int-5000-digits"))
+                    and (how != "self-alias" or kind == "cluster-yaml")  # YAML only
                     and not (kind == "cluster-yaml" and how == "truncated")]  # half a YAML file may be a valid one
 
 
@@ -672,7 +715,13 @@ FLAG_CASES = [
         ("late-bad-port", ["launch", "plan.json", "--master-port", "1", "--", "--train-iters", "1"][:4] +
          ["--target", "slurm", "--master-port", "99999"]),
         ("missing-plan", ["launch", "missing.json"]),
-        ("cluster-missing", ["launch", "plan.json", "--cluster", "x.yaml"]))],
+        ("cluster-missing", ["launch", "plan.json", "--cluster", "x.yaml"]),
+        ("master-addr-command", ["launch", "plan.json", "--master-addr", "$(touch x); y"]),
+        ("master-addr-two-variables", ["launch", "plan.json", "--master-addr", "$A$B"]),
+        ("master-addr-empty", ["launch", "plan.json", "--master-addr", ""]),
+        ("master-addr-slurm", ["launch", "plan.json", "--target", "slurm", "--master-addr", "head"]),
+        ("train-plan=", ["launch", "plan.json", "--", "--plan=other.json"]),
+        ("train-cluster=", ["launch", "plan.json", "--", "--cluster=cluster.yaml"]))],
 ]
 RUN_CASES = [
     *[c for f in ("--global-batch", "--gpus-per-node", "--heartbeat-misses", "--max-tp", "--seq-length")
@@ -806,12 +855,14 @@ def test_the_valid_inputs_work(case, argv):
     ["run", "--model", "tiny", "--global-batch", "12", "--port", "70000", "--", "--train-iters", "5"],
     ["run", "--model", "tiny", "--global-batch", "12", "--gpus", "CPU@local=2", "--local"],
     ["replay", "trace.csv", "--model", "tiny"],  # with a non-UTF-8 trace, below
+    ["list", "zones", "--cluster", "surrogate.json"],  # a zone named with a lone \ud800, which stdout cannot print
 ])
 def test_no_traceback_reaches_the_terminal(workspace, tmp_path, argv):
     work = tmp_path / "w"
     shutil.copytree(workspace, work)
     (work / "plan.json").write_text(json.dumps(PLAN)[:40])
     (work / "trace.csv").write_bytes(b"\xff\xfe,Timestamp\n")
+    (work / "surrogate.json").write_text('{"zones": {"z\\ud800": {"region": "x"}}}')
     env = {k: v for k, v in os.environ.items() if k != "SAILOR_PROFILES"}
     start = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "planner.cli", *argv], cwd=work, capture_output=True, text=True,
@@ -833,6 +884,43 @@ def test_a_closed_pipe_is_quiet(workspace):
     out = subprocess.run(f"{sys.executable} -m planner.cli list gpus | head -c 10", shell=True, capture_output=True,
                          text=True, cwd=workspace, timeout=60)
     assert out.returncode == 0 and out.stderr == ""
+
+
+def test_a_closed_stdout_is_quiet(case):
+    """Started with stdout closed (`>&-`): what it would print goes nowhere; files are still written."""
+    for argv in ("list gpus", " ".join(PLAN_CMD)):
+        out = subprocess.run(f"{sys.executable} -m planner.cli {argv} >&-", shell=True, capture_output=True,
+                             text=True, cwd=case, timeout=60)
+        assert out.returncode == 0 and out.stderr == "", (argv, out.stderr)
+    assert (case / "out.json").exists()
+
+
+def test_launch_files_never_replace_inputs(case):
+    """-o p.json for several SkyPilot groups writes p-0.json, p-1.json...: none of them may be an input."""
+    plan = {"model": "tiny", "global_batch_size": 8, "stages": [{"layers": [0, 5], "replicas": [
+        {"gpu": "A100-40", "tp": 1, "zone": "us-central1-a"}, {"gpu": "H100-80", "tp": 1, "zone": "us-west1-b"}]}],
+        "pipelines": [{"microbatch_size": 1, "num_microbatches": 4, "count": 2}]}
+    _dump(case / "p-0.json", plan)
+    _dump(case / "c-1.yaml", {"gpus": {}})
+    check_refused(["launch", "p-0.json", "--target", "skypilot", "-o", "p.json"], case)
+    over_cluster = ["launch", "p-0.json", "--cluster", "c-1.yaml", "--target", "skypilot", "-o", "c.yaml"]
+    check_refused(over_cluster, case)
+    assert "(from -o c.yaml) c-1.yaml is also an input" in invoke(over_cluster)[2]
+    code, _, err, _ = invoke(["launch", "p-0.json", "--target", "skypilot", "-o", "sky.yaml"])
+    assert code == 0 and (case / "sky-1.yaml").exists(), err
+
+
+def test_launch_refuses_a_precision_simulate_refuses(case):
+    """bf16 on V100s: the same one line from launch as from simulate, not a --bf16 for the runtime."""
+    plan = copy.deepcopy(PLAN)
+    plan["precision"] = "bf16"
+    for stage in plan["stages"]:
+        for r in stage["replicas"]:
+            r.update(gpu="V100-16", zone="us-central1-a")
+    _dump(case / "plan.json", plan)
+    check_refused(["simulate", "plan.json"], case)
+    check_refused(["launch", "plan.json"], case)
+    assert invoke(["launch", "plan.json"])[2] == invoke(["simulate", "plan.json"])[2]
 
 
 def test_outputs_are_atomic_and_never_replace_inputs(case, monkeypatch):

@@ -246,13 +246,29 @@ def profile_from_dict(d: dict, source_name: str) -> Profile:
     meta["runtime"] = top["runtime"].str(RUNTIMES) if "runtime" in top else (
         "megatron-deepspeed" if meta.get("origin") == "sailor-data" else "sailor")
     precision = top["precision"].str(("fp32", "bf16", "fp16")) if "precision" in top else "fp32"
-    return Profile(top["model"].str(), top["gpu"].str(), layers, precision, MEASURED, times,
+    model, gpu = top["model"].str(), top["gpu"].str()
+    dir_level(model, f"{source}: model", model=True)  # refused here, naming the file, before a merge writes it
+    dir_level(gpu, f"{source}: gpu")
+    return Profile(model, gpu, layers, precision, MEASURED, times,
                    top["optimizer_s_per_param"].number(0.0, 1.0), memory, meta, spec)
 
 
 def profile_dir(directory: str | Path, model: str, gpu: str) -> Path:
     """DIR/MODEL/GPU: one level per part, also for Hugging Face names like org/model."""
-    return Path(directory) / model.replace("/", "--") / gpu
+    return Path(directory) / dir_level(model, "model", model=True) / dir_level(gpu, "gpu")
+
+
+def dir_level(name: str, what: str, model: bool = False) -> str:
+    """`name` as one directory level of a profiles directory (every writer's): a model's '/' becomes '--'; a
+    '..' or '/' left would write outside the directory, over other files. `what` names where it came from."""
+    level = name.replace("/", "--") if model else name
+    if level in ("", ".", "..") or "/" in level or "\0" in level:
+        if model:
+            raise SailorError(f"{what} {name!r} must be a model name other than '.' or '..': it names a directory of "
+                              "the profiles; give a name like opt-350m or org/model (a config.json's _name_or_path)")
+        raise SailorError(f"{what} {name!r} must be a GPU type name (no '/' or '..'): it names a directory of the "
+                          "profiles; give a name like A100-40")
+    return level
 
 
 def save_profile(p: Profile, directory: str) -> Path:

@@ -32,7 +32,7 @@ from planner.inputs import MAX_BATCH, Doc, int_key, parse_json, read_text
 from planner.outputs import write_output
 from planner.profiles.network_fits import NetworkFits, load_sailor_network
 from planner.profiles.profile import (MAX_BYTES, MAX_PARAMS, MAX_SECONDS, MEASURED, LayerMemory, LayerTimes, Profile,
-                                      measured_model, model_keys, tp_key)
+                                      dir_level, measured_model, model_keys, tp_key)
 from planner.specs.hardware import SAILOR_GPU_NAMES, canonical_gpu
 from planner.specs.model import SAILOR_NAMES, ModelSpec, canonical_name, get_model, is_preset
 
@@ -211,14 +211,14 @@ def save_sailor_dir(profiles: list[Profile], root: Path) -> list[Path]:
     written = []
     for p in profiles:
         model = measured_model(p.model, p.model_spec) or get_model(p.model)
-        name = SAILOR_NAMES.get(canonical_name(p.model), p.model).replace("/", "--")
+        name = dir_level(SAILOR_NAMES.get(canonical_name(p.model), p.model), "model", model=True)
         data: dict = {}
         for (mbs, tp), lt in sorted(p.times.items()):
             mem = p.memory.get(tp)
             update = p.optimizer_s_per_param * (mem.params[0] + 2 * mem.params[1] + mem.params[-1]) if mem else 0.0
             data.setdefault(str(mbs), {})[str(tp)] = {str(i): [f, b, update] for i, (f, b) in
                                                       enumerate(zip(lt.fwd, lt.bwd))}
-        path = root / "profiles" / name / SAILOR_GPU_NAMES.get(p.gpu, p.gpu) / "profile.json"
+        path = root / "profiles" / name / dir_level(SAILOR_GPU_NAMES.get(p.gpu, p.gpu), "gpu") / "profile.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_output(path, json.dumps(data, indent=1) + "\n", what="Sailor profile")
         written.append(path)

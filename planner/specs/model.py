@@ -31,12 +31,14 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from planner.errors import SailorError
+from planner.inputs import FLOAT_MAX, short
 
 EMBEDDING, BLOCK, FINAL_NORM, HEAD = "embedding", "block", "final_norm", "head"
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 DEFAULT_SEQ_LEN = 2048  # sequence length of a config.json model when none is given (capped by its context)
 MAX_BLOCKS = 4096  # far beyond any real model; keeps a malformed config from building a huge description
-LIMITS = {"hidden": 1 << 20, "heads": 1 << 16, "ffn_hidden": 1 << 22, "vocab": 1 << 24, "seq_len": 1 << 24}
+LIMITS = {"hidden": 1 << 20, "heads": 1 << 16, "ffn_hidden": 1 << 22, "vocab": 1 << 24, "seq_len": 1 << 24,
+          "vocab_divisor": 1 << 24}
 
 
 @dataclass(frozen=True)
@@ -83,25 +85,25 @@ class ModelSpec:
     hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
-        for field in ("hidden", "num_blocks", "heads", "ffn_hidden", "vocab", "seq_len"):
+        for field in ("hidden", "num_blocks", "heads", "ffn_hidden", "vocab", "seq_len", "vocab_divisor"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise SailorError(f"model {self.name!r}: {field} must be a positive integer, not {value!r}")
+                raise SailorError(f"model {self.name!r}: {field} must be a positive integer, not {short(value)}")
             if value > LIMITS.get(field, value):
-                raise SailorError(f"model {self.name!r}: {field} {value} is beyond {LIMITS[field]}, larger than any "
-                                  "model sailor can plan; check the value")
+                raise SailorError(f"model {self.name!r}: {field} {short(value)} is beyond {LIMITS[field]}, larger "
+                                  "than any model sailor can plan; check the value")
         for field in ("kv_heads", "max_positions", "embed_dim", "head_dim_override", "position_offset"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1 << 30:
                 raise SailorError(f"model {self.name!r}: {field} must be an integer from 0 to {1 << 30}, not "
-                                  f"{value!r}")
+                                  f"{short(value)}")
         for field in ("norm_eps", "attention_scale", "rope_theta"):
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1e30:
-                raise SailorError(f"model {self.name!r}: {field} must be a finite number >= 0, not {value!r}")
+                raise SailorError(f"model {self.name!r}: {field} must be a finite number >= 0, not {short(value)}")
         if self.num_blocks > MAX_BLOCKS:
-            raise SailorError(f"model {self.name!r}: {self.num_blocks} transformer blocks is beyond {MAX_BLOCKS}; "
-                              "check num_hidden_layers")
+            raise SailorError(f"model {self.name!r}: {short(self.num_blocks)} transformer blocks is beyond "
+                              f"{MAX_BLOCKS}; check num_hidden_layers")
         if not self.head_dim_override and self.hidden % self.heads:
             raise SailorError(
                 f"model {self.name!r}: hidden size {self.hidden} is not divisible by {self.heads} heads"
@@ -117,8 +119,8 @@ class ModelSpec:
         if any(isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= 1 << 30 for w in self.windows):
             raise SailorError(f"model {self.name!r}: attention windows must be token counts >= 0")
         if not -1 <= self.pad_token < self.vocab:
-            raise SailorError(f"model {self.name!r}: pad token {self.pad_token} is outside the vocabulary of "
-                              f"{self.vocab}")
+            raise SailorError(f"model {self.name!r}: pad token {short(self.pad_token)} is outside the vocabulary "
+                              f"of {self.vocab}")
         if self.max_positions and self.seq_len > self.max_positions:
             raise SailorError(f"--seq-length {self.seq_len} exceeds the context length {self.max_positions} of "
                               f"{self.name}; use --seq-length {self.max_positions} or less")
@@ -301,7 +303,8 @@ def model_from_dict(d: dict, source: str = "model description") -> ModelSpec:
         value = d.get(f.name)
         if expected is not None and f.name in d and (not isinstance(value, expected) or
                                                      (isinstance(value, bool) and expected is not bool)):
-            raise SailorError(f"{source}: malformed model description ({f.name} must be {f.type}, not {value!r})")
+            raise SailorError(f"{source}: malformed model description ({f.name} must be {f.type}, not "
+                              f"{short(value)})")
     if "family" in d:
         from planner.specs.families import family
 
@@ -313,15 +316,18 @@ def model_from_dict(d: dict, source: str = "model description") -> ModelSpec:
     try:
         if "windows" in d:
             if not isinstance(d["windows"], list):
-                raise ValueError(f"windows must be a list, not {d['windows']!r}")
+                raise ValueError(f"windows must be a list, not {short(d['windows'])}")
             d["windows"] = tuple(d["windows"])
         if "rope_scaling" in d:
             if not isinstance(d["rope_scaling"], dict) or not all(
                     isinstance(v, str) or (isinstance(v, (int, float)) and not isinstance(v, bool) and
-                                           math.isfinite(v)) for v in d["rope_scaling"].values()):
-                raise ValueError(f"rope_scaling must be an object of names and numbers, not {d['rope_scaling']!r}")
+                                           abs(v) <= FLOAT_MAX) for v in d["rope_scaling"].values()):
+                raise ValueError("rope_scaling must be an object of names and numbers, not "
+                                 f"{short(d['rope_scaling'])}")
             d["rope_scaling"] = tuple(sorted(d["rope_scaling"].items()))
         return ModelSpec(**d)
+    except SailorError as e:  # a field out of range: say which file holds it
+        raise SailorError(f"{source}: {e}") from None
     except TypeError as e:
         raise SailorError(f"{source}: malformed model description ({e})") from None
     except ValueError as e:

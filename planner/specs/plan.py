@@ -333,9 +333,12 @@ def _sailor_plan(top: dict, gbs_doc, source: str, model: str | None, hint: str) 
             layer_doc.fail("a non-empty list of consecutive layer indices", hint)
         replicas = []
         for rep in rep_doc.items(count, count, f"{count} replicas, as dp says; {hint}"):
-            where = rep.items(2, 2, "write [[[GPU, TP, ZONE]], TP]")[0].items(1, 1, "write [[GPU, TP, ZONE]]")[0]
-            gpu, tp, zone = where.items(3, 3, "write [GPU, TP, ZONE]")
-            replicas.append(Replica(canonical_gpu(gpu.str()) or gpu.str(), tp.int(1, MAX_TP), zone.str()))
+            placed, outer = rep.items(2, 2, "write [[[GPU, TP, ZONE]], TP]")
+            gpu, tp, zone = placed.items(1, 1, "write [[GPU, TP, ZONE]]")[0].items(3, 3, "write [GPU, TP, ZONE]")
+            tp_value = tp.int(1, MAX_TP)
+            if outer.int(1, MAX_TP) != tp_value:  # the replica's TP degree, written twice
+                outer.fail(f"the replica's TP degree, {tp_value} as in [GPU, TP, ZONE]", hint)
+            replicas.append(Replica(canonical_gpu(gpu.str()) or gpu.str(), tp_value, zone.str()))
         stages.append(Stage(ids[0], ids[-1], tuple(replicas)))
     if gbs % mbs:
         raise SailorError(f"{source}: global batch {gbs} is not a multiple of the microbatch size {mbs}")

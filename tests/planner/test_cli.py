@@ -252,6 +252,19 @@ def test_training_arguments_follow_the_plan_directly_after_the_separator(tmp_pat
     assert out.returncode == 2 and "takes no arguments after '--'" in out.stderr
 
 
+def test_master_addr_is_a_host_or_one_variable(tmp_path):
+    """It reaches the torchrun line unquoted (a $VARIABLE expands on the node), so nothing else may pass."""
+    plan = str(write_plan(tmp_path))
+    for addr in ("node-0.example.com", "10.0.0.1", "fe80::1", "$HEAD", "${HEAD}"):
+        out = sailor("launch", plan, "--master-addr", addr)
+        assert out.returncode == 0 and f"--master-addr={addr} " in out.stdout, out.stderr
+    for addr in ("$(touch x); y", "$A$B", "head;ls", "`id`", ""):
+        out = sailor("launch", plan, "--master-addr", addr)
+        assert out.returncode == 2 and out.stdout == "" and "must be a host name or one $VARIABLE" in out.stderr
+    out = sailor("launch", plan, "--target", "slurm", "--master-addr", "head")
+    assert out.returncode == 2 and "--master-addr is for --target torchrun" in out.stderr
+
+
 def test_plan_says_what_it_did_not_search(tmp_path):
     """Three GPU types on more than 32 GPUs: the output names the designs left out and the flag that
     searches them; with that flag it names none."""

@@ -87,3 +87,56 @@ def test_the_throughput_plot_reaches_the_end_of_the_trace():
     t, rate, done, usd = replay_series(SimpleNamespace(steps=steps))
     assert t == [0.0, 1.0, 1.5] and rate == [0.1, 0.2, 0.2]
     assert done == [0.0, 360.0, 720.0] and usd == [0.0, 1.0, 3.0]
+
+
+def test_static_floor_matches_a_direct_reference():
+    """The floor per pool (built once, not per snapshot: that was quadratic) is the minimum over the trace,
+    a pool missing from a snapshot counting 0 and one listed twice counting the sum."""
+    trace = [Snapshot(0.0, (Pool("A100-40", "a", 4), Pool("V100-16", "b", 8))),
+             Snapshot(100.0, (Pool("A100-40", "a", 2), Pool("A100-40", "a", 1), Pool("V100-16", "b", 8),
+                              Pool("H100-80", "c", 2))),
+             Snapshot(200.0, (Pool("A100-40", "a", 6), Pool("V100-16", "b", 5)))]
+    asked = []
+    run = replay(trace, lambda pools, homogeneous: asked.append(pools) or plan_for(pools, homogeneous), "static",
+                 restart_s=20.0)
+    keys = {(p.gpu, p.zone) for s in trace for p in s.pools}
+    floor = {k: min(sum(p.count for p in s.pools if (p.gpu, p.zone) == k) for s in trace) for k in keys}
+    assert len(asked) == 1 and set(asked[0]) == {Pool(g, z, n) for (g, z), n in floor.items() if n > 0}
+    assert set(asked[0]) == {Pool("A100-40", "a", 3), Pool("V100-16", "b", 5)}
+    assert [s.gpus_used for s in run.steps] == [8, 8, 8] and not any(s.restarted for s in run.steps)
+    assert run.iterations == pytest.approx(300 / (10.0 / 8))
+
+
+@pytest.mark.parametrize("text, needle", [
+    (",Timestamp,CPU_local\n0,0," + "2" * 140000 + "\n", "line 2 has a field longer than 131072 characters"),
+    (",Timestamp,CPU_local\n0,100,2\n1,200,2\n\n2,150,2\n", "line 5 goes back in time (150 before 200 on line 3)"),
+    (",Timestamp,CPU_local\n0,\u0663,2\n", "line 2, column Timestamp: '\u0663' is not a number"),
+    (",Timestamp,CPU_local\n0,1_0,2\n", "line 2, column Timestamp: '1_0' is not a number"),
+    (",Timestamp,CPU_local\n0,1,\uff12\n", "line 2, column CPU_local: '\uff12' is not a whole number"),
+    (",Timestamp,CPU_local\n0,1,2_0\n", "line 2, column CPU_local: '2_0' is not a whole number"),
+], ids=["big-field", "back-in-time", "arabic-digit", "underscore", "fullwidth-count", "underscore-count"])
+def test_csv_trace_mistakes_name_the_line(tmp_path, text, needle):
+    f = tmp_path / "t.csv"
+    f.write_text(text)
+    with pytest.raises(SailorError) as e:
+        load_trace(str(f))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_csv_trace_numbers_and_order(tmp_path):
+    """Plain decimals (with a fraction, an exponent, spaces) are read; equal timestamps are in order."""
+    f = tmp_path / "t.csv"
+    f.write_text(",Timestamp,CPU_local\n0,1712574014.0187,2\n1, 1712574014.0187 ,4\n2,1.712574114e9,1e1\n")
+    snaps = load_trace(str(f))
+    assert [s.time_s for s in snaps] == pytest.approx([0.0, 0.0, 99.9813]) and [s.gpus for s in snaps] == [2, 4, 10]
+
+
+@pytest.mark.parametrize("zone, ok", [("local", True), ("mars-1", False), ("", False)])
+def test_a_csv_column_without_a_zone_takes_a_known_zone(tmp_path, zone, ok):
+    f = tmp_path / "nz.csv"
+    f.write_text(",Timestamp,CPU\n0,0,2\n")
+    if ok:
+        assert load_trace(str(f), zone=zone)[0].pools == (Pool("CPU", "local", 2),)
+        return
+    with pytest.raises(SailorError, match=f"--zone \\(the zone of column 'CPU' of trace .*\\): unknown zone '{zone}'"):
+        load_trace(str(f), zone=zone)

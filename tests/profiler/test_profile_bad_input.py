@@ -14,6 +14,8 @@ from _profiler_helpers import one_line_error, sailor
     (["--model", "tiny", "--repeats", "0"], ["--repeats"]),
     (["--model", "tiny", "--precision", "bf16"], ["fp32 on CPU"]),
     (["--model", "tiny", "--precision", "fp16"], ["fp32 on CPU"]),
+    (["--model", "tiny", "--gpu", "../../GG"], ["--gpu '../../GG' must be a GPU type name (no '/' or '..')"]),
+    (["--model", "tiny", "--gpu", ".."], ["--gpu '..' must be a GPU type name"]),
 ])
 def test_bad_model_input(tmp_path, args, needles):
     run = sailor("profile", "model", "--device", "cpu", *args, "-o", tmp_path)  # a later --device wins
@@ -26,3 +28,15 @@ def test_bad_model_config_file(tmp_path):
     cfg.write_text('{"model_type": "bert"}')
     one_line_error(sailor("profile", "model", "--model", cfg, "--device", "cpu", "-o", tmp_path / "out"),
                    "model_type 'bert' is not supported")
+
+
+def test_a_model_name_that_cannot_be_a_directory(tmp_path):
+    """The name (here a config's _name_or_path) is a directory level of the output: '..' wrote beside it."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, '
+                   '"num_attention_heads": 4, "vocab_size": 512, "max_position_embeddings": 128, '
+                   '"_name_or_path": ".."}')
+    one_line_error(sailor("profile", "model", "--model", cfg, "--device", "cpu", "-o", tmp_path / "out" / "p",
+                          "--micro-batch-sizes", "1", "--warmup", "0", "--repeats", "1"),
+                   f"--model {cfg}: its name '..' must be a model name other than '.' or '..'", "_name_or_path")
+    assert list(tmp_path.iterdir()) == [cfg]  # nothing written

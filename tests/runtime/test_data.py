@@ -146,8 +146,16 @@ def test_a_failed_prepare_leaves_outputs_and_inputs_as_they_were(tmp_path, capsy
     ("line without the key", ["docs.jsonl:1 has no key 'text'", "--json-key"]),
     ("output that is an input", ["is the input", "choose another -o"]),
     ("missing input", ["input", "nope.txt not found"]),
+    ("line nested too deeply", ["docs.jsonl:2 is not JSON (nested too deeply); every line of a JSONL file"]),
+    ("line with a huge integer", ["docs.jsonl:2 is not JSON (a number of more than 4300 digits)"]),
+    ("line with a lone surrogate", ["docs.jsonl:2: 'text' is not valid UTF-8 text (a lone \\ud800 escape"]),
+    ("output prefix empty", ["-o '' is empty; give a prefix like data/train"]),
+    ("output prefix blank", ["-o ' ' is empty; give a prefix like data/train"]),
+    ("output prefix dir/", ["-o 'sub/' names a directory", "like sub/train"]),
+    ("output prefix .", ["-o '.' names a directory", "like ./train"]),
+    ("output prefix ..", ["-o 'sub/..' names a directory", "like sub/../train"]),
 ])
-def test_prepare_bad_input_is_one_line(tmp_path, capsys, case, fragments):
+def test_prepare_bad_input_is_one_line(tmp_path, capsys, monkeypatch, case, fragments):
     text = tmp_path / "t.txt"
     text.write_text("some text")
     args = [str(text), "-o", str(tmp_path / "out")]
@@ -165,8 +173,16 @@ def test_prepare_bad_input_is_one_line(tmp_path, capsys, case, fragments):
         args[0] = str(empty)
     elif case.startswith("line"):
         docs = tmp_path / "docs.jsonl"
-        docs.write_text('{"text": "a"}\n[1, 2\n' if case == "line that is not JSON" else '{"body": "a"}\n')
+        docs.write_text({"line that is not JSON": '{"text": "a"}\n[1, 2\n',
+                         "line nested too deeply": '{"text": "a"}\n' + "[" * 100000 + "]" * 100000 + "\n",
+                         "line with a huge integer": '{"text": "a"}\n{"text": "b", "n": 1' + "0" * 5000 + "}\n",
+                         "line with a lone surrogate": '{"text": "a"}\n{"text": "x\\ud800y"}\n',
+                         }.get(case, '{"body": "a"}\n'))
         args[0] = str(docs)
+    elif case.startswith("output prefix"):  # relative to the working directory, where nothing may appear
+        (tmp_path / "sub").mkdir()
+        monkeypatch.chdir(tmp_path)
+        args[2] = {"empty": "", "blank": " ", "dir/": "sub/", ".": ".", "..": "sub/.."}[case.split()[-1]]
     elif case == "output that is an input":
         (tmp_path / "corpus.bin").write_text("text that happens to be named .bin")
         args = [str(tmp_path / "corpus.bin"), "-o", str(tmp_path / "corpus")]

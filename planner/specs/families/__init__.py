@@ -16,13 +16,12 @@ nothing else knows Hugging Face names. No torch here.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from planner.errors import SailorError
-from planner.inputs import parse_json, read_text
+from planner.inputs import FLOAT_MAX, parse_json, read_text, short
 from planner.specs.model import DEFAULT_SEQ_LEN, ModelSpec
 
 
@@ -93,23 +92,27 @@ class ConfigReader:
     def has(self, key: str) -> bool:
         return self.cfg.get(key) is not None
 
-    def int(self, key: str, default: int | None = None, positive: bool = True) -> int:
+    def int(self, key: str, default: int | None = None, hi: int | None = None) -> int:
+        """A positive integer (8 or 8.0); `hi` caps a field that sizes a list before the ModelSpec checks it."""
         value = self.cfg.get(key)
         if value is None:
             if default is None:
                 raise SailorError(f"model config {self.source}: missing field {key!r}")
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer() \
-                or (positive and value <= 0) or not math.isfinite(value):
-            raise SailorError(f"model config {self.source}: {key} must be a positive integer, not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                (isinstance(value, float) and not value.is_integer()) or value <= 0:
+            raise SailorError(f"model config {self.source}: {key} must be a positive integer, not {short(value)}")
+        if hi is not None and value > hi:
+            raise SailorError(f"model config {self.source}: {key} {short(value)} is beyond {hi}, larger than any "
+                              "model sailor can plan; check the value")
         return int(value)
 
     def float(self, key: str, default: float) -> float:
         value = self.cfg.get(key)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise SailorError(f"model config {self.source}: {key} must be a positive number, not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= FLOAT_MAX:
+            raise SailorError(f"model config {self.source}: {key} must be a positive number, not {short(value)}")
         return float(value)
 
     def bool(self, key: str, default: bool) -> bool:
@@ -117,7 +120,7 @@ class ConfigReader:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise SailorError(f"model config {self.source}: {key} must be true or false, not {value!r}")
+            raise SailorError(f"model config {self.source}: {key} must be true or false, not {short(value)}")
         return value
 
     def str(self, key: str, default: str) -> str:
@@ -125,7 +128,7 @@ class ConfigReader:
         if value is None:
             return default
         if not isinstance(value, str):
-            raise SailorError(f"model config {self.source}: {key} must be a string, not {value!r}")
+            raise SailorError(f"model config {self.source}: {key} must be a string, not {short(value)}")
         return value
 
     def pad_token(self, default: int | None) -> int:
@@ -134,14 +137,14 @@ class ConfigReader:
         if value is None:
             return -1
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise SailorError(f"model config {self.source}: pad_token_id must be a token id, not {value!r}")
+            raise SailorError(f"model config {self.source}: pad_token_id must be a token id, not {short(value)}")
         return value
 
     def activation(self, key: str, default: str) -> str:
         name = self.str(key, default)
         ours = HF_ACTIVATIONS.get(name)
         if ours is None:
-            raise SailorError(f"model config {self.source}: {key} {name!r} is not supported; use one of "
+            raise SailorError(f"model config {self.source}: {key} {short(name)} is not supported; use one of "
                               f"{', '.join(sorted(HF_ACTIVATIONS))}")
         return ours
 
@@ -173,10 +176,14 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
     model_type = cfg.get("model_type")
     fam = next((f for f in _families().values() if model_type in f.hf_types), None)
     if fam is None:
-        raise SailorError(f"model config {p}: model_type {model_type!r} is not supported; use one of "
+        raise SailorError(f"model config {p}: model_type {short(model_type)} is not supported; use one of "
                           f"{', '.join(hf_types())}")
-    name = cfg.get("_name_or_path") if isinstance(cfg.get("_name_or_path"), str) and cfg.get("_name_or_path") \
-        else p.parent.name or p.stem
+    name = cfg.get("_name_or_path")
+    if not isinstance(name, str) or not name.strip():
+        name = p.parent.name or p.stem
+    elif len(name) > 1000:  # the plan names the model by it, and plans take names up to 1000 characters
+        raise SailorError(f"model config {p}: _name_or_path is {len(name)} characters long, beyond the 1000 a plan "
+                          "takes; shorten it (it names the model in plans)")
     spec_fields = fam.from_hf(ConfigReader(cfg, str(p)), model_type)
     context = spec_fields["max_positions"]
     if seq_len is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from planner.errors import SailorError
 from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRule
-from planner.specs.model import ModelSpec
+from planner.specs.model import MAX_BLOCKS, ModelSpec
 
 
 def from_hf(cfg, model_type: str) -> dict:
@@ -12,7 +12,8 @@ def from_hf(cfg, model_type: str) -> dict:
         raise SailorError(f"model config {cfg.source}: scale_attn_by_inverse_layer_idx is not supported")
     hidden = cfg.int("n_embd")
     return dict(
-        hidden=hidden, num_blocks=cfg.int("n_layer"), heads=cfg.int("n_head"), ffn_hidden=cfg.int("n_inner", 4 * hidden),
+        hidden=hidden, num_blocks=cfg.int("n_layer", hi=MAX_BLOCKS), heads=cfg.int("n_head"),
+        ffn_hidden=cfg.int("n_inner", 4 * hidden),
         vocab=cfg.int("vocab_size"), max_positions=cfg.int("n_positions"),
         tied_embeddings=cfg.bool("tie_word_embeddings", True), activation=cfg.activation("activation_function",
                                                                                           "gelu_new"),

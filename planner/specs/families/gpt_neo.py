@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from planner.errors import SailorError
 from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRule
-from planner.specs.model import ModelSpec
+from planner.specs.model import MAX_BLOCKS, ModelSpec
 
 
 def _attention_layers(cfg, blocks: int) -> list[str]:
@@ -13,10 +13,15 @@ def _attention_layers(cfg, blocks: int) -> list[str]:
         layers = []
         try:
             for pattern, repeat in cfg.cfg.get("attention_types") or [[["global"], blocks]]:
-                layers += list(pattern) * int(repeat)
+                if type(repeat) is not int or not 0 < repeat <= blocks:  # checked before it multiplies
+                    raise ValueError
+                layers += list(pattern) * repeat
+                if len(layers) > blocks:
+                    break  # too many: refused below
         except (TypeError, ValueError):
             raise SailorError(f"model config {cfg.source}: attention_types must look like "
-                              '[[["global", "local"], 16]]') from None
+                              '[[["global", "local"], 16]], each pattern repeated a whole number of times '
+                              f"(1 to {blocks})") from None
     if not isinstance(layers, list) or len(layers) != blocks or any(t not in ("global", "local") for t in layers):
         raise SailorError(f"model config {cfg.source}: attention layers must name global or local for each of the "
                           f"{blocks} layers")
@@ -24,7 +29,7 @@ def _attention_layers(cfg, blocks: int) -> list[str]:
 
 
 def from_hf(cfg, model_type: str) -> dict:
-    hidden, blocks = cfg.int("hidden_size"), cfg.int("num_layers")
+    hidden, blocks = cfg.int("hidden_size"), cfg.int("num_layers", hi=MAX_BLOCKS)  # before it sizes a list
     window = cfg.int("window_size", 256)
     return dict(
         hidden=hidden, num_blocks=blocks, heads=cfg.int("num_heads"),

@@ -8,8 +8,9 @@ type llama3), small models tie the head to the embedding.
 from __future__ import annotations
 
 from planner.errors import SailorError
+from planner.inputs import FLOAT_MAX, short
 from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRule
-from planner.specs.model import ModelSpec
+from planner.specs.model import MAX_BLOCKS, ModelSpec
 
 ROPE_TYPES = ("default", "llama3", "linear")
 _ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
@@ -20,21 +21,24 @@ def _rope(cfg) -> tuple[float, tuple]:
     """(theta, scaling) from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older)."""
     params = cfg.cfg.get("rope_parameters")
     if params is None:
-        params = dict(cfg.cfg.get("rope_scaling") or {})
+        scaling = cfg.cfg.get("rope_scaling")
+        if scaling is not None and not isinstance(scaling, dict):
+            raise SailorError(f"model config {cfg.source}: rope_scaling must be an object, not {short(scaling)}")
+        params = dict(scaling or {})
         if cfg.has("rope_theta"):
             params["rope_theta"] = cfg.cfg["rope_theta"]
     if not isinstance(params, dict):
-        raise SailorError(f"model config {cfg.source}: rope_parameters must be an object, not {params!r}")
+        raise SailorError(f"model config {cfg.source}: rope_parameters must be an object, not {short(params)}")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
-        raise SailorError(f"model config {cfg.source}: rope type {kind!r} is not supported; use one of "
+        raise SailorError(f"model config {cfg.source}: rope type {short(kind)} is not supported; use one of "
                           f"{', '.join(ROPE_TYPES)}")
     theta = params.get("rope_theta", 10000.0)
     values = {}
     for key in ("rope_theta", *_ROPE_KEYS[kind]):
         value = theta if key == "rope_theta" else params.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise SailorError(f"model config {cfg.source}: rope {key} must be a positive number, not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= FLOAT_MAX:
+            raise SailorError(f"model config {cfg.source}: rope {key} must be a positive number, not {short(value)}")
         values[key] = float(value)
     scaling = () if kind == "default" else tuple(sorted({"type": kind, **{k: values[k] for k in _ROPE_KEYS[kind]}}
                                                         .items()))
@@ -54,7 +58,7 @@ def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
         return ()
     if layer_types is None:
         layer_types = ["sliding_attention"] * blocks if window is not None else []
-    if not layer_types or "sliding_attention" not in layer_types:
+    if isinstance(layer_types, list) and "sliding_attention" not in layer_types:
         return ()
     if not isinstance(layer_types, list) or len(layer_types) != blocks or \
             any(t not in ("sliding_attention", "full_attention") for t in layer_types):
@@ -67,7 +71,7 @@ def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
 def from_hf(cfg, model_type: str) -> dict:
     hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
     kv_heads = cfg.int("num_key_value_heads", heads)
-    blocks = cfg.int("num_hidden_layers")
+    blocks = cfg.int("num_hidden_layers", hi=MAX_BLOCKS)  # before it sizes the per-layer lists
     head_dim = cfg.int("head_dim", hidden // heads if heads else 1)
     attention_bias = cfg.bool("attention_bias", False)
     theta, scaling = _rope(cfg)

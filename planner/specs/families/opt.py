@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from planner.errors import SailorError
 from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRule
-from planner.specs.model import ModelSpec
+from planner.specs.model import MAX_BLOCKS, ModelSpec
 
 POSITION_OFFSET = 2  # OPT's position table keeps two rows before position 0
 
@@ -18,7 +18,7 @@ def from_hf(cfg, model_type: str) -> dict:
     pre_norm = cfg.bool("do_layer_norm_before", True)
     bias = cfg.bool("enable_bias", True)
     return dict(
-        hidden=hidden, num_blocks=cfg.int("num_hidden_layers"), heads=cfg.int("num_attention_heads"),
+        hidden=hidden, num_blocks=cfg.int("num_hidden_layers", hi=MAX_BLOCKS), heads=cfg.int("num_attention_heads"),
         ffn_hidden=cfg.int("ffn_dim"), vocab=cfg.int("vocab_size"), max_positions=cfg.int("max_position_embeddings"),
         tied_embeddings=cfg.bool("tie_word_embeddings", True), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
         position_offset=POSITION_OFFSET, embed_dim=cfg.int("word_embed_proj_dim", hidden),
