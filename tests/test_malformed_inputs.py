@@ -391,6 +391,7 @@ CLUSTER_CASES = [c for c in family(CLUSTER_FIELDS, {
     "new-gpu-incomplete": (("gpus", "NEWGPU"), {"memory_gb": 10}),
     "available-empty": (("available",), []),  # no GPUs: refused, not planned on the example cluster
     "available-all-zero": (("available",), [{"gpu": "A100-40", "zone": "us-central1-a", "count": 0}]),
+    "quotas-all-zero": (("quotas",), {"us-central1-a": 0, "dc-1": 0}),  # said: no microbatch size fits
 }) if not c[0].startswith(("gpus=null", "zones=null", "available=null", "quotas=null", "prices=null",
                            "egress_usd_per_gb=null"))]  # an empty section in YAML is null: allowed
 

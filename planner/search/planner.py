@@ -91,8 +91,9 @@ class Planner(SinglePool, Chains, TwoTypes):
                  deep_chains: bool = True):
         if global_batch < 1:
             raise SailorError("--global-batch must be positive")
+        none = "no GPUs to plan on: give --gpus TYPE@ZONE=COUNT,... or a cluster file with 'available'"
         if not sim.cluster.available:
-            raise SailorError("no GPUs to plan on: give --gpus TYPE@ZONE=COUNT,... or a cluster file with 'available'")
+            raise SailorError(none)
         self.sim, self.gbs, self.goal = sim, global_batch, goal
         self.rt: RuntimeModel = runtime_model(runtime)
         self.runtime = runtime
@@ -102,8 +103,16 @@ class Planner(SinglePool, Chains, TwoTypes):
         self.distributed_optimizer = distributed_optimizer  # plans split their optimizer state (ZeRO-1)
         self.model = sim.model
         self.L = self.model.num_layers
+        by_zone: dict[str, int] = {}
+        for pool in sim.cluster.available:
+            by_zone[pool.zone] = by_zone.get(pool.zone, 0) + pool.count
+        quotas = sim.cluster.quotas
+        gpus = sum(min(n, quotas.get(z, n)) for z, n in by_zone.items())
+        if not gpus:
+            limited = ", ".join(f"{z}: {quotas[z]}" for z in by_zone if z in quotas)
+            raise SailorError(f"the zone quotas leave no GPUs to plan on ({limited}); raise them under 'quotas:' in "
+                              "the cluster file, or drop them" if limited else none)
         # a stage takes a GPU at least: no more stages than GPUs (split tables grow with the stage count)
-        gpus = sum(p.count for p in sim.cluster.available)
         if goal.max_gpus is not None:
             gpus = min(gpus, goal.max_gpus)
         self.max_stages = max(1, min(max_stages or self.L, self.L, gpus))

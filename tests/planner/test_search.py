@@ -377,6 +377,14 @@ def test_no_more_stages_than_gpus(goal):
     assert result.plans[0][1].iteration_time_s == pytest.approx(brute_force(sim, 8, goal), rel=1e-9)
 
 
+def test_zone_quotas_bound_the_gpus():
+    """Quotas cap what a zone gives (and so the stage count); quotas that leave nothing are named."""
+    c = cluster([("small-a", "z1", 4), ("small-b", "z2", 2)])
+    assert Planner(simulator(replace(c, quotas={"z1": 1})), 8, Goal(), max_stages=6).max_stages == 3
+    with pytest.raises(SailorError, match=r"zone quotas leave no GPUs to plan on \(z1: 0, z2: 0\)"):
+        Planner(simulator(replace(c, quotas={"z1": 0, "z2": 0})), 8, Goal())
+
+
 # Clusters under node-to-node fits that peak at some message size and fall on either side:
 # (pools, global batch, (peak at log2 MB, fall per log2 MB squared, peak GB/s)).
 PEAKED_FITS = [
