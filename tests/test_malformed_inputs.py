@@ -387,6 +387,8 @@ CLUSTER_CASES = [c for c in family(CLUSTER_FIELDS, {
     "egress-to-unknown": (("egress_usd_per_gb", "us-central1-a", "mars-1"), 0.01),
     "gpu-name-reserved": (("gpus", "MY@GPU"), {"price_per_hour": 1.0}),
     "zone-name-reserved": (("zones", "dc=2"), {"region": "dc"}),
+    "zone-name-line-break": (("zones", "dc\n1"), {"region": "dc"}),  # listed as two zones
+    "gpu-name-tab": (("gpus", "MY\tGPU"), CLUSTER["gpus"]["MYGPU"]),
     "zone-extra-key": (("zones", "dc-1", "country"), "x"),
     "new-gpu-incomplete": (("gpus", "NEWGPU"), {"memory_gb": 10}),
     "available-empty": (("available",), []),  # no GPUs: refused, not planned on the example cluster

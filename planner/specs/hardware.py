@@ -255,8 +255,9 @@ def _gpu_fields(name: str, doc: Doc, base: GPUSpec | None) -> GPUSpec:
 
 
 def _name(doc: Doc, key: str, what: str) -> str:
-    if not key.strip() or any(c in key for c in RESERVED) or len(key) > 100:
-        raise SailorError(f"{doc.source}: {what} name {key!r} must be non-empty, without {RESERVED!r}")
+    if not key.strip() or any(c in key for c in RESERVED) or len(key) > 100 or not key.isprintable():
+        raise SailorError(f"{doc.source}: {what} name {key!r} must be non-empty, printable (no line breaks or "
+                          f"tabs), without {RESERVED!r}, at most 100 characters")
     return key
 
 
