@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.errors import SailorError
-from planner.inputs import MAX_COUNT, Doc, parse_json, read_text
+from planner.inputs import MAX_COUNT, Doc, parse_json, read_text, short
 from planner.specs.hardware import Pool
 
 POLICIES = ("sailor", "homogeneous", "static")
@@ -77,8 +77,8 @@ def load_trace(path: str, gpu: str = "A100-40", zone: str = "us-central1-a", clu
         cols = []
         for name in header[2:]:
             g, _, z = name.partition("_")
-            z = cluster.check_zone(z, f"{where}: column {name!r}") if z else \
-                cluster.check_zone(zone, f"--zone (the zone of column {name!r} of {where})")
+            z = cluster.check_zone(z, f"{where}: column {short(name)}") if z else \
+                cluster.check_zone(zone, f"--zone (the zone of column {short(name)} of {where})")
             cols.append((cluster.gpu(g).name, z))
         if len(rows) > MAX_SNAPSHOTS:
             raise SailorError(f"{where} has {len(rows)} snapshots, more than the {MAX_SNAPSHOTS} a replay takes")
@@ -89,8 +89,8 @@ def load_trace(path: str, gpu: str = "A100-40", zone: str = "us-central1-a", clu
             t = _csv_number(row[1], where, i, "Timestamp", 1e12)
             counts = [_csv_number(n, where, i, name, MAX_COUNT, integral=True) for n, name in zip(row[2:], header[2:])]
             if last is not None and t < last[0]:
-                raise SailorError(f"{where}: line {i} goes back in time ({row[1]} before {last[2]} on line {last[1]}); "
-                                  "give the snapshots in time order")
+                raise SailorError(f"{where}: line {i} goes back in time ({short(row[1])} before {short(last[2])} on "
+                                  f"line {last[1]}); give the snapshots in time order")
             t0 = t if t0 is None else t0
             last = (t, i, row[1])
             snaps.append(Snapshot(t - t0, tuple(Pool(g, z, int(n)) for (g, z), n in zip(cols, counts))))
@@ -105,7 +105,7 @@ def _csv_number(text: str, where: str, line: int, column: str, hi: float, integr
     value = float(text) if _DECIMAL.fullmatch(text) else math.nan
     if not (math.isfinite(value) and 0 <= value <= hi) or (integral and not value.is_integer()):
         kind = "a whole number" if integral else "a number"
-        raise SailorError(f"{where}: line {line}, column {column}: {text!r} is not {kind} from 0 to {hi:g}")
+        raise SailorError(f"{where}: line {line}, column {column}: {short(text)} is not {kind} from 0 to {hi:g}")
     return value
 
 

@@ -201,6 +201,7 @@ def check_refused(argv: list[str], cwd: Path) -> None:
     assert code == 2, f"exit {code} for {argv}: {err[-2000:] or out[-2000:]}"
     assert len(lines) == 1 and lines[0].startswith("sailor: error: "), f"{argv}: {err[-2000:]}"
     assert not re.search(r"\d{50}", lines[0]), f"{argv}: a number is not shortened: {lines[0][:300]}..."
+    assert len(lines[0]) < 2000, f"{argv}: a value is not shortened: {lines[0][:300]}..."
     assert "Traceback" not in err and out == "", f"{argv}: {out[-500:]}"
     assert seconds < 10, f"{argv} took {seconds:.1f} s"
     assert _files(cwd) == before, f"{argv} changed or wrote files"
@@ -601,6 +602,9 @@ CSV_CASES = {
     "back-in-time-later": ",Timestamp,CPU_local\n0,100,2\n1,200,2\n2,150,2\n",
     "field-too-long": ",Timestamp,CPU_local\n0,0," + "2" * 140000 + "\n",
     "time-arabic-digit": ",Timestamp,CPU_local\n0,\u0663,2\n", "count-underscore": ",Timestamp,CPU_local\n0,1,1_0\n",
+    # long values are quoted short in the message
+    "count-401-digits": ",Timestamp,CPU_local\n0,1," + "9" * 401 + "\n",
+    "zone-long": ",Timestamp,CPU_" + "z" * 100000 + "\n0,1,2\n", "gpu-long": ",Timestamp," + "G" * 100000 + "_local\n0,1,2\n",
 }
 
 

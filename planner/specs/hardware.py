@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from planner.errors import SailorError
-from planner.inputs import MAX_COUNT, Doc, read_document, suggest
+from planner.inputs import MAX_COUNT, Doc, read_document, short, suggest
 
 GIB = 2**30
 
@@ -138,7 +138,7 @@ class Cluster:
         key = canonical_gpu(name, self.gpus)
         if key is None:
             raise SailorError(
-                f"unknown GPU type {name!r}{suggest(name, self.gpus)}: known types are {', '.join(sorted(self.gpus))} "
+                f"unknown GPU type {short(name)}{suggest(name, self.gpus)}: known types are {', '.join(sorted(self.gpus))} "
                 "(`sailor list gpus`); add others under 'gpus:' in a cluster file"
             )
         return self.gpus[key]
@@ -146,7 +146,7 @@ class Cluster:
     def check_zone(self, name: str, where: str) -> str:
         """`name` if it is a known zone; else one line naming `where` it came from (the edges call this)."""
         if name not in self.zones:
-            raise SailorError(f"{where}: unknown zone {name!r}{suggest(name, self.zones)}; known zones are "
+            raise SailorError(f"{where}: unknown zone {short(name)}{suggest(name, self.zones)}; known zones are "
                               f"{', '.join(self.zones)} (`sailor list zones`); declare other sites under 'zones:' "
                               "in a cluster file")
         return name

@@ -109,7 +109,7 @@ def test_static_floor_matches_a_direct_reference():
 
 @pytest.mark.parametrize("text, needle", [
     (",Timestamp,CPU_local\n0,0," + "2" * 140000 + "\n", "line 2 has a field longer than 131072 characters"),
-    (",Timestamp,CPU_local\n0,100,2\n1,200,2\n\n2,150,2\n", "line 5 goes back in time (150 before 200 on line 3)"),
+    (",Timestamp,CPU_local\n0,100,2\n1,200,2\n\n2,150,2\n", "line 5 goes back in time ('150' before '200' on line 3)"),
     (",Timestamp,CPU_local\n0,\u0663,2\n", "line 2, column Timestamp: '\u0663' is not a number"),
     (",Timestamp,CPU_local\n0,1_0,2\n", "line 2, column Timestamp: '1_0' is not a number"),
     (",Timestamp,CPU_local\n0,1,\uff12\n", "line 2, column CPU_local: '\uff12' is not a whole number"),
