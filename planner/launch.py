@@ -331,16 +331,16 @@ def run(args) -> int:
     for f in files:  # all checked before any is written
         check_output(f, (args.plan, args.cluster), f"launch file (from -o {args.output})")
     for f, text in zip(files, tasks):
-        _write(f, text, (args.plan, args.cluster))
+        _write(f, text)
     print(f"# {len(tasks)} SkyPilot tasks, one cluster per node group; launch group 0 first, then the others "
           "pointed at its head node:")
     print("\n".join(launch_commands(files)))
     return 0
 
 
-def _write(path: str | None, text: str, inputs: tuple = ()) -> int:
+def _write(path: str | None, text: str) -> int:
     if path:
-        write_output(path, text, inputs, what="launch file (-o)")  # issue 18: atomic
+        write_output(path, text, what="launch file (-o)")  # issue 18: atomic
     else:
         sys.stdout.write(text)
     return 0
