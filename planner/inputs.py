@@ -119,7 +119,7 @@ def read_document(path: str | Path, what: str) -> "Doc":
         import yaml
 
         try:
-            value = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml where built
+            value = yaml.load(text, Loader=_yaml_loader())
         except yaml.YAMLError as e:
             raise SailorError(f"{where} is not valid YAML ({' '.join(str(e).split())})") from None
         except ValueError as e:  # a value its constructor refuses: an integer beyond the digit limit, a bad date
@@ -131,6 +131,48 @@ def read_document(path: str | Path, what: str) -> "Doc":
     else:
         value = parse_json(text, where)
     return Doc(value, where)
+
+
+_YAML_LOADER = None
+
+
+def _yaml_loader():
+    """PyYAML's safe loader with YAML 1.2's core schema. PyYAML resolves plain scalars by YAML 1.1,
+    where a zone named `no` is False, `count: 1:30` is 90 (base 60), `010` is 8 and `2024-01-01` a
+    date. Here only true/false, null, decimal (or 0o/0x) integers and floats are resolved; every
+    other plain scalar stays the string it looks like, so a field's check sees what the user wrote."""
+    global _YAML_LOADER
+    if _YAML_LOADER is None:
+        import yaml
+
+        base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where built
+
+        class Yaml12Loader(base):
+            pass
+
+        # keep only merge keys (<<) from 1.1's resolvers; bool, int, float, null, timestamp and the
+        # `=` / `!` oddities are replaced or dropped
+        Yaml12Loader.yaml_implicit_resolvers = {
+            first: [(tag, rx) for tag, rx in resolvers if tag == "tag:yaml.org,2002:merge"]
+            for first, resolvers in base.yaml_implicit_resolvers.items()}
+        for tag, pattern, first in (
+                ("bool", r"true|True|TRUE|false|False|FALSE", "tTfF"),
+                ("null", r"~|null|Null|NULL|", ["~", "n", "N", ""]),
+                ("int", r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", "-+0123456789"),
+                ("float", r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                          r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)", "-+0123456789.")):
+            Yaml12Loader.add_implicit_resolver(f"tag:yaml.org,2002:{tag}", re.compile(f"^(?:{pattern})$"),
+                                               list(first))
+
+        def construct_int(loader, node):  # decimal even with leading zeros (1.1 read 010 as octal)
+            text = loader.construct_scalar(node)
+            if text[:2] in ("0o", "0x"):
+                return int(text[2:], 8 if text[1] == "o" else 16)
+            return int(text, 10)
+
+        Yaml12Loader.add_constructor("tag:yaml.org,2002:int", construct_int)
+        _YAML_LOADER = Yaml12Loader
+    return _YAML_LOADER
 
 
 # -- fields ----------------------------------------------------------------------------

@@ -90,6 +90,21 @@ def test_cluster_file(tmp_path):
         load_cluster(str(f))
 
 
+def test_cluster_yaml_reads_as_yaml_1_2(tmp_path):
+    """PyYAML alone reads YAML 1.1: a zone named `no` would be False, `1:30` 90 and `010` 8."""
+    f = tmp_path / "c.yaml"
+    f.write_text("zones:\n  no: {region: north}\n  on: {region: north}\n"
+                 "available:\n  - {gpu: A100-40, zone: no, count: 010}\n  - {gpu: A100-40, zone: on, count: 0x10}\n")
+    c = load_cluster(str(f))
+    assert [(p.zone, p.count) for p in c.available] == [("no", 10), ("on", 16)]
+    f.write_text("zones:\n  dc-1: {region: dc}\navailable:\n  - {gpu: A100-40, zone: dc-1, count: 1:30}\n")
+    with pytest.raises(SailorError, match="available\\[0\\].count must be an integer.*'1:30'"):
+        load_cluster(str(f))
+    f.write_text("zones:\n  dc-1: {region: dc}\navailable:\n  - {gpu: A100-40, zone: dc-1, count: 1_000}\n")
+    with pytest.raises(SailorError, match="count must be an integer.*'1_000'"):
+        load_cluster(str(f))
+
+
 def _plan(**kw):
     stages = kw.pop("stages", (Stage(0, 2, (Replica("A100-40", 2, "z"),) * 2), Stage(3, 5, (Replica("V100-16", 1, "z"),) * 2)))
     return Plan("tiny", 12, stages, (Pipeline(2, 4), Pipeline(4, 1)), **kw)
