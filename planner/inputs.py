@@ -269,6 +269,8 @@ class Doc:
             self.fail("a non-empty string", hint)
         if len(v) > 1000:
             self.fail("a string of at most 1000 characters", hint)
+        if not v.isprintable():  # every string here is a name that tables and messages print
+            self.fail("printable (no line breaks, tabs or control characters)", hint)
         return v
 
     def bool(self, hint: str = "") -> bool:

@@ -74,6 +74,9 @@ def load_trace(path: str, gpu: str = "A100-40", zone: str = "us-central1-a", clu
         header, rows = rows[0][1], rows[1:]
         if len(header) < 3 or not rows:
             raise SailorError(f"{where}: expected {expected}")
+        if header[1].strip().lower() != "timestamp":  # else a GPU column would be read as the time
+            raise SailorError(f"{where}: the header's second column is {short(header[1])}, not Timestamp; "
+                              f"give {expected}")
         cols = []
         for name in header[2:]:
             g, _, z = name.partition("_")

@@ -252,7 +252,7 @@ def bad_values(kind: str, required: bool = True, lo=None, hi=None) -> dict:
             out["huge"] = 10 ** 30 if kind == "int" else 1e300
         out["big-int"] = 10 ** 400  # a JSON integer no float can hold
     elif kind == "str":
-        out.update({"number": 5, "empty": ""})
+        out.update({"number": 5, "empty": "", "line-break": "a\nb", "control-char": "a\x1b[31mb"})
     elif kind == "bool":
         out.update({"string": "yes", "number": 1})
         del out["bool"]
@@ -474,7 +474,8 @@ def test_profile_names_never_lead_out_of_the_output(case, field, value):
                  ["profile", "export", "ev", "-o", "out/x"], ["profile", "show", "ev"]):
         check_refused(argv, case)
     err = invoke(["profile", "merge", "ev", "other", "-o", "out/m"])[2]
-    assert f"profile ev/tiny/CPU/profile.json: {field} {value!r} must be a " in err, err
+    named = f"{field} must be printable" if "\0" in value else f"{field} {value!r} must be a "  # (NUL: at reading)
+    assert f"profile ev/tiny/CPU/profile.json: {named}" in err, err
 
 
 # -- network fits: ours and Sailor's providers/ -----------------------------------------------
@@ -564,6 +565,7 @@ HF_CASES = family(HF_FIELDS) + [
     ("rope-scaling-str", ("rope_scaling",), "linear"), ("rope-scaling-list", ("rope_scaling",), ["linear", 2.0]),
     ("layer-types-number", ("layer_types",), 5), ("layers-1e308", ("num_hidden_layers",), 1e308),
     ("name-long", ("_name_or_path",), "n" * 1001), ("name-surrogate", ("_name_or_path",), "m\ud800"),
+    ("name-line-break", ("_name_or_path",), "org/m\nx"),
     *[(f"neo-repeat-{n}", (), _set(NEO_CONFIG, ("attention_types", 0, 1), v)) for n, v in (
         ("1e300", 1e300), ("1e9", 10 ** 9), ("string", "2"), ("fraction", 2.5), ("float", 2.0), ("zero", 0),
         ("negative", -1), ("bool", True), ("beyond-layers", 5))],
@@ -592,6 +594,7 @@ def test_trace_json(case, name, path, value):
 
 CSV_CASES = {
     "header-only": ",Timestamp,CPU_local\n", "no-columns": ",Timestamp\n0,1\n",
+    "no-index-column": "Timestamp,CPU_local,CPU_local\n100,2,2\n", "time-column-renamed": ",Time,CPU_local\n0,1,2\n",
     "short-row": ",Timestamp,CPU_local\n0,1\n",
     "long-row": ",Timestamp,CPU_local\n0,1,2,3\n", "time-text": ",Timestamp,CPU_local\n0,noon,2\n",
     "time-nan": ",Timestamp,CPU_local\n0,nan,2\n", "time-inf": ",Timestamp,CPU_local\n0,inf,2\n",

@@ -184,6 +184,9 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
     elif len(name) > 1000:  # the plan names the model by it, and plans take names up to 1000 characters
         raise SailorError(f"model config {p}: _name_or_path is {len(name)} characters long, beyond the 1000 a plan "
                           "takes; shorten it (it names the model in plans)")
+    elif not name.isprintable():
+        raise SailorError(f"model config {p}: _name_or_path {short(name)} has a line break, tab or control "
+                          "character; remove it (it names the model in plans and tables)")
     spec_fields = fam.from_hf(ConfigReader(cfg, str(p)), model_type)
     context = spec_fields["max_positions"]
     if seq_len is None:
