@@ -47,16 +47,17 @@ def integer(lo: int | None = 1, hi: int | None = None) -> Callable[[str], int]:
     return _type("integer", convert)
 
 
-def number(lo: float | None = None, hi: float | None = None, above: float | None = None) -> Callable[[str], float]:
-    """A finite number flag, >= lo (or > above) and <= hi."""
+def number(lo: float | None = None, hi: float | None = None, above: float | None = None,
+           below: float | None = None) -> Callable[[str], float]:
+    """A finite number flag, >= lo (or > above) and <= hi (or < below)."""
     def convert(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan
         if not math.isfinite(value) or (lo is not None and value < lo) or (above is not None and value <= above) \
-                or (hi is not None and value > hi):
-            raise argparse.ArgumentTypeError(f"must be {number_range(lo, hi, above)}, not {text!r}")
+                or (hi is not None and value > hi) or (below is not None and value >= below):
+            raise argparse.ArgumentTypeError(f"must be {number_range(lo, hi, above, below)}, not {text!r}")
         return value
 
     return _type("number", convert)

@@ -327,11 +327,12 @@ def int_range(lo: int | None, hi: int | None) -> str:
     return "an integer" if hi is None else f"an integer <= {hi}"
 
 
-def number_range(lo: float | None, hi: float | None, above: float | None) -> str:
+def number_range(lo: float | None, hi: float | None, above: float | None, below: float | None = None) -> str:
     low = f"> {above:g}" if above is not None else (f">= {lo:g}" if lo is not None else "")
+    high = f"< {below:g}" if below is not None else (f"<= {hi:g}" if hi is not None else "")
     if above == 0:
         low = "positive"
-    parts = [p for p in (low, f"<= {hi:g}" if hi is not None else "") if p]
+    parts = [p for p in (low, high) if p]
     if low == "positive":
-        return "a positive finite number" + (f" <= {hi:g}" if hi is not None else "")
+        return "a positive finite number" + (f" {high}" if high else "")
     return "a finite number" + (" " + " and ".join(parts) if parts else "")

@@ -22,59 +22,62 @@ import os
 import sys
 from dataclasses import replace
 
+from planner import flags
 from planner.errors import SailorError
+from planner.flags import Parser, integer, number
 from planner.launch import Layout, check_runnable, rank_layout, uniform_plan
 from planner.specs.hardware import load_cluster
 from planner.specs.model import ModelSpec, get_model
-from planner.specs.plan import Plan, load_plan, plan_model
+from planner.specs.plan import MAX_LAYERS, MAX_TP, Plan, load_plan, plan_model
 from sailor_ext.data import DEFAULT_SPLIT, EVAL_ITERS, DataSources, open_training_data
 from sailor_ext.precision import precision_config
 
 PEER_FAILURE_EXIT = 3
+MAX_ITERS = 1 << 40  # steps, intervals, warm-up: beyond any run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m sailor_ext.train", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m sailor_ext.train", description=__doc__.splitlines()[0])
     g = p.add_argument_group("plan and model")
     g.add_argument("--plan", help="plan file; without it a uniform plan is built from the parallel sizes below")
     g.add_argument("--model", help="model preset or config.json (default: the plan's model)")
     g.add_argument("--cluster", help="cluster file (for GPU types not in the catalog)")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--tensor-model-parallel-size", type=integer(1, MAX_TP), default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=integer(1, MAX_LAYERS), default=1)
     g.add_argument("--gpu-type", default="CPU", help="GPU type of a plan built from the parallel sizes (a label; "
                    "the node size comes from torchrun)")
-    g.add_argument("--seq-length", type=int, help="sequence length (default: the model's)")
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+    g.add_argument("--seq-length", type=flags.seq_length, help="sequence length (default: the model's)")
+    g.add_argument("--make-vocab-size-divisible-by", type=integer(1, 1 << 16), default=128,
                    help="pad the vocabulary to a multiple of this times the plan's largest TP degree")
     g = p.add_argument_group("batch and schedule")
-    g.add_argument("--global-batch-size", type=int)
-    g.add_argument("--micro-batch-size", type=int)
-    g.add_argument("--train-iters", type=int, required=True)
+    g.add_argument("--global-batch-size", type=flags.batch)
+    g.add_argument("--micro-batch-size", type=flags.batch)
+    g.add_argument("--train-iters", type=integer(1, MAX_ITERS), required=True)
     g = p.add_argument_group("optimizer")
     g.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="adam is AdamW")
-    g.add_argument("--sgd-momentum", type=float, default=0.9)
-    g.add_argument("--lr", type=float, default=1e-3)
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--lr-decay-iters", type=int, default=0)
+    g.add_argument("--sgd-momentum", type=number(0.0, 1.0), default=0.9)
+    g.add_argument("--lr", type=number(0.0), default=1e-3)
+    g.add_argument("--min-lr", type=number(0.0), default=0.0)
+    g.add_argument("--lr-warmup-iters", type=integer(0, MAX_ITERS), default=0)
+    g.add_argument("--lr-decay-iters", type=integer(0, MAX_ITERS), default=0)
     g.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default="constant")
-    g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.95)
-    g.add_argument("--adam-eps", type=float, default=1e-8)
-    g.add_argument("--clip-grad", type=float, default=1.0, help="global gradient-norm clip (0: off)")
+    g.add_argument("--weight-decay", type=number(0.0), default=0.01)
+    g.add_argument("--adam-beta1", type=number(0.0, below=1.0), default=0.9)
+    g.add_argument("--adam-beta2", type=number(0.0, below=1.0), default=0.95)
+    g.add_argument("--adam-eps", type=number(0.0), default=1e-8)
+    g.add_argument("--clip-grad", type=number(0.0), default=1.0, help="global gradient-norm clip (0: off)")
     g = p.add_argument_group("precision (sailor_ext/precision.py)")
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 parameters and activations, fp32 main gradients and master weights (default: the "
                    "plan's precision if it records one, else on with CUDA, off on CPU)")
     g.add_argument("--fp16", action="store_true", help="fp16 parameters and activations with loss scaling, fp32 "
                    "main gradients and master weights")
-    g.add_argument("--loss-scale", type=float, help="fp16: a constant loss scale (default: dynamic scaling)")
-    g.add_argument("--initial-loss-scale", type=float, help="fp16: the first dynamic scale (default 2^32)")
-    g.add_argument("--min-loss-scale", type=float, help="fp16: the dynamic scale never goes below this (default 1)")
-    g.add_argument("--loss-scale-window", type=int,
+    g.add_argument("--loss-scale", type=number(above=0.0), help="fp16: a constant loss scale (default: dynamic scaling)")
+    g.add_argument("--initial-loss-scale", type=number(above=0.0), help="fp16: the first dynamic scale (default 2^32)")
+    g.add_argument("--min-loss-scale", type=number(above=0.0), help="fp16: the dynamic scale never goes below this (default 1)")
+    g.add_argument("--loss-scale-window", type=flags.positive,
                    help="fp16: clean steps in a row before the scale doubles (default 1000)")
-    g.add_argument("--hysteresis", type=int, help="fp16: overflowing steps (without a clean window between) before "
+    g.add_argument("--hysteresis", type=flags.positive, help="fp16: overflowing steps (without a clean window between) before "
                    "the scale halves (default 2); every overflowing step is skipped")
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", metavar="PREFIX",
@@ -83,26 +86,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--split", default=DEFAULT_SPLIT,
                    help=f"train,validation,test shares of each dataset's documents (default {DEFAULT_SPLIT})")
     g.add_argument("--mock-data", action="store_true", help="synthetic data (the default without --data-path)")
-    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--seed", type=integer(0, 2**32 - 1), default=1234)
     g = p.add_argument_group("validation")
-    g.add_argument("--eval-interval", type=int, help="validate every N steps and after the last (default: never)")
-    g.add_argument("--eval-iters", type=int,
+    g.add_argument("--eval-interval", type=integer(1, MAX_ITERS), help="validate every N steps and after the last (default: never)")
+    g.add_argument("--eval-iters", type=integer(0, MAX_ITERS),
                    help=f"validation batches of the global batch size per evaluation (default {EVAL_ITERS} with "
                    "--eval-interval; without it: one evaluation, after the last step)")
     g = p.add_argument_group("checkpoints and logging")
     g.add_argument("--save", help="checkpoint directory, or an fsspec URL (s3://bucket/prefix, gs://...) that every "
                    "node reaches: no shared filesystem needed; or, in `sailor run`, node:NAME: on each node's own "
                    "disk (its agent's --node-dir) with a copy on another node")
-    g.add_argument("--save-interval", type=int, default=0, help="save every N steps (and at the end)")
-    g.add_argument("--keep-checkpoints", type=int, default=3,
+    g.add_argument("--save-interval", type=integer(0, MAX_ITERS), default=0, help="save every N steps (and at the end)")
+    g.add_argument("--keep-checkpoints", type=integer(0, 1 << 20), default=3,
                    help="committed checkpoints to keep on disk (0: all); older ones are the fallback when the "
                    "newest is damaged")
     g.add_argument("--load", help="resume from the newest checkpoint that verifies in this directory or URL")
     g.add_argument("--load-hf", metavar="DIR", help="start from a Hugging Face model directory's safetensors "
                    "weights (sharded or not), cut to the plan; a checkpoint in --load, if any, wins")
     g.add_argument("--metrics-file", help="append one JSON line per step (rank 0)")
-    g.add_argument("--log-interval", type=int, default=1)
-    g.add_argument("--dist-timeout", type=float, default=300.0,
+    g.add_argument("--log-interval", type=integer(0, MAX_ITERS), default=1)
+    g.add_argument("--dist-timeout", type=flags.seconds, default=300.0,
                    help="seconds a collective may wait for a peer before the run fails")
     g.add_argument("--distributed-backend", choices=("nccl", "gloo"),
                    help="default: nccl with CUDA, gloo on CPU; gloo on CUDA lets ranks share a GPU (plans without "
@@ -114,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--use-distributed-optimizer", action="store_true",
                    help="shard the optimizer state over the replicas (ZeRO-1, as Megatron's flag): gradients "
                    "reduce-scattered, each rank steps its part, the weights all-gathered")
-    g.add_argument("--grad-bucket-numel", type=int, default=2**22,
+    g.add_argument("--grad-bucket-numel", type=integer(1, 1 << 40), default=2**22,
                    help="elements per gradient bucket (default 2^22: 16 MiB of fp32)")
     g = p.add_argument_group("kernel fusion (CUDA only; sailor_ext/model.py KernelFusion)")
     g.add_argument("--no-bias-swiglu-fusion", dest="swiglu_fusion", action="store_false",
@@ -263,7 +266,12 @@ def _is_peer_failure(error: BaseException) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except SailorError as e:  # every rank has the same flags: local rank 0 says it
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"sailor: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -615,15 +615,15 @@ def _train_args(args, model) -> tuple[list[str], int, int]:
     from sailor_ext.precision import precision_config
     from sailor_ext.train import parse_args  # torch-free: argument parsing only
 
-    said = io.StringIO()
     try:
-        with contextlib.redirect_stderr(said):
+        with contextlib.redirect_stdout(io.StringIO()):  # (--help's text)
             parsed = parse_args(rest)
+    except SailorError as e:  # one line (planner.flags.Parser): "PROG: argument --lr: must be ...; see ..."
+        why = str(e).split(": ", 1)[-1].split("; see ")[0]
+        raise SailorError(f"bad training arguments after '--': {why}") from None
     except SystemExit:
-        why = said.getvalue().strip().splitlines()[-1:] or ["not understood"]
-        raise SailorError(f"bad training arguments after '--': {why[0].split('error: ', 1)[-1]}") from None
-    if parsed.train_iters < 1:
-        raise SailorError(f"--train-iters {parsed.train_iters} after '--' must be a positive number of steps")
+        raise SailorError("bad training arguments after '--': --help is not one; see "
+                          "`python -m sailor_ext.train --help`") from None
     precision_config(parsed, cuda=False)  # --fp16 with --bf16 and the like: before any node starts
     if parsed.model is not None and parsed.model != args.model:
         raise SailorError(f"training argument --model {parsed.model} contradicts sailor run --model {args.model}")

@@ -41,6 +41,27 @@ def test_batch_flag_that_contradicts_the_plan(tmp_path):
     assert_one_clear_line(run.log(0), "--global-batch-size 8 disagrees with the plan's global batch 4")
 
 
+@pytest.mark.parametrize("flags, named", [
+    (["--train-iters", "0"], "--train-iters: must be a positive integer"),
+    (["--train-iters", "abc"], "--train-iters: must be a positive integer"), ([], "required: --train-iters"),
+    (["--lr", "nan"], "--lr: must be a finite number >= 0"), (["--lr", "-1"], "--lr: must be a finite number >= 0"),
+    (["--adam-beta1", "1"], "--adam-beta1: must be a finite number >= 0 and < 1"),
+    (["--adam-beta2", "nan"], "--adam-beta2: must be"), (["--adam-eps", "-1"], "--adam-eps: must be"),
+    (["--sgd-momentum", "-1"], "--sgd-momentum: must be"), (["--seed", "-1"], "--seed: must be an integer from 0"),
+    (["--seed", str(2**64)], "--seed: must be"), (["--make-vocab-size-divisible-by", "0"], "divisible-by: must be"),
+    (["--dist-timeout", "inf"], "--dist-timeout: must be"), (["--dist-timeout", "1e30"], "--dist-timeout: must be"),
+    (["--eval-iters", str(2**60)], "--eval-iters: must be"), (["--grad-bucket-numel", "0"], "numel: must be"),
+    (["--loss-scale", "0"], "--loss-scale: must be a positive"), (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_a_bad_training_flag_is_one_line(capsys, flags, named):
+    """Every number the runtime takes has its range; argparse's own mistakes are one line too."""
+    from sailor_ext.train import main
+
+    assert main(([] if flags == [] else ["--train-iters", "1"]) + flags) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("sailor: error: python -m sailor_ext.train: ") and named in err, err
+
+
 def _wait_for_step(workdir, step: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     metrics = workdir / "metrics.jsonl"
