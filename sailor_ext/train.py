@@ -18,6 +18,7 @@ intact.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from dataclasses import replace
@@ -189,6 +190,33 @@ def check_placement(layout: Layout, rank: int) -> None:
                           f"--nproc-per-node={node.nproc} (see `sailor launch`)")
 
 
+def check_metrics_file(args) -> None:
+    """--metrics-file gets a JSON line appended per step: never to an input, a directory, or a file of another kind."""
+    path = args.metrics_file
+    if not path:
+        return
+    if os.path.isdir(path):
+        raise SailorError(f"--metrics-file {path} is a directory; give a file, e.g. {os.path.join(path, 'metrics.jsonl')}")
+    parent = os.path.dirname(path) or "."
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise SailorError(f"--metrics-file {path}: {parent} is not a directory")
+    inputs = [(flag, f) for flag, f in (("--plan", args.plan), ("--cluster", args.cluster), ("--model", args.model))
+              if f] + [("--data-path", p + ext) for p in args.data_path or () for ext in (".bin", ".idx")]
+    for flag, f in inputs:
+        if os.path.isfile(f) and os.path.exists(path) and os.path.samefile(f, path):
+            raise SailorError(f"--metrics-file {path} is the {flag} file; metrics would be appended to it: give "
+                              "another file")
+    if os.path.isfile(path) and os.path.getsize(path):
+        try:
+            with open(path, "rb") as f:
+                first = json.loads(f.readline(1 << 16))
+        except (OSError, ValueError):
+            first = None
+        if not isinstance(first, dict):
+            raise SailorError(f"--metrics-file {path} exists and is not a metrics file (its first line is not a JSON "
+                              "object); give a new file, or one an earlier run wrote, to append to")
+
+
 def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, local_rank: int,
           data: DataSources | None = None, store=None) -> int:
     """Join the process group and run the steps (imports torch and megatron)."""
@@ -224,6 +252,7 @@ def start(args, rank: int, world_size: int, local_rank: int):
             if not torch.cuda.is_available():
                 raise SailorError("--distributed-backend nccl needs CUDA GPUs, and none is visible; use gloo on CPU")
         data = open_training_data(args, model)
+        check_metrics_file(args)
     except SailorError as e:
         error = e
         if own or local_rank == 0:

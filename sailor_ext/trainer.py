@@ -147,12 +147,23 @@ class MetricsWriter:
     """One JSON line per step (rank 0 only)."""
 
     def __init__(self, path: str | None, enabled: bool):
-        self.file = open(path, "a") if (path and enabled) else None
+        self.path, self.file = path, None
+        if path and enabled:
+            try:
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                self.file = open(path, "a")
+            except OSError as e:
+                raise SailorError(f"cannot write --metrics-file {path} ({e.strerror}); give a file this rank can "
+                                  "write") from None
 
     def write(self, record: dict) -> None:
         if self.file:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
+            try:
+                self.file.write(json.dumps(record) + "\n")
+                self.file.flush()
+            except OSError as e:
+                raise SailorError(f"cannot write --metrics-file {self.path} ({e.strerror}); free space or give "
+                                  "another file, then resume with --load") from None
 
 
 def log(line: str) -> None:

@@ -62,6 +62,29 @@ def test_a_bad_training_flag_is_one_line(capsys, flags, named):
     assert err.count("\n") == 1 and err.startswith("sailor: error: python -m sailor_ext.train: ") and named in err, err
 
 
+ONE_RANK = plan_dict([((0, 5), [1])], [(2, 1)])
+
+
+@pytest.mark.parametrize("target, named", [
+    ("plan.json", "--metrics-file plan.json is the --plan file"), ("out", "--metrics-file out is a directory"),
+    ("notes.txt", "--metrics-file notes.txt exists and is not a metrics file"),
+    ("/dev/full", "cannot write --metrics-file /dev/full (No space left on device)"),
+])
+def test_a_metrics_file_never_lands_on_an_input(tmp_path, target, named):
+    """Rank 0 appends a JSON line per step to --metrics-file: pointed at the plan it corrupted it (exit 0)."""
+    if target == "/dev/full" and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    (tmp_path / "plan.json").write_text(json.dumps(ONE_RANK))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    ranks = Ranks(tmp_path, 1, ["--plan", "plan.json", "--train-iters", "2", "--metrics-file", target])
+    run = ranks.result(ranks.wait(120))
+    assert run.returncodes == [2]
+    assert_one_clear_line(run.log(0), named)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in before} == before
+
+
 def _wait_for_step(workdir, step: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     metrics = workdir / "metrics.jsonl"
