@@ -294,6 +294,26 @@ def _is_peer_failure(error: BaseException) -> bool:
     return any(m in text for m in markers)
 
 
+def launch_environment() -> tuple[int, int, int]:
+    """(RANK, WORLD_SIZE, LOCAL_RANK) as torchrun sets them, checked: a rank outside the world waited forever."""
+    def number(name: str, default: str, lo: int, hi: int) -> int:
+        text = os.environ.get(name, default)
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            raise SailorError(f"environment variable {name}={text[:40]!r} must be an integer from {lo} to {hi}; "
+                              "start the ranks with torchrun (see `sailor launch`), which sets it")
+        return value
+
+    world_size = number("WORLD_SIZE", "1", 1, 1 << 24)
+    rank = number("RANK", "0", 0, world_size - 1)
+    local_rank = number("LOCAL_RANK", "0", 0, world_size - 1)
+    number("MASTER_PORT", "29500", 1, 65535)
+    return rank, world_size, local_rank
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
@@ -301,9 +321,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("LOCAL_RANK", "0") == "0":
             print(f"sailor: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    try:
+        rank, world_size, local_rank = launch_environment()
+    except SailorError as e:
+        print(f"sailor: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
     started = start(args, rank, world_size, local_rank)
     if isinstance(started, int):
         return started

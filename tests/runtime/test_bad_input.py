@@ -62,6 +62,21 @@ def test_a_bad_training_flag_is_one_line(capsys, flags, named):
     assert err.count("\n") == 1 and err.startswith("sailor: error: python -m sailor_ext.train: ") and named in err, err
 
 
+@pytest.mark.parametrize("env, named", [
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' must be an integer from 1"),
+    ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK='3' must be an integer from 0 to 1"),  # waited forever
+    ({"MASTER_PORT": "http"}, "MASTER_PORT='http' must be an integer from 1 to 65535"),
+])
+def test_a_bad_launch_environment_is_one_line(capsys, monkeypatch, env, named):
+    from sailor_ext.train import main
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["--train-iters", "1", "--model", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"sailor: error: environment variable {named}" in err, err
+
+
 ONE_RANK = plan_dict([((0, 5), [1])], [(2, 1)])
 
 
