@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from dataclasses import dataclass, field
 import torch
 
 from planner.errors import SailorError
+from planner.inputs import Doc, short
 from sailor_ext import devices
 from sailor_ext.sharding import ParamShard
 from sailor_ext.storage import Storage, open_storage
@@ -146,7 +148,56 @@ def unseal(data: bytes) -> dict:
         raise Damaged("meta.json is not JSON") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise Damaged("meta.json is not a sailor checkpoint's")
+    if meta.get("version") == VERSION:  # (another version is refused by name where it is opened)
+        try:
+            _check_index(meta)
+        except SailorError as e:
+            raise Damaged(f"meta.json is malformed: {str(e).removeprefix('meta.json: ')}") from None
     return meta
+
+
+_RANK_FILE = re.compile(r"^rank\d{5}-[0-9a-f]{8}\.bin$")  # write_pieces' names: never a path elsewhere
+_DTYPES = ("float32", "bfloat16", "float16", "float64")  # parameters and optimizer state
+_HUGE = 1 << 50
+
+
+def _check_index(meta: dict) -> None:
+    """Every field a load reads, checked (SailorError naming it). Sealed means unchanged since written, not
+    written by this sailor: a hand-made or foreign meta.json must be refused, not crash or load garbage."""
+    top = Doc(meta, "meta.json").fields(("step", "consumed_samples", "optimizer_steps", "files"), open_ended=True)
+    for key in ("step", "consumed_samples", "optimizer_steps"):
+        top[key].int(0, _HUGE)
+    if "optimizer_state" in top:
+        for key in top["optimizer_state"].items():
+            key.str()
+    if "loss_scaler" in top:
+        top["loss_scaler"].fields(open_ended=True)
+    for name, rec in top["files"].entries():
+        if not _RANK_FILE.match(name):
+            rec.fail("listed under a rank file's name (rankNNNNN-xxxxxxxx.bin)", f"not {short(name)}")
+        f = rec.fields(("bytes", "pieces"))
+        size = f["bytes"].int(0, _HUGE)
+        for piece in f["pieces"].items():
+            p = piece.fields(("name", "dim", "start", "stop", "tensors"))
+            p["name"].str()
+            dim = None if p["dim"].value is None else p["dim"].int(0, 7)
+            start, stop = p["start"].int(0, _HUGE), p["stop"].int(0, _HUGE)
+            for _, tensor in p["tensors"].entries():
+                t = tensor.fields(("dtype", "shape", "offset", "block_rows", "sha256"))
+                itemsize = getattr(torch, t["dtype"].str(_DTYPES)).itemsize
+                shape = [d.int(0, _HUGE) for d in t["shape"].items(0, 8)]
+                if dim is not None and (dim >= len(shape) or shape[dim] != stop - start):
+                    t["shape"].fail(f"a shape whose dimension {dim} spans the piece's rows {start}..{stop}")
+                numel = math.prod(shape)
+                if t["offset"].int(0, _HUGE) + numel * itemsize > size:
+                    t["offset"].fail(f"an offset that leaves its {numel * itemsize} bytes inside the file's {size}")
+                per = t["block_rows"].int(1, _HUGE)
+                rows = shape[0] if shape else 1
+                blocks = -(-rows // per) if numel else 1
+                hashes = t["sha256"].items(blocks, blocks)
+                for h in hashes:
+                    if not (isinstance(h.value, str) and re.fullmatch("[0-9a-f]{64}", h.value)):
+                        h.fail("a SHA-256 in hex")
 
 
 def commit(storage: Storage, step: int, files: list[FileRecord], meta: dict, keep: int = 0) -> str:
@@ -193,7 +244,7 @@ def claimed(load_dir: str) -> tuple[str, int] | None:
     storage = open_storage(load_dir)
     try:
         m = _LATEST.match(storage.get("latest").decode(errors="replace"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         m = None
     if m:
         return m.group(1), _step(m.group(1))
@@ -207,6 +258,8 @@ def read_meta(storage: Storage, name: str) -> tuple[dict, bytes]:
         data = storage.get(f"{name}/meta.json")
     except FileNotFoundError:
         raise Damaged("no meta.json") from None
+    except (IsADirectoryError, NotADirectoryError):  # meta.json a directory, or iter_NNNNNNN a file
+        raise Damaged("meta.json is not a file") from None
     if not data.startswith(_SEAL_HEAD):
         try:
             old = json.loads(data)
@@ -257,8 +310,10 @@ def choose(load_dir: str, known_bad: tuple[tuple[str, str], ...] = ()) -> Choice
     skipped: list[tuple[str, str]] = []
     try:
         pointer = storage.get("latest")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (NotADirectory: load_dir is a file, so nothing is in it)
         pointer = None
+    except IsADirectoryError:
+        pointer = b"a directory"  # damaged: it names nothing
     m = _LATEST.match(pointer.decode(errors="replace")) if pointer is not None else None
     first = m.group(1) if m and m.group(1) in names else None
     if first is not None:
@@ -353,12 +408,18 @@ class Checkpoint:
         pieces = self.pieces.get(name)
         if not pieces:
             raise SailorError(f"checkpoint {self.directory} has no tensor {name}; it was saved for another model")
+        for piece in pieces:
+            stored = piece["tensors"].get(key, {}).get("shape")
+            if stored is None:
+                raise SailorError(f"checkpoint {self.directory}: {name} has no {key}; it was saved by another "
+                                  "optimizer or program")
+            if (piece["dim"] is not None and piece["dim"] != dim) or len(stored) != len(shape) \
+                    or any(a != b for d, (a, b) in enumerate(zip(stored, shape)) if d != dim):
+                raise SailorError(f"checkpoint {self.directory}: {name} was saved with shape {tuple(stored)} "
+                                  f"(split along {piece['dim']}) but this model needs {shape}; load it with the "
+                                  "same model (and --make-vocab-size-divisible-by)")
         if dim is None:
-            whole = self.tensor(pieces[0], key)
-            if tuple(whole.shape) != shape:
-                raise SailorError(f"checkpoint {self.directory}: {name} has shape {tuple(whole.shape)} but this model "
-                                  f"needs {shape}; load it with the same model (and --make-vocab-size-divisible-by)")
-            return whole.clone()
+            return self.tensor(pieces[0], key).clone()
         out = torch.empty(shape)
         filled = 0
         for piece in pieces:

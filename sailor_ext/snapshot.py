@@ -165,7 +165,7 @@ class Persister:
         self.queue: queue.Queue = queue.Queue()
         self.cancelled = threading.Event()
         self.committed: list[int] = []  # steps rank 0 committed
-        self.error: BaseException | None = None
+        self.failure: str | None = None  # the first failed save, in one line
         self.thread = threading.Thread(target=self._work, name="checkpoint-writer", daemon=True)
         self.thread.start()
 
@@ -197,9 +197,10 @@ class Persister:
                 if not self.cancelled.is_set():
                     self._persist(item)
             except BaseException as e:  # keep training; the failure is reported once
-                if self.error is None:
-                    self.error = e
-                    self.log(f"checkpoint of step {item.step} failed on rank {self.target.rank}: {e}")
+                if self.failure is None:
+                    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+                    self.failure = f"checkpoint of step {item.step} failed on rank {self.target.rank}: {first}"
+                    self.log(self.failure)
             finally:
                 item.persisted.set()
 

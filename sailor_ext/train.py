@@ -217,6 +217,20 @@ def check_metrics_file(args) -> None:
                               "object); give a new file, or one an earlier run wrote, to append to")
 
 
+def check_save_dir(args) -> None:
+    """A local --save must be a directory or one to be made: a file there failed every save, after training."""
+    path = args.save
+    if not path or "://" in path or path.startswith("node:"):
+        return  # an object store, or each node's own disk: found at the first save
+    here = os.path.abspath(path)
+    while not os.path.exists(here):
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        raise SailorError(f"--save {path}: {here} is a file, not a directory; give a directory for the checkpoints")
+    if not os.access(here, os.W_OK):
+        raise SailorError(f"--save {path}: {here} is not writable here; give a directory this user can write")
+
+
 def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, local_rank: int,
           data: DataSources | None = None, store=None) -> int:
     """Join the process group and run the steps (imports torch and megatron)."""
@@ -229,6 +243,11 @@ def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, lo
     trainer.run()
     dist.barrier()
     dist.destroy_process_group()
+    failure = trainer.save_failure
+    if failure:  # trained, but what --save holds is not what the run did: not a success
+        print(f"sailor: error: {failure}; the steps after the last committed checkpoint are not saved: fix --save, "
+              "then resume with --load", file=sys.stderr, flush=True)
+        return SailorError.exit_code
     return 0
 
 
@@ -253,6 +272,7 @@ def start(args, rank: int, world_size: int, local_rank: int):
                 raise SailorError("--distributed-backend nccl needs CUDA GPUs, and none is visible; use gloo on CPU")
         data = open_training_data(args, model)
         check_metrics_file(args)
+        check_save_dir(args)
     except SailorError as e:
         error = e
         if own or local_rank == 0:

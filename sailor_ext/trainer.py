@@ -247,6 +247,7 @@ class Trainer:
         elif load_hf:
             agreed(lambda: self.load_hf(load_hf), rank, topology.world_group)
         self.metrics = MetricsWriter(args.metrics_file, rank == 0)
+        self.save_failure: str | None = None  # the first failed checkpoint of this rank (run)
         self._overflow_at = _overflow_hook(rank)
 
     @property
@@ -474,6 +475,7 @@ class Trainer:
         if self.persister is not None:
             self.persister.flush()
             self.persister.close()
+            self.save_failure = self.persister.failure
 
 
 def _overflow_hook(rank: int) -> int | None:

@@ -613,7 +613,7 @@ def _train_args(args, model) -> tuple[list[str], int, int]:
         raise SailorError("sailor run needs the number of training steps: add -- --train-iters N at the end (training "
                           "arguments go after '--')")
     from sailor_ext.precision import precision_config
-    from sailor_ext.train import parse_args  # torch-free: argument parsing only
+    from sailor_ext.train import check_save_dir, parse_args  # torch-free: argument parsing only
 
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # (--help's text)
@@ -637,6 +637,10 @@ def _train_args(args, model) -> tuple[list[str], int, int]:
         if args.local and not args.node_dirs:
             raise SailorError(f"--save {parsed.save} keeps checkpoints on the nodes' own disks: with --local, give "
                               "--node-dirs DIR (agent i keeps its files in DIR/node<i>)")
+    if parsed.load and parsed.load != args.load:  # the workers resume from sailor run's --load only
+        raise SailorError(f"--load {parsed.load} after '--' would be ignored: give it to sailor run itself, before "
+                          "'--' (sailor run --load DIR ... -- ...)")
+    check_save_dir(parsed)  # a --save under a file failed every checkpoint of the job, after training
     if args.load and "--load" not in rest:
         rest += ["--load", args.load]
     return rest, parsed.train_iters, parsed.make_vocab_size_divisible_by

@@ -301,6 +301,9 @@ def test_provider_list_file_and_command(tmp_path):
     (["--gpus", "CPU@local=2", "--local", "--", "--train-iters", "5", "--save", "node:ckpt"], "give --node-dirs DIR"),
     (["--node-dirs", "d", "--", "--train-iters", "5"], "--node-dirs names the disks of the agents --local starts"),
     (["--", "--train-iters", "5", "--save", "node:../x"], "give node:NAME"),
+    (["--", "--train-iters", "5", "--save", "README.md/ckpt"], "README.md is a file, not a directory"),
+    (["--", "--train-iters", "5", "--load", "ckpt"], "--load ckpt after '--' would be ignored"),  # (it was)
+    (["--", "--train-iters", "5", "--lr", "nan"], "bad training arguments after '--': argument --lr: must be"),
     (["--gpus", "CPU@local=2", "--local", "--node-dirs", "/etc/passwd/d", "--", "--train-iters", "5", "--save",
       "node:ckpt"], "--node-dirs /etc/passwd/d: cannot create it"),
 ])

@@ -100,6 +100,22 @@ def test_a_metrics_file_never_lands_on_an_input(tmp_path, target, named):
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in before} == before
 
 
+@pytest.mark.parametrize("save, named", [
+    ("plan.json/ckpt", "--save plan.json/ckpt: "), ("ckpt", "checkpoint of step 2 failed on rank 0: "),
+], ids=["under-a-file", "fails-at-saving"])
+def test_a_save_that_cannot_happen_is_not_a_success(tmp_path, save, named):
+    """A --save under a file is refused before training; a save that fails (here: iter_0000002 is a file) ends
+    the run with exit 2 and one line, once the steps are done. Both exited 0 with no checkpoint."""
+    (tmp_path / "plan.json").write_text(json.dumps(ONE_RANK))
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "iter_0000002").write_text("in the way")
+    ranks = Ranks(tmp_path, 1, ["--plan", "plan.json", "--train-iters", "2", "--save", save])
+    run = ranks.result(ranks.wait(120))
+    assert run.returncodes == [2]
+    lines = [line for line in run.log(0).splitlines() if line.startswith("sailor: error:")]
+    assert len(lines) == 1 and named in lines[0] and "Traceback" not in run.log(0), run.log(0)[-2000:]
+
+
 def _wait_for_step(workdir, step: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     metrics = workdir / "metrics.jsonl"

@@ -193,3 +193,85 @@ def test_every_checkpoint_damaged_stops_every_rank_with_one_line(tmp_path):
     assert len(lines) == 1 and f"every checkpoint in {ckpt} is damaged" in lines[0], second.logs
     assert "iter_0000002: rank" in lines[0] and "iter_0000001: rank" in lines[0]
     assert not any("Traceback" in log for log in second.logs) and second.metrics == []
+
+
+def _reseal(root: str, name: str, change) -> None:
+    """Rewrite iter `name`'s meta.json, changed by `change(meta)`, sealed again: as another program or a
+    hand edit would leave it (its checksum verifies, its fields are wrong), and `latest` to match."""
+    from sailor_ext import checkpoint as C
+    from sailor_ext.storage import Storage
+
+    storage = Storage(root)
+    meta = C.unseal(storage.get(f"{name}/meta.json"))
+    change(meta)
+    sealed = C.seal(meta)
+    storage.put(f"{name}/meta.json", sealed)
+    storage.put("latest", f"{name} {C._sha(sealed)}\n".encode())
+
+
+def _first_tensor(meta):
+    return meta["files"][min(meta["files"])]["pieces"][0]["tensors"]["param"]
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda m: m.pop("step"), "missing field 'step'"),
+    (lambda m: m.update(step="4"), "step must be an integer"),
+    (lambda m: m.pop("consumed_samples"), "missing field 'consumed_samples'"),
+    (lambda m: m.update(files=[]), "files must be an object"),
+    (lambda m: m["files"].update({"../../escape.bin": m["files"].pop(min(m["files"]))}), "a rank file's name"),
+    (lambda m: _first_tensor(m).update(dtype="int8"), "dtype must be one of float32"),
+    (lambda m: _first_tensor(m).update(dtype="bogus"), "dtype must be one of float32"),
+    (lambda m: _first_tensor(m).update(shape=[40, 3]), "a shape whose dimension 0 spans the piece's rows 0..4"),
+    (lambda m: _first_tensor(m).update(offset=10 ** 9), "an offset that leaves its 48 bytes inside the file"),
+    (lambda m: _first_tensor(m).update(sha256=[]), "sha256 must be a list of at least 1 entry"),
+], ids=["no-step", "step-text", "no-consumed", "files-list", "file-outside", "dtype-int8", "dtype-bogus",
+        "shape", "offset", "no-hashes"])
+def test_a_resealed_malformed_meta_falls_back_to_the_previous_checkpoint(tmp_path, change, why):
+    """A meta.json whose seal verifies but whose fields do not (another program's, a hand edit): damaged, so the
+    previous checkpoint loads and one line says why; it crashed with KeyError/TypeError, or loaded int8 bytes."""
+    from sailor_ext import checkpoint as C
+
+    root = str(tmp_path / "ckpt")
+    _save(root, 2)
+    _save(root, 4)
+    _reseal(root, "iter_0000004", change)
+    choice, meta, params = C.load_logical(root)
+    notes = choice.notes()
+    assert choice.step == 2 and len(notes) == 1 and "meta.json is malformed" in notes[0] and why in notes[0], notes
+    assert float(params["w"][5, 0]) == 2.0
+
+
+@pytest.mark.parametrize("make, load, why", [
+    (lambda r: None, "ckpt/iter_0000004/meta.json", "no checkpoint in"),
+    (lambda r: (r / "latest").unlink() or (r / "latest").mkdir(), "ckpt", "latest is damaged"),
+    (lambda r: __import__("shutil").rmtree(r / "iter_0000004") or (r / "iter_0000004").write_text("x"), "ckpt",
+     "meta.json is not a file"),
+], ids=["load-a-file", "latest-a-directory", "iteration-a-file"])
+def test_a_load_path_of_the_wrong_kind_is_one_line(tmp_path, make, load, why):
+    from planner.errors import SailorError
+    from sailor_ext import checkpoint as C
+
+    _save(str(tmp_path / "ckpt"), 2)
+    _save(str(tmp_path / "ckpt"), 4)
+    make(tmp_path / "ckpt")
+    try:
+        choice = C.choose(str(tmp_path / load))
+    except SailorError as e:
+        assert why in str(e) and "\n" not in str(e), e
+    else:
+        assert choice.step == 2 if "iteration" in why or "meta.json" in why else choice.step == 4
+        assert any(why in n for n in choice.notes()), choice.notes()
+
+
+def test_a_checkpoint_of_another_shape_is_one_line(tmp_path):
+    """A tensor split along dim 0 with 3 columns, loaded where the model needs 5: refused by name (narrow() crashed)."""
+    from planner.errors import SailorError
+    from sailor_ext import checkpoint as C
+
+    _save(str(tmp_path / "ckpt"), 2)
+    ckpt = C.open_choice(C.choose(str(tmp_path / "ckpt")))
+    with pytest.raises(SailorError, match=r"w was saved with shape \(4, 3\) \(split along 0\) but this model needs "
+                                          r"\(6, 5\)"):
+        ckpt.assemble("w", "param", 0, 0, 6, (6, 5))
+    with pytest.raises(SailorError, match=r"b was saved with shape \(3,\) .* needs \(4,\)"):
+        ckpt.assemble("b", "param", None, 0, 0, (4,))
