@@ -48,7 +48,8 @@ def cmd_export(args) -> int:
     flags.require_module("torch", "runtime", "sailor export")
     written, meta, model = _export(args.checkpoint, out, DTYPES[args.dtype], shard_bytes)
     copied = []
-    tokenizer = Path(args.tokenizer or meta.get("hf_source") or "")
+    source = meta.get("hf_source")  # the --load-hf directory the run started from, if any
+    tokenizer = Path(args.tokenizer or (source if isinstance(source, str) else ""))
     if str(tokenizer) and tokenizer.is_dir():
         for name in TOKENIZER_FILES:
             if (tokenizer / name).is_file():

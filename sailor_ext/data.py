@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -147,13 +148,16 @@ def open_indexed(prefix: str, vocab: int):
     dataset = IndexedDataset.__new__(IndexedDataset)
     try:
         dataset.__init__(prefix, mmap=True)
-    except (AssertionError, ValueError, OSError, KeyError, IndexError) as e:
+    except (AssertionError, ValueError, OSError, KeyError, IndexError, struct.error, OverflowError) as e:
         for half in ("bin_reader", "index"):  # its __del__ deletes both, and would complain on stderr
             vars(dataset).setdefault(half, None)
         raise SailorError(f"--data-path {prefix}: {prefix}.idx is not a megatron indexed dataset index "
                           f"({str(e).strip() or type(e).__name__}); {hint}") from None
     lengths, pointers = dataset.sequence_lengths, dataset.index.sequence_pointers
     itemsize = dataset.index.dtype_size
+    if len(lengths) and (int(pointers.min()) < 0 or int(lengths.min()) < 0):
+        raise SailorError(f"--data-path {prefix}: {prefix}.idx holds a negative offset or length; the pair is damaged, "
+                          "prepare it again")
     end = int(pointers[-1]) + int(lengths[-1]) * itemsize if len(lengths) else 0
     if end > os.path.getsize(prefix + ".bin"):
         raise SailorError(f"--data-path {prefix}: {prefix}.idx describes {end} bytes of tokens but {prefix}.bin "

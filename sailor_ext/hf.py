@@ -142,8 +142,13 @@ class HFWeights:
         if index.exists():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, OSError, RecursionError):  # (OSError: a directory, unreadable)
                 raise SailorError(f"{index} is not a safetensors index (no weight_map)") from None
+            if not isinstance(weight_map, dict) or not all(
+                    isinstance(f, str) and f.endswith(".safetensors") and "/" not in f and f not in (".", "..")
+                    for f in weight_map.values()):
+                raise SailorError(f"{index}: weight_map must map tensor names to .safetensors files in {self.directory}"
+                                  " (as transformers' save_pretrained writes it)")
             self.files = {name: self.directory / file for name, file in weight_map.items()}
         elif single.exists():
             with self._open(single) as f:
@@ -187,6 +192,9 @@ class HFWeights:
             tensor = view[start:stop]
         else:
             tensor = view[:, start:stop]
+        if not tensor.is_floating_point():  # integers would load as weights and train to NaN
+            raise SailorError(f"Hugging Face weights in {self.directory}: {name} holds {tensor.dtype} values, not "
+                              "floating-point weights; give a model's safetensors weights")
         return tensor.float()
 
     def close(self) -> None:

@@ -51,7 +51,10 @@ def _from_json(path: Path) -> Tokenizer:
                           "tokenizer.json or a model directory") from None
     tok.no_truncation()  # a saved truncation setting would cut documents short
     tok.no_padding()
-    vocab = max(tok.get_vocab_size(with_added_tokens=True), max(tok.get_vocab(with_added_tokens=True).values()) + 1)
+    ids = tok.get_vocab(with_added_tokens=True).values()
+    if not ids:
+        raise SailorError(f"{path} has an empty vocabulary; give the tokenizer.json of a trained tokenizer")
+    vocab = max(tok.get_vocab_size(with_added_tokens=True), max(ids) + 1)
     eos = _configured_eos(path.parent / "tokenizer_config.json")
     eos_id = next((i for t in ((eos,) if eos else KNOWN_EOS) if (i := tok.token_to_id(t)) is not None), None)
     return Tokenizer(str(path), vocab, eos_id, lambda texts: [e.ids for e in tok.encode_batch(texts)])
@@ -62,7 +65,8 @@ def _configured_eos(config: Path) -> str | None:
         eos = json.loads(config.read_text()).get("eos_token")
     except (OSError, ValueError, AttributeError):
         return None
-    return eos.get("content") if isinstance(eos, dict) else eos
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    return eos if isinstance(eos, str) else None  # (a number or a list names no token: the known ones are tried)
 
 
 def _from_directory(path: Path) -> Tokenizer:
@@ -75,7 +79,10 @@ def _from_directory(path: Path) -> Tokenizer:
     except Exception as e:
         raise SailorError(f"cannot load a tokenizer from directory {path} ({_first_line(e)}); it needs the model's "
                           "tokenizer files (tokenizer.json and tokenizer_config.json)") from None
-    vocab = max(len(tok), max(tok.get_vocab().values()) + 1)
+    ids = tok.get_vocab().values()
+    if not ids:
+        raise SailorError(f"the tokenizer in {path} has an empty vocabulary; give a trained model's tokenizer files")
+    vocab = max(len(tok), max(ids) + 1)
 
     def encode(texts: list[str]) -> list[list[int]]:
         return tok(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]

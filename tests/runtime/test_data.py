@@ -139,6 +139,7 @@ def test_a_failed_prepare_leaves_outputs_and_inputs_as_they_were(tmp_path, capsy
 @pytest.mark.parametrize("case, fragments", [
     ("missing tokenizer", ["tokenizer", "not found", "tokenizer.json"]),
     ("unreadable tokenizer", ["is not a tokenizer the tokenizers library can read"]),
+    ("tokenizer without a vocabulary", ["tokenizer.json has an empty vocabulary"]),  # (max() of nothing)
     ("model directory without tokenizer", ["cannot load a tokenizer from directory"]),
     ("empty text file", ["empty.txt is empty"]),
     ("empty JSONL file", ["empty.jsonl is empty"]),
@@ -163,6 +164,11 @@ def test_prepare_bad_input_is_one_line(tmp_path, capsys, monkeypatch, case, frag
         args += ["--tokenizer", str(tmp_path / "tokenizer.json")]
     elif case == "unreadable tokenizer":
         (tmp_path / "tokenizer.json").write_text('{"not": "a tokenizer"}')
+        args += ["--tokenizer", str(tmp_path / "tokenizer.json")]
+    elif case == "tokenizer without a vocabulary":
+        from tokenizers import Tokenizer, models
+
+        Tokenizer(models.WordLevel(vocab={}, unk_token="<unk>")).save(str(tmp_path / "tokenizer.json"))
         args += ["--tokenizer", str(tmp_path / "tokenizer.json")]
     elif case == "model directory without tokenizer":
         (tmp_path / "model").mkdir()
@@ -289,12 +295,21 @@ def wide_vocab_data(tmp_path_factory):
     ("malformed split", ["--split '90;10'", "e.g. 969,30,1"]),
     ("too few tokens", ["shorter than one sample of 65 tokens", "--seq-length"]),
     ("empty validation split", ["its validation split", "0 of 1 documents", "--eval-interval"]),
-    ("bad eval interval", ["--eval-interval 0 must be at least 1"]),
+    ("bad eval interval", ["argument --eval-interval: must be a positive integer"]),
+    ("truncated .idx", ["x.idx is not a megatron indexed dataset index"]),
+    ("negative offset", ["x.idx holds a negative offset or length"]),
 ])
 def test_bad_data_is_one_line_before_training(tmp_path, capsys, corpus, wide_vocab_data, case, fragments):
     prefix = corpus[0]
     if case == "no .bin":
         (tmp_path / "x.idx").write_bytes(open(prefix + ".idx", "rb").read())
+    if case in ("truncated .idx", "negative offset"):  # (a struct.error or numpy's ValueError escaped before)
+        idx = bytearray(open(prefix + ".idx", "rb").read())
+        count = int.from_bytes(idx[18:26], "little")  # magic 9 B, version 8 B, dtype 1 B, then the sequence count
+        idx = idx[:12] if case == "truncated .idx" else \
+            idx[:34 + 4 * count] + (-8).to_bytes(8, "little", signed=True) + idx[34 + 4 * count + 8:]
+        (tmp_path / "x.idx").write_bytes(idx)
+        (tmp_path / "x.bin").write_bytes(open(prefix + ".bin", "rb").read())
     if case in ("too few tokens", "empty validation split"):  # one document: nothing for validation
         (tmp_path / "t.txt").write_text("too short" if case == "too few tokens" else "long enough " * 50)
         assert sailor(["data", "prepare", str(tmp_path / "t.txt"), "-o", str(tmp_path / "one"), "-q"]) == 0
@@ -308,6 +323,7 @@ def test_bad_data_is_one_line_before_training(tmp_path, capsys, corpus, wide_voc
         "too few tokens": ["--data-path", str(tmp_path / "one")],
         "empty validation split": ["--data-path", str(tmp_path / "one"), "--eval-interval", "1"],
         "bad eval interval": ["--eval-interval", "0"],
+        "truncated .idx": ["--data-path", str(tmp_path / "x")], "negative offset": ["--data-path", str(tmp_path / "x")],
     }[case]
     inputs = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     capsys.readouterr()

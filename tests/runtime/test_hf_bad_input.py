@@ -115,3 +115,34 @@ def test_export_refuses_with_one_line(case, tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("sailor: error:") and needle in done.stderr, \
         done.stderr
+
+
+@pytest.mark.parametrize("index", [{"weight_map": []}, {"weight_map": "model.safetensors"},
+                                   {"weight_map": {"w": 3}}, {"weight_map": {"w": "../../x.safetensors"}}, "dir"],
+                         ids=["list", "string", "int-file", "outside", "index-a-directory"])
+def test_a_malformed_safetensors_index_is_one_line(tmp_path, index):
+    """A weight_map that is not {tensor: file.safetensors} crashed (AttributeError, TypeError) or named files
+    outside the directory."""
+    from planner.errors import SailorError
+    from sailor_ext.hf import INDEX_FILE, HFWeights
+
+    if index == "dir":
+        (tmp_path / INDEX_FILE).mkdir()
+    else:
+        (tmp_path / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(SailorError, match=INDEX_FILE.replace(".", r"\.")) as e:
+        HFWeights(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_integer_weights_are_refused(tmp_path):
+    """int64 tensors loaded as weights trained to a NaN loss, exit 0."""
+    import torch
+    from safetensors.torch import save_file
+
+    from planner.errors import SailorError
+    from sailor_ext.hf import HFWeights
+
+    save_file({"w": torch.ones(2, 2, dtype=torch.int64)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(SailorError, match="w holds torch.int64 values, not floating-point weights"):
+        HFWeights(tmp_path).get("w")
