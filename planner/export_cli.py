@@ -37,8 +37,9 @@ def cmd_export(args) -> int:
                           "directory of its own")
     if out.exists() and not out.is_dir():
         raise SailorError(f"--to-hf {args.to_hf} is a file; give a directory")
-    if out.exists() and any(out.glob("*.safetensors")) and not args.force:
-        raise SailorError(f"{args.to_hf} already holds safetensors files; choose an empty directory or add --force")
+    if out.exists() and (any(out.glob("*.safetensors")) or (out / "config.json").exists()) and not args.force:
+        raise SailorError(f"{args.to_hf} already holds a model (safetensors files or a config.json); choose an empty "
+                          "directory or add --force")
     shard_bytes = parse_size(args.max_shard_size, "--max-shard-size")
     if shard_bytes <= 0:
         raise SailorError(f"--max-shard-size {args.max_shard_size} must be positive, e.g. 5GB")
@@ -92,6 +93,12 @@ def _export(path: str, out: Path, dtype_name: str, shard_bytes: int):
     else:  # written before checkpoints carried the model: a preset by name
         name = top["model"].str() if "model" in top else ""
         model = get_model(name, seq_len=top["seq_len"].int(1, 1 << 24) if "seq_len" in top else None)
+    held = {name.split(".")[1] for name in logical if name.count(".") >= 2}
+    missing = [layer for layer in range(model.num_blocks + 1) if str(layer) not in held]  # embedding and blocks
+    if missing:  # (a head may hold nothing of its own: tied to the embedding)
+        raise SailorError(f"checkpoint {path} holds no tensor of layer {missing[0]}"
+                          + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+                          + f" of {model.name}; it is incomplete or was saved for another model")
     try:
         return hf.export(logical, model, out, getattr(torch, dtype_name), shard_bytes), meta, model
     except unreadable as e:
@@ -112,7 +119,7 @@ def add_parser(subparsers, add_common=None):
                    help="largest safetensors file; beyond it the weights are sharded with an index (default 5GB)")
     p.add_argument("--tokenizer", metavar="DIR", help="copy tokenizer files from this directory (default: the "
                                                       "--load-hf directory training started from, if it still exists)")
-    p.add_argument("--force", action="store_true", help="write into a directory that already holds safetensors")
+    p.add_argument("--force", action="store_true", help="write into a directory that already holds a model")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.set_defaults(func=cmd_export)
     return p

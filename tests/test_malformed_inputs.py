@@ -174,6 +174,12 @@ def _checkpoints(ws: Path) -> None:
         m = {k: v for k, v in {**meta, **extra}.items() if v is not DELETE}
         _dump(root / "meta.json", m)
         torch.save(pieces, root / "rank00000.pt")
+    from sailor_ext import checkpoint
+    from sailor_ext.storage import Storage
+
+    # sealed and well-formed, but holding no tensors (exported an empty model, exit 0)
+    checkpoint.commit(Storage(str(ws / "ckpt" / "no-tensors")), 10, [],
+                      {"consumed_samples": 0, "optimizer_steps": 10, "model": "tiny"})
 
 
 # -- running a case ----------------------------------------------------------------------
@@ -805,7 +811,8 @@ PROFILE_CASES_FLAGS = [
 EXPORT_CASES = [
     *[(f"export {name}", ["export", f"ckpt/{name}", "--to-hf", "hf-out"]) for name in (
         "empty", "dangling", "badmeta", "foreign", "binarymeta", "garbage-rank", "no-rank", "hf-model", "checksum",
-        "a-file", "nowhere", "wrong-pieces", "foreign-tensor", "not-a-list", "no-step", "bad-model", "unknown-model")],
+        "a-file", "nowhere", "wrong-pieces", "foreign-tensor", "not-a-list", "no-step", "bad-model", "unknown-model",
+        "no-tensors")],
     *[(f"export --max-shard-size={v}", ["export", "ckpt/empty", "--to-hf", "hf-out", "--max-shard-size", v])
       for v in ("0", "-1", "x", "", "1e3", "5XB")],
     ("export into-checkpoint", ["export", "ckpt/garbage-rank", "--to-hf", "ckpt/garbage-rank/hf"]),

@@ -96,7 +96,7 @@ def _export(*args):
                           text=True, cwd=ROOT, timeout=120)
 
 
-@pytest.mark.parametrize("case", ["missing", "overlap", "occupied"])
+@pytest.mark.parametrize("case", ["missing", "overlap", "occupied", "config-only"])
 def test_export_refuses_with_one_line(case, tmp_path):
     ckpt = tmp_path / "ckpt"
     if case == "missing":
@@ -108,10 +108,10 @@ def test_export_refuses_with_one_line(case, tmp_path):
             done = _export(ckpt, "--to-hf", ckpt / "hf")
             needle = "overlaps the checkpoint"
         else:
-            (tmp_path / "out").mkdir()
-            (tmp_path / "out" / "model.safetensors").write_bytes(b"x")
+            (tmp_path / "out").mkdir()  # (a config.json alone was overwritten)
+            (tmp_path / "out" / ("model.safetensors" if case == "occupied" else "config.json")).write_bytes(b"x")
             done = _export(ckpt, "--to-hf", tmp_path / "out")
-            needle = "already holds safetensors files"
+            needle = "already holds a model (safetensors files or a config.json)"
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("sailor: error:") and needle in done.stderr, \
         done.stderr
