@@ -70,7 +70,7 @@ JSON
   ARGS=(--train-iters "$ITERS" --lr 3e-3 --lr-warmup-iters 5 --save "$OUT/ckpt" --save-interval 20)
 fi
 
-rm -f "$OUT/metrics.jsonl"
+rm -rf "$OUT/metrics.jsonl" "$OUT/ckpt"  # a fresh run (the runtime refuses to save over another run's checkpoints)
 "$PYTHON" -m planner.cli launch "$OUT/plan.json" --local --master-port "${MASTER_PORT:-29500}" -- "${ARGS[@]}" ${DATA_ARGS[@]+"${DATA_ARGS[@]}"} \
   --metrics-file "$OUT/metrics.jsonl" --log-interval 5
 echo "metrics: $OUT/metrics.jsonl, checkpoint: $OUT/ckpt"

@@ -35,18 +35,21 @@ from sailor_ext.precision import precision_config
 
 PEER_FAILURE_EXIT = 3
 MAX_ITERS = 1 << 40  # steps, intervals, warm-up: beyond any run
+path = flags.nonempty("a path")  # an empty one was taken as not given (--load '' trained from scratch)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = Parser(prog="python -m sailor_ext.train", description=__doc__.splitlines()[0])
     g = p.add_argument_group("plan and model")
-    g.add_argument("--plan", help="plan file; without it a uniform plan is built from the parallel sizes below")
-    g.add_argument("--model", help="model preset or config.json (default: the plan's model)")
-    g.add_argument("--cluster", help="cluster file (for GPU types not in the catalog)")
-    g.add_argument("--tensor-model-parallel-size", type=integer(1, MAX_TP), default=1)
-    g.add_argument("--pipeline-model-parallel-size", type=integer(1, MAX_LAYERS), default=1)
-    g.add_argument("--gpu-type", default="CPU", help="GPU type of a plan built from the parallel sizes (a label; "
-                   "the node size comes from torchrun)")
+    g.add_argument("--plan", type=path, help="plan file; without it a uniform plan is built from the parallel sizes "
+                   "below")
+    g.add_argument("--model", type=path, help="model preset or config.json (default: the plan's model)")
+    g.add_argument("--cluster", type=path, help="cluster file (for GPU types not in the catalog)")
+    g.add_argument("--tensor-model-parallel-size", type=integer(1, MAX_TP), help="without --plan (default 1)")
+    g.add_argument("--pipeline-model-parallel-size", type=integer(1, MAX_LAYERS), help="without --plan (default 1)")
+    g.add_argument("--gpu-type", type=flags.nonempty("a GPU type"),
+                   help="GPU type of a plan built from the parallel sizes (a label; "
+                   "the node size comes from torchrun; default CPU)")
     g.add_argument("--seq-length", type=flags.seq_length, help="sequence length (default: the model's)")
     g.add_argument("--make-vocab-size-divisible-by", type=integer(1, 1 << 16), default=128,
                    help="pad the vocabulary to a multiple of this times the plan's largest TP degree")
@@ -73,12 +76,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "plan's precision if it records one, else on with CUDA, off on CPU)")
     g.add_argument("--fp16", action="store_true", help="fp16 parameters and activations with loss scaling, fp32 "
                    "main gradients and master weights")
-    g.add_argument("--loss-scale", type=number(above=0.0), help="fp16: a constant loss scale (default: dynamic scaling)")
+    g.add_argument("--loss-scale", type=number(above=0.0),
+                   help="fp16: a constant loss scale (default: dynamic scaling)")
     g.add_argument("--initial-loss-scale", type=number(above=0.0), help="fp16: the first dynamic scale (default 2^32)")
-    g.add_argument("--min-loss-scale", type=number(above=0.0), help="fp16: the dynamic scale never goes below this (default 1)")
+    g.add_argument("--min-loss-scale", type=number(above=0.0),
+                   help="fp16: the dynamic scale never goes below this (default 1)")
     g.add_argument("--loss-scale-window", type=flags.positive,
                    help="fp16: clean steps in a row before the scale doubles (default 1000)")
-    g.add_argument("--hysteresis", type=flags.positive, help="fp16: overflowing steps (without a clean window between) before "
+    g.add_argument("--hysteresis", type=flags.positive,
+                   help="fp16: overflowing steps (without a clean window between) before "
                    "the scale halves (default 2); every overflowing step is skipped")
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", metavar="PREFIX",
@@ -89,22 +95,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--mock-data", action="store_true", help="synthetic data (the default without --data-path)")
     g.add_argument("--seed", type=integer(0, 2**32 - 1), default=1234)
     g = p.add_argument_group("validation")
-    g.add_argument("--eval-interval", type=integer(1, MAX_ITERS), help="validate every N steps and after the last (default: never)")
+    g.add_argument("--eval-interval", type=integer(1, MAX_ITERS),
+                   help="validate every N steps and after the last (default: never)")
     g.add_argument("--eval-iters", type=integer(0, MAX_ITERS),
                    help=f"validation batches of the global batch size per evaluation (default {EVAL_ITERS} with "
                    "--eval-interval; without it: one evaluation, after the last step)")
     g = p.add_argument_group("checkpoints and logging")
-    g.add_argument("--save", help="checkpoint directory, or an fsspec URL (s3://bucket/prefix, gs://...) that every "
+    g.add_argument("--save", type=path,
+                   help="checkpoint directory, or an fsspec URL (s3://bucket/prefix, gs://...) that every "
                    "node reaches: no shared filesystem needed; or, in `sailor run`, node:NAME: on each node's own "
                    "disk (its agent's --node-dir) with a copy on another node")
     g.add_argument("--save-interval", type=integer(0, MAX_ITERS), default=0, help="save every N steps (and at the end)")
     g.add_argument("--keep-checkpoints", type=integer(0, 1 << 20), default=3,
                    help="committed checkpoints to keep on disk (0: all); older ones are the fallback when the "
                    "newest is damaged")
-    g.add_argument("--load", help="resume from the newest checkpoint that verifies in this directory or URL")
-    g.add_argument("--load-hf", metavar="DIR", help="start from a Hugging Face model directory's safetensors "
+    g.add_argument("--load", type=path,
+                   help="resume from the newest checkpoint that verifies in this directory or URL")
+    g.add_argument("--load-hf", type=path, metavar="DIR",
+                   help="start from a Hugging Face model directory's safetensors "
                    "weights (sharded or not), cut to the plan; a checkpoint in --load, if any, wins")
-    g.add_argument("--metrics-file", help="append one JSON line per step (rank 0)")
+    g.add_argument("--metrics-file", type=path, help="append one JSON line per step (rank 0)")
     g.add_argument("--log-interval", type=integer(0, MAX_ITERS), default=1)
     g.add_argument("--dist-timeout", type=flags.seconds, default=300.0,
                    help="seconds a collective may wait for a peer before the run fails")
@@ -132,6 +142,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:
     cluster = load_cluster(args.cluster)
     if args.plan:
+        for flag, value in (("--tensor-model-parallel-size", args.tensor_model_parallel_size),
+                            ("--pipeline-model-parallel-size", args.pipeline_model_parallel_size),
+                            ("--gpu-type", args.gpu_type)):
+            if value is not None:  # (it was ignored)
+                raise SailorError(f"{flag} builds a uniform plan, but --plan {args.plan} gives the plan; drop {flag}")
         plan = load_plan(args.plan)
         model = plan_model(plan, args.model, args.seq_length)
         if args.global_batch_size is not None and args.global_batch_size != plan.global_batch_size:
@@ -149,10 +164,10 @@ def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:
         mbs = args.micro_batch_size or 1
         # torchrun's nodes are the plan's nodes: GPUs per node = processes per node
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        spec = cluster.gpu(args.gpu_type)
+        spec = cluster.gpu(args.gpu_type or "CPU")
         cluster = replace(cluster, gpus={**cluster.gpus, spec.name: replace(spec, gpus_per_node=local)})
-        plan = uniform_plan(model, world_size, args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
-                            gbs, mbs, gpu=spec.name)
+        plan = uniform_plan(model, world_size, args.tensor_model_parallel_size or 1,
+                            args.pipeline_model_parallel_size or 1, gbs, mbs, gpu=spec.name)
     check_runnable(plan, model, cluster)
     follow_plan_precision(args, plan)
     if plan.distributed_optimizer:  # the plan's memory counts on it (an elastic job's plans too)
@@ -196,7 +211,8 @@ def check_metrics_file(args) -> None:
     if not path:
         return
     if os.path.isdir(path):
-        raise SailorError(f"--metrics-file {path} is a directory; give a file, e.g. {os.path.join(path, 'metrics.jsonl')}")
+        raise SailorError(f"--metrics-file {path} is a directory; give a file, e.g. "
+                          f"{os.path.join(path, 'metrics.jsonl')}")
     parent = os.path.dirname(path) or "."
     if os.path.exists(parent) and not os.path.isdir(parent):
         raise SailorError(f"--metrics-file {path}: {parent} is not a directory")
@@ -217,8 +233,11 @@ def check_metrics_file(args) -> None:
                               "object); give a new file, or one an earlier run wrote, to append to")
 
 
-def check_save_dir(args) -> None:
-    """A local --save must be a directory or one to be made: a file there failed every save, after training."""
+def check_save_dir(args, fresh: bool = False) -> None:
+    """A local --save must be a directory or one to be made: a file there failed every save, after training.
+    fresh: a run that does not resume from --save (torchrun's first attempt) must not write into a directory
+    that holds another run's checkpoints: its saves replaced theirs and repointed `latest` (sailor run resumes
+    from --save by itself, so it passes False)."""
     path = args.save
     if not path or "://" in path or path.startswith("node:"):
         return  # an object store, or each node's own disk: found at the first save
@@ -229,6 +248,14 @@ def check_save_dir(args) -> None:
         raise SailorError(f"--save {path}: {here} is a file, not a directory; give a directory for the checkpoints")
     if not os.access(here, os.W_OK):
         raise SailorError(f"--save {path}: {here} is not writable here; give a directory this user can write")
+    resumes = args.load and os.path.exists(args.load) and os.path.samefile(args.load, here)
+    if fresh and here == os.path.abspath(path) and not resumes:
+        held = sorted(n for n in os.listdir(here) if n == "latest" or (
+            n.startswith("iter_") and os.path.isfile(os.path.join(here, n, "meta.json"))))
+        if held:
+            newest = held[-2] if len(held) > 1 and held[-1] == "latest" else held[-1]
+            raise SailorError(f"--save {path} already holds checkpoints ({newest}) that this run would replace; "
+                              f"resume them with --load {path}, or save to another directory")
 
 
 def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, local_rank: int,
@@ -272,7 +299,7 @@ def start(args, rank: int, world_size: int, local_rank: int):
                 raise SailorError("--distributed-backend nccl needs CUDA GPUs, and none is visible; use gloo on CPU")
         data = open_training_data(args, model)
         check_metrics_file(args)
-        check_save_dir(args)
+        check_save_dir(args, fresh=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0")
     except SailorError as e:
         error = e
         if own or local_rank == 0:

@@ -377,8 +377,12 @@ class Trainer:
         if self.rank == 0:
             try:
                 choice = [checkpoint.choose(load_dir, known_bad)]
-            except Exception as e:  # every rank must leave the broadcast
+            except SailorError as e:  # every rank must leave the broadcast
                 choice = [e]
+            except Exception as e:  # the storage's own: no credentials, no network, a bucket that is not there
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                choice = [SailorError(f"cannot read checkpoints at --load {load_dir} ({type(e).__name__}: {first}); "
+                                      "check the path, the storage's credentials and the network")]
         dist.broadcast_object_list(choice, src=0, group=self.topology.world_group)
         if isinstance(choice[0], SailorError):
             choice[0].agreed = True  # rank 0 alone reports it
@@ -447,6 +451,9 @@ class Trainer:
         # SAILOR_CUDA_SYNC_DEBUG=1: any host synchronisation inside a step after the first raises (torch's sync
         # debug mode); log points, checkpoints and validation, outside the step, may synchronise
         check_syncs = os.environ.get("SAILOR_CUDA_SYNC_DEBUG", "") not in ("", "0") and self.device.type == "cuda"
+        if self.step >= args.train_iters and self.rank == 0:  # resumed at or past the end: say so, not nothing
+            log(f"the checkpoint resumed is at step {self.step}, which reaches --train-iters {args.train_iters}: "
+                "nothing to train; raise --train-iters to train further")
         while self.step < args.train_iters:
             if check_syncs and self.step > 0:
                 torch.cuda.set_sync_debug_mode("error")

@@ -52,6 +52,8 @@ def test_batch_flag_that_contradicts_the_plan(tmp_path):
     (["--dist-timeout", "inf"], "--dist-timeout: must be"), (["--dist-timeout", "1e30"], "--dist-timeout: must be"),
     (["--eval-iters", str(2**60)], "--eval-iters: must be"), (["--grad-bucket-numel", "0"], "numel: must be"),
     (["--loss-scale", "0"], "--loss-scale: must be a positive"), (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--load", ""], "--load: is empty"), (["--save", ""], "--save: is empty"),  # (taken as not given)
+    (["--load-hf", ""], "--load-hf: is empty"), (["--model", ""], "--model: is empty"),
 ])
 def test_a_bad_training_flag_is_one_line(capsys, flags, named):
     """Every number the runtime takes has its range; argparse's own mistakes are one line too."""
@@ -60,6 +62,18 @@ def test_a_bad_training_flag_is_one_line(capsys, flags, named):
     assert main(([] if flags == [] else ["--train-iters", "1"]) + flags) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("sailor: error: python -m sailor_ext.train: ") and named in err, err
+
+
+@pytest.mark.parametrize("flag", [["--tensor-model-parallel-size", "2"], ["--pipeline-model-parallel-size", "2"],
+                                  ["--gpu-type", "A100-40"]])
+def test_a_uniform_plan_flag_next_to_a_plan_is_refused(tmp_path, capsys, flag):
+    """With --plan these were ignored: TP 2 asked, TP 1 trained."""
+    from sailor_ext.train import main
+
+    (tmp_path / "plan.json").write_text(json.dumps(ONE_RANK))
+    assert main(["--plan", str(tmp_path / "plan.json"), "--train-iters", "1", *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag[0]} builds a uniform plan" in err and f"drop {flag[0]}" in err, err
 
 
 @pytest.mark.parametrize("env, named", [
@@ -165,3 +179,35 @@ def test_peer_failure_fails_fast_and_keeps_the_last_checkpoint(tmp_path, failure
     meta, params = read_logical(str(tmp_path / "ckpt"))
     assert meta["step"] >= 1 and meta["consumed_samples"] == meta["step"] * 100
     assert "layers.0.word_embeddings.weight" in params and len(params) > 10
+
+
+def test_a_fresh_run_never_saves_over_another_runs_checkpoints(tmp_path):
+    """Without --load, a run whose --save holds checkpoints replaced them and repointed `latest` (exit 0); it is
+    refused, and the same run with --load of that directory resumes from them."""
+    (tmp_path / "plan.json").write_text(json.dumps(ONE_RANK))
+    first = Ranks(tmp_path, 1, ["--plan", "plan.json", "--train-iters", "2", "--save", "ckpt"])
+    assert first.wait(120) == [0]
+    kept = {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "ckpt").rglob("*") if p.is_file()}
+    again = Ranks(tmp_path, 1, ["--plan", "plan.json", "--train-iters", "1", "--seed", "9", "--save", "ckpt"])
+    run = again.result(again.wait(120))
+    assert run.returncodes == [2]
+    assert_one_clear_line(run.log(0), "--save ckpt already holds checkpoints (iter_0000002)", "--load ckpt")
+    assert {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "ckpt").rglob("*") if p.is_file()} == kept
+    resumed = Ranks(tmp_path, 1, ["--plan", "plan.json", "--train-iters", "3", "--load", "ckpt", "--save", "ckpt"])
+    assert resumed.wait(120) == [0]
+    past = Ranks(tmp_path, 1, ["--plan", "plan.json", "--train-iters", "1", "--load", "ckpt"])  # (said nothing)
+    run = past.result(past.wait(120))
+    assert run.returncodes == [0] and "is at step 3, which reaches --train-iters 1: nothing to train" in run.log(0)
+
+
+def test_an_unreadable_load_url_is_one_line(tmp_path):
+    """--load s3://... without credentials: botocore's traceback on every rank before; now one line."""
+    pytest.importorskip("s3fs")
+    (tmp_path / "plan.json").write_text(json.dumps(ONE_RANK))
+    env = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+           "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "",
+           "AWS_PROFILE": ""}
+    ranks = Ranks(tmp_path, 1, ["--plan", "plan.json", "--train-iters", "1", "--load", "s3://no-such-bucket/x"], env)
+    run = ranks.result(ranks.wait(120))
+    assert run.returncodes == [2]
+    assert_one_clear_line(run.log(0), "cannot read checkpoints at --load s3://no-such-bucket/x")
