@@ -19,10 +19,13 @@ Nothing here imports torch: `sailor launch` runs on the planner's machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import ipaddress
 import os
 import re
 import shlex
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -264,6 +267,40 @@ def _train_file_flag(arg: str) -> bool:
     return (len(name) >= 4 and "--plan".startswith(name)) or (len(name) >= 5 and "--cluster".startswith(name))
 
 
+def _check_train_args(rank_args: list[str], local: bool) -> None:
+    """Parse what every rank gets as sailor_ext.train will, so a bad flag is one line here, not an error from
+    every rank on the cluster (or argparse's usage). A printed launch file may leave out --train-iters (the user
+    completes it); a run here may not."""
+    from sailor_ext.precision import precision_config
+    from sailor_ext.train import parse_args  # torch-free; imported here: it imports this module
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # (--help's text)
+            parsed = parse_args(rank_args if local else ["--train-iters", "1", *rank_args])  # a later one wins
+    except SailorError as e:  # one line (planner.flags.Parser): "PROG: argument --lr: must be ...; see ..."
+        why = str(e).split(": ", 1)[-1].split("; see ")[0]
+        if "required: --train-iters" in why:
+            raise SailorError("sailor launch --local needs the number of training steps: add -- --train-iters N at "
+                              "the end") from None
+        raise SailorError(f"bad training arguments after '--': {why}") from None
+    except SystemExit:
+        raise SailorError("bad training arguments after '--': --help is not one; see "
+                          "`python -m sailor_ext.train --help`") from None
+    precision_config(parsed, cuda=False)  # --fp16 with --bf16 and the like
+
+
+def _check_port_free(port: int) -> None:
+    """torchrun's rendezvous listens on --master-port; when that port is taken it dies with a 40-line
+    traceback, so --local tries the port first (SO_REUSEADDR as torch does: only a listener counts)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            raise SailorError(f"--master-port {port} is not free on this machine ({e.strerror}): another job may "
+                              "hold it; pick a free port with --master-port N") from None
+
+
 def run(args) -> int:
     train_args = _split_rest(args)  # first: options after the plan (--cluster among them) count too
     _check_master_addr(args)
@@ -284,10 +321,12 @@ def run(args) -> int:
     if any(_train_file_flag(a) for a in train_args):
         raise SailorError("sailor launch: give the plan and the cluster file to sailor launch (--cluster FILE "
                           "before '--'); it passes them on to every rank")
-    if args.local or args.target == "torchrun":
-        # every rank computes the layout itself: from the same plan and cluster file
-        rank_args = [*(["--cluster", args.cluster] if args.cluster else []), *train_args]
+    # every rank computes the layout itself: from the same plan and cluster file
+    rank_args = [*(["--cluster", args.cluster] if args.cluster else []), *train_args]
+    if args.local or args.target != "megatron-lm":  # (megatron-lm checks its own: planner/targets/megatron_lm.py)
+        _check_train_args(["--plan", args.plan, *rank_args], args.local)
     if args.local:
+        _check_port_free(args.master_port)
         env = dict(os.environ)
         if plan.stages[0].replicas[0].gpu == "CPU":
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // layout.world_size)))

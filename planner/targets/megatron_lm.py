@@ -19,6 +19,7 @@ import math
 import shlex
 
 from planner.errors import SailorError
+from planner.flags import Parser, UsageError
 from planner.targets import per_node
 
 def megatron_model_args(model) -> list[str]:
@@ -76,7 +77,7 @@ def megatron_model_args(model) -> list[str]:
 
 def _train_options() -> argparse.ArgumentParser:
     """sailor_ext.train's options that Megatron-LM takes too, with sailor's defaults (no torch import)."""
-    p = argparse.ArgumentParser(prog="sailor launch --target megatron-lm", add_help=False, allow_abbrev=False)
+    p = Parser(prog="sailor launch --target megatron-lm", add_help=False, allow_abbrev=False)  # one-line errors
     p.add_argument("--train-iters", type=int)
     for name, default in (("--lr", 1e-3), ("--min-lr", 0.0), ("--weight-decay", 0.01), ("--adam-beta1", 0.9),
                           ("--adam-beta2", 0.95), ("--adam-eps", 1e-8), ("--clip-grad", 1.0),
@@ -126,7 +127,11 @@ def training_args(train_args: list[str], plan, model) -> list[str]:
         reason = NOT_IN_MEGATRON.get(arg.split("=")[0])
         if reason:
             raise SailorError(f"{arg.split('=')[0]} does not go to Megatron-LM ({reason}); drop it")
-    known, unknown = _train_options().parse_known_args(train_args)
+    try:
+        known, unknown = _train_options().parse_known_args(train_args)
+    except UsageError as e:  # "PROG: argument --train-iters: invalid int value: 'abc'; see ...": the middle part
+        raise SailorError(f"bad training arguments after '--': {str(e).split(': ', 1)[-1].split('; see ')[0]}") \
+            from None
     if unknown:
         raise SailorError(f"sailor launch --target megatron-lm: unknown training argument {unknown[0]!r}")
     a = known
