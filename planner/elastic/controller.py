@@ -467,14 +467,22 @@ class Controller:
                 if self.epoch is not None and not self.epoch.stopping:
                     deadline = time.monotonic() + self.s.wait_s
                 elif time.monotonic() > deadline:
-                    raise SailorError(f"no plan could run for {self.s.wait_s:g} s (nodes present: "
-                                      f"{', '.join(n.id for n in self.usable()) or 'none'}); add nodes and resume "
-                                      "with --load SAVE_DIR")
+                    raise SailorError(f"no plan could run for {self.s.wait_s:g} s ({self._presence()}); add nodes "
+                                      "and resume with --load SAVE_DIR")
                 time.sleep(self.s.poll_s)
         finally:
             if not getattr(self.state, "lost", None):
                 self.server.set(P.JOB_DONE, "1")
             self._stop_local_agents()
+
+    def _presence(self) -> str:
+        """The nodes present, and those that joined but whose workers never became ready (a slow or
+        overloaded machine, workers that fail to start): "none" alone would hide them."""
+        ready = [n.id for n in self.usable()]
+        unready = [n.info.id for n in self.nodes.values() if not n.lost and not n.ready]
+        return f"nodes present: {', '.join(ready) or 'none'}" + (
+            f"; joined but their workers not ready: {', '.join(unready[:8])}"
+            + (f" and {len(unready) - 8} more" if len(unready) > 8 else "") if unready else "")
 
     def _finish(self) -> int:
         e = self.epoch
@@ -518,23 +526,41 @@ class Controller:
                 a.kill()
 
 
-def read_provider(path: str | None, command: str | None) -> set[str] | None:
-    """Node ids the provider reports: one per line (or a JSON list); None if it cannot be read now."""
-    try:
-        if path:
-            text = Path(path).read_text()
-        else:
-            text = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=10,
-                                  check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
+def _read_provider(path: str | None, command: str | None) -> set[str]:
+    """Node ids the provider reports: one per line (or a JSON list). Raises OSError, SubprocessError or
+    ValueError (not UTF-8, bad JSON, an unparsable command) when the hook cannot be read."""
+    if path:
+        text = Path(path).read_text(encoding="utf-8")
+    else:
+        text = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=10, check=True).stdout
     text = text.strip()
     if text.startswith("["):
-        try:
-            return {str(x) for x in json.loads(text)}
-        except json.JSONDecodeError:
-            return None
+        return {str(x) for x in json.loads(text)}
     return {line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")}
+
+
+def read_provider(path: str | None, command: str | None) -> set[str] | None:
+    """Node ids the provider reports; None if it cannot be read now (the last list stands)."""
+    try:
+        return _read_provider(path, command)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def check_provider(path: str | None, command: str | None) -> None:
+    """Read the hook once before the job starts: a typo in it would silently never notice a node's loss."""
+    try:
+        _read_provider(path, command)
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        if isinstance(e, subprocess.CalledProcessError):
+            why = f"exit {e.returncode}" + (f": {e.stderr.strip().splitlines()[-1][:200]}" if e.stderr.strip() else "")
+        elif isinstance(e, UnicodeDecodeError):
+            why = "not UTF-8 text"
+        else:
+            why = getattr(e, "strerror", None) or str(e)
+        hook = f"--nodes-file {path}" if path else f"--nodes-command {command!r}"
+        raise SailorError(f"{hook} cannot be read at start ({why}); it must list the ids of the nodes that exist, "
+                          "one per line or as a JSON list") from None
 
 
 # -- the command ------------------------------------------------------------------------
@@ -570,8 +596,10 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     p.add_argument("--reconfigure-cost-s", type=flags.number(0.0, 1e9), metavar="SECONDS",
                    help="what a reconfiguration costs when deciding whether a joining node pays off (default: the "
                         "last one measured, 2 s before any)")
-    p.add_argument("--nodes-file", help="provider hook: a file listing the node ids that exist (one per line)")
-    p.add_argument("--nodes-command", help="provider hook: a command that prints the node ids that exist")
+    p.add_argument("--nodes-file", type=flags.nonempty("a file"),
+                   help="provider hook: a file listing the node ids that exist (one per line)")
+    p.add_argument("--nodes-command", type=flags.nonempty("a command"),
+                   help="provider hook: a command that prints the node ids that exist")
     p.add_argument("--nodes-interval-s", type=flags.number(above=0.0, hi=1e6), default=2.0, metavar="SECONDS",
                    help="how often to ask the provider hook (default 2 s)")
     p.add_argument("--max-tp", type=flags.integer(1, 64), default=8, metavar="TP",
@@ -625,6 +653,7 @@ def _train_args(args, model) -> tuple[list[str], int, int]:
         raise SailorError("bad training arguments after '--': --help is not one; see "
                           "`python -m sailor_ext.train --help`") from None
     precision_config(parsed, cuda=False)  # --fp16 with --bf16 and the like: before any node starts
+    rest = _with_precision(getattr(args, "precision", None), parsed, rest)
     if parsed.model is not None and parsed.model != args.model:
         raise SailorError(f"training argument --model {parsed.model} contradicts sailor run --model {args.model}")
     if parsed.seq_length is not None and parsed.seq_length != model.seq_len:
@@ -646,6 +675,20 @@ def _train_args(args, model) -> tuple[list[str], int, int]:
     return rest, parsed.train_iters, parsed.make_vocab_size_divisible_by
 
 
+def _with_precision(precision: str | None, parsed, rest: list[str]) -> list[str]:
+    """The workers' arguments with the job's --precision flag in front (as `sailor launch` adds a plan's):
+    the planner sizes every plan for that precision, so the workers must train in it."""
+    from planner.specs.precision import RUNTIME_FLAGS
+
+    asked = "fp16" if parsed.fp16 else {True: "bf16", False: "fp32", None: None}[parsed.bf16]
+    if precision is None or asked == precision:
+        return rest
+    if asked is not None:
+        raise SailorError(f"--precision {precision} contradicts the training argument {RUNTIME_FLAGS[asked]} after "
+                          "'--'; drop one of them")
+    return [RUNTIME_FLAGS[precision], *rest]
+
+
 def job_vocabulary(vocab: int, divisor: int, max_tp: int, load: str | None) -> tuple[int, int]:
     """(padded vocabulary, largest TP degree) for every plan of the job.
 
@@ -663,19 +706,41 @@ def job_vocabulary(vocab: int, divisor: int, max_tp: int, load: str | None) -> t
     latest = f"{root}/latest"
     if not fs.exists(latest) and not fs.exists(f"{root}/meta.json"):
         raise SailorError(f"no checkpoint in {load} (no 'latest' file); give the --save directory of a previous run")
-    try:
-        meta_path = f"{root}/{fs.cat_file(latest).decode().split()[0]}/meta.json" if fs.exists(latest) \
-            else f"{root}/meta.json"
-        meta = json.loads(fs.cat_file(meta_path))
-        saved = meta.get("meta", meta).get("padded_vocab")  # meta.json: {"sha256": ..., "meta": {...}}
-    except (OSError, ValueError, IndexError, AttributeError):
-        return padded, max_tp  # the workers check the checkpoint and say what is wrong with it
+    saved = _saved_padding(fs, root) if fs.exists(latest) else _read_padding(fs, f"{root}/meta.json")
     if not saved:
-        return padded, max_tp
+        return padded, max_tp  # the workers check the checkpoint and say what is wrong with it
     tp = max_tp
     while tp > 1 and saved % (divisor * tp):
         tp //= 2
     return saved, tp
+
+
+def _read_padding(fs, path: str) -> int | None:
+    """padded_vocab of a checkpoint's meta.json ({"sha256": ..., "meta": {...}}), None if it does not read."""
+    try:
+        meta = json.loads(fs.cat_file(path))
+        saved = meta.get("meta", meta).get("padded_vocab")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return saved if isinstance(saved, int) and saved > 0 else None
+
+
+def _saved_padding(fs, root: str) -> int | None:
+    """The padding of the checkpoint the workers resume: the one `latest` names, else (a damaged `latest`,
+    from which sailor_ext.checkpoint.choose falls back) the newest iter_NNNNNNN whose meta.json reads.
+    Torch-free, so not through sailor_ext.checkpoint."""
+    import re
+
+    try:
+        names = sorted((p.rstrip("/").rpartition("/")[2] for p in fs.ls(root, detail=False)), reverse=True)
+    except OSError:
+        names = []
+    try:
+        first = fs.cat_file(f"{root}/latest").decode().split()[:1]  # "iter_NNNNNNN SHA256"
+    except (OSError, ValueError):  # a directory, unreadable, not text
+        first = []
+    iters = [n for n in first + names if re.fullmatch(r"iter_\d{7}", n)]
+    return next(filter(None, (_read_padding(fs, f"{root}/{n}/meta.json") for n in iters)), None)
 
 
 def run(args) -> int:
@@ -701,6 +766,18 @@ def run(args) -> int:
     for flag, path in (("--events-file", args.events_file), ("--address-file", args.address_file)):
         if path:
             check_output(path, (args.cluster, args.load, args.nodes_file), flag)
+    if not args.state.startswith("etcd://"):  # the journal is rewritten at start: never over an input or a user file
+        from planner.elastic.state import check_journal
+
+        inputs = (args.cluster, args.load, args.nodes_file, args.events_file, args.address_file, args.model,
+                  args.node_dirs, *(args.profiles or ()))
+        for path, what in ((args.state, "--state"), (args.state + ".lock", "--state's lock file"),
+                           (args.state + ".tmp", "--state's temporary file")):
+            if Path(path).parent.is_dir():  # (a missing directory is created, and holds no input)
+                check_output(path, inputs, what)
+        check_journal(args.state)
+    if args.nodes_file or args.nodes_command:
+        check_provider(args.nodes_file, args.nodes_command)
     padded_vocab, max_tp = job_vocabulary(model.vocab, divisor, args.max_tp, args.load)
     profiles = load_profiles(args.profiles, dict(cluster.gpus), model, "sailor")  # the workers run ours
     from planner.specs.precision import flags_precision
@@ -722,6 +799,11 @@ def run(args) -> int:
     if args.gpus_per_node is not None and not args.local:
         raise SailorError("--gpus-per-node sizes the agents --local starts; without --local each agent says its own")
     nodes = local_nodes(pools, args.gpus_per_node, cluster) if args.local else []
+    workers, most = sum(n for _, _, n in nodes), max(64, 8 * (os.cpu_count() or 1))
+    if workers > most:  # each worker is a process that imports torch: thousands would only swamp the machine
+        raise SailorError(f"--local --gpus {args.gpus} would start {workers} worker processes ({len(nodes)} agents) "
+                          f"on this machine, more than the {most} it can take ({os.cpu_count()} CPU cores); give "
+                          "fewer GPUs, or start agents on other machines with `sailor agent --store HOST:PORT`")
     if nodes:  # the GPUs given must hold a plan, or the job would only wait
         infos = [P.NodeInfo(f"node{i}", g, z, n) for i, (g, z, n) in enumerate(nodes)]
         if replanner.propose(infos) is None:

@@ -34,6 +34,7 @@ from planner.errors import SailorError
 EPHEMERAL = (b"hb/", b"wb/")
 _SET, _DEL = b"S", b"D"
 _HEAD = struct.Struct("!cII")  # op, key length, value length
+MAGIC = b"sailor-run journal 1\n"  # the first bytes of every journal: any other file is not ours to rewrite
 
 
 def durable(key: bytes) -> bool:
@@ -78,7 +79,7 @@ class Journal:
         """The state as the last controller left it; rewrites the journal compactly."""
         data: dict[bytes, bytes] = {}
         raw = self.path.read_bytes() if self.path.exists() else b""
-        i = 0
+        i = journal_start(raw, self.path)
         while i + _HEAD.size <= len(raw):
             op, klen, vlen = _HEAD.unpack_from(raw, i)
             end = i + _HEAD.size + klen + vlen
@@ -99,6 +100,7 @@ class Journal:
     def _rewrite(self, data: dict[bytes, bytes]) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "wb") as f:
+            f.write(MAGIC)
             for k, v in data.items():
                 f.write(_HEAD.pack(_SET, len(k), len(v)) + k + v)
             f.flush()
@@ -133,6 +135,34 @@ class Journal:
             self._file.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
+
+
+def journal_start(raw: bytes, path) -> int:
+    """Where the records of journal bytes `raw` start; a non-empty file that is not a journal (a user's
+    file, a cluster file given to --state by mistake) is refused, never rewritten."""
+    if raw.startswith(MAGIC):
+        return len(MAGIC)
+    if not raw:
+        return 0
+    if len(raw) >= _HEAD.size:  # a journal of sailor before MAGIC: a whole first record with a readable key
+        op, klen, _ = _HEAD.unpack_from(raw)
+        key = raw[_HEAD.size:_HEAD.size + klen]
+        if op in (_SET, _DEL) and 0 < klen == len(key) and key.isascii() and key.decode().isprintable():
+            return 0
+    raise SailorError(f"--state {path} exists and is not a sailor run journal; give a new file, or the --state of "
+                      "an earlier run")
+
+
+def check_journal(path: str) -> None:
+    """Refuse --state FILE up front if FILE holds anything but a journal (journal_start)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise SailorError(f"cannot read --state {path} ({e.strerror}); give a readable journal or a new file") from None
+    journal_start(head, path)
 
 
 def _done() -> None:

@@ -277,6 +277,7 @@ class Worker:
         from sailor_ext import compat, devices
         from sailor_ext.snapshot import Persister, PersistTarget
         from sailor_ext.data import open_training_data
+        from sailor_ext.train import follow_plan_precision
         from sailor_ext.trainer import Trainer
 
         args, e = self.args, a.epoch
@@ -317,8 +318,10 @@ class Worker:
                                   args.train_iters))
             if self.data is None:
                 self.data = open_training_data(args, model)
-            trainer = Trainer(replace_ns(args, load=None, load_hf=None), plan, model, layout, rank, device, self.ring,
-                              persister, a.padded_vocab, self.data)
+            own = replace_ns(args, load=None, load_hf=None)
+            follow_plan_precision(own, plan)  # train in what the plan was sized for (sailor run --precision, or
+            # the default for its GPU types: fp16 with a V100), as sailor_ext.train does with a plan
+            trainer = Trainer(own, plan, model, layout, rank, device, self.ring, persister, a.padded_vocab, self.data)
             if persister is not None:
                 persister.meta = {**trainer.checkpoint_meta(), "hf_source": getattr(args, "load_hf", None)}
             t_built = time.time()

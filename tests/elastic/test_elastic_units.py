@@ -266,6 +266,25 @@ def test_a_resumed_job_keeps_its_checkpoints_vocabulary_padding(tmp_path):
     assert job_vocabulary(512, 128, 8, str(tmp_path)) == (512, 4)
 
 
+@pytest.mark.parametrize("latest", ["garbage", "directory", "missing-iter"])
+def test_a_damaged_latest_keeps_the_padding_of_the_newest_readable_checkpoint(tmp_path, latest):
+    """The workers fall back from a damaged `latest` to the newest checkpoint that verifies
+    (checkpoint.choose); the job's padding must be that checkpoint's, not the default (1024 here)."""
+    from planner.elastic.controller import job_vocabulary
+
+    for step, meta in ((2, {"padded_vocab": 512}), (3, {"sha256": "0" * 64, "meta": {"padded_vocab": 512}})):
+        (tmp_path / f"iter_000000{step}").mkdir()
+        (tmp_path / f"iter_000000{step}" / "meta.json").write_text(json.dumps(meta))
+    (tmp_path / "iter_0000004").mkdir()  # an unfinished save: no meta.json
+    (tmp_path / "iter_0000005").mkdir()
+    (tmp_path / "iter_0000005" / "meta.json").write_text("{torn")
+    if latest == "directory":
+        (tmp_path / "latest").mkdir()
+    else:
+        (tmp_path / "latest").write_text("garbage\n" if latest == "garbage" else "iter_0000009 " + "0" * 64 + "\n")
+    assert job_vocabulary(512, 128, 8, str(tmp_path)) == (512, 4)
+
+
 def test_a_joining_node_is_worth_it_only_if_it_saves_more_than_the_switch():
     assert pays_off(current_s=0.20, proposed_s=0.15, remaining_steps=100, reconfigure_s=2.0)  # saves 5 s
     assert not pays_off(current_s=0.20, proposed_s=0.15, remaining_steps=30, reconfigure_s=2.0)  # saves 1.5 s
@@ -288,6 +307,145 @@ def test_provider_list_file_and_command(tmp_path):
     assert read_provider(str(f), None) == {"x", "y"}
     assert read_provider(None, "printf 'n1\\nn2\\n'") == {"n1", "n2"}
     assert read_provider(str(tmp_path / "missing"), None) is None  # unreadable now: keep the last list
+    f.write_bytes(b"\xff\x00\xff")
+    assert read_provider(str(f), None) is None  # not UTF-8 (now): the same, not a crash of the controller
+    assert read_provider(None, "printf '\\377'") is None and read_provider(None, "'unbalanced") is None
+
+
+@pytest.mark.parametrize("hook, fragment", [
+    (["--nodes-file", "binary"], "--nodes-file binary cannot be read at start (not UTF-8 text)"),
+    (["--nodes-file", "missing"], "--nodes-file missing cannot be read at start (No such file or directory)"),
+    (["--nodes-command", "/no/such/cmd"], "--nodes-command '/no/such/cmd' cannot be read at start (No such file"),
+    (["--nodes-command", "sh -c 'echo oops >&2; exit 3'"], "cannot be read at start (exit 3: oops)"),
+])
+def test_a_provider_hook_that_cannot_be_read_at_start_is_one_line(tmp_path, hook, fragment):
+    """A typo in the hook would otherwise go unnoticed (no node's loss ever seen through it)."""
+    (tmp_path / "binary").write_bytes(b"\xff\x00\xff")
+    out = _sailor_run(tmp_path, *hook, "--wait-s", "1", "--", "--train-iters", "1")
+    _one_error(out, fragment)
+
+
+# -- sailor run: the workers' arguments ---------------------------------------------------------
+def _job_args(precision, *rest):
+    import argparse
+
+    return argparse.Namespace(rest=["--", "--train-iters", "1", *rest], model="tiny", local=False, node_dirs=None,
+                              load=None, precision=precision)
+
+
+@pytest.mark.parametrize("precision, given, flag", [
+    ("bf16", [], "--bf16"), ("fp16", [], "--fp16"), ("fp32", [], "--no-bf16"), (None, [], None),
+    ("bf16", ["--bf16"], None), ("fp32", ["--no-bf16"], None), ("fp16", ["--fp16"], None),
+])
+def test_the_workers_train_in_the_jobs_precision(precision, given, flag):
+    """sailor run --precision sizes every plan for that precision: the workers get its flag, as
+    `sailor launch` gives a plan's (a flag already there is not repeated)."""
+    from planner.elastic.controller import _train_args
+    from planner.specs.model import get_model
+
+    rest, _, _ = _train_args(_job_args(precision, *given), get_model("tiny"))
+    assert rest == ([flag] if flag else []) + ["--train-iters", "1", *given]
+
+
+def test_a_training_flag_that_contradicts_the_jobs_precision_is_refused():
+    from planner.elastic.controller import _train_args
+    from planner.errors import SailorError
+    from planner.specs.model import get_model
+
+    for precision, given in (("bf16", "--no-bf16"), ("fp32", "--bf16"), ("bf16", "--fp16"), ("fp16", "--bf16")):
+        with pytest.raises(SailorError, match=f"--precision {precision} contradicts the training argument {given} "):
+            _train_args(_job_args(precision, given), get_model("tiny"))
+
+
+# -- sailor run: its journal (--state) ----------------------------------------------------------
+def _sailor_run(cwd, *extra, code="from planner.cli import main; sys.exit(main())"):
+    # start_local_agents exits: a test of a refusal never starts agents, even on code that does not refuse
+    code = ("import sys; sys.path.insert(0, %r); from planner.elastic.controller import Controller; "
+            "Controller.start_local_agents = lambda *a, **k: sys.exit('started agents'); " % str(ROOT)) + code
+    return subprocess.run([sys.executable, "-c", code, "run", "--model", "tiny", "--global-batch", "2", *extra],
+                          capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def _one_error(out, fragment):
+    assert out.returncode == 2, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("sailor: error:")]
+    assert len(errors) == 1 and fragment in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--state", "notes.txt"], "--state notes.txt exists and is not a sailor run journal; give a new file"),
+    (["--state", "c.yaml", "--cluster", "c.yaml"], "--state c.yaml is also an input of this command"),
+    (["--state", "ck/latest", "--load", "ck"], "--state ck/latest would replace a file in ck"),
+    (["--state", "events", "--events-file", "events"], "--state events is also an input of this command"),
+    (["--state", "j", "--cluster", "j.lock"], "--state's lock file j.lock is also an input of this command"),
+])
+def test_sailor_run_never_writes_its_journal_over_another_file(tmp_path, extra, fragment):
+    """The journal is rewritten at start: over a user's notes, the job's own cluster file or a
+    checkpoint's `latest` that was data loss (and a cluster file destroyed before the agents read it)."""
+    files = {"notes.txt": "my notes\n" * 20, "c.yaml": "gpus: {}\n", "ck/latest": "iter_0000003 " + "0" * 64 + "\n",
+             "events": '{"event": "x"}\n', "j.lock": "{\"gpus\": {}}\n"}
+    (tmp_path / "ck").mkdir()
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    _one_error(_sailor_run(tmp_path, *extra, "--wait-s", "1", "--", "--train-iters", "1"), fragment)
+    assert {name: (tmp_path / name).read_text() for name in files} == files
+
+
+def test_the_journal_refuses_a_file_it_did_not_write(tmp_path):
+    """A journal starts with its MAGIC (or, written before it, with a whole record); any other file
+    is refused, not parsed up to its first "torn record" and replaced."""
+    import struct
+
+    from planner.elastic.state import MAGIC, Journal
+    from planner.errors import SailorError
+
+    notes = tmp_path / "notes"
+    notes.write_text("S my notes\n" * 5)
+    j = Journal(str(notes))
+    j.lead()
+    with pytest.raises(SailorError, match="exists and is not a sailor run journal"):
+        j.load()
+    j.close()
+    assert notes.read_text() == "S my notes\n" * 5
+    new = Journal(str(tmp_path / "new"))
+    new.lead()
+    assert new.load() == {} and (tmp_path / "new").read_bytes() == MAGIC
+    new.close()
+    old = tmp_path / "old"  # a journal of the previous format: no MAGIC
+    old.write_bytes(struct.pack("!cII", b"S", 5, 1) + b"epoch1" + struct.pack("!cII", b"S", 3, 9) + b"plan")
+    j = Journal(str(old))
+    j.lead()
+    assert j.load() == {b"epoch": b"1"}  # (and the torn second record dropped)
+    j.close()
+    assert old.read_bytes().startswith(MAGIC)
+
+
+# -- sailor run --local: the size of the job on one machine ------------------------------------
+def test_local_refuses_more_workers_than_the_machine_can_take(tmp_path):
+    import os
+
+    many = max(64, 8 * (os.cpu_count() or 1)) + 8  # (whole nodes of 8 CPU "GPUs": a plan runs on them)
+    out = _sailor_run(tmp_path, "--local", "--gpus", f"CPU@local={many}", "--wait-s", "1", "--", "--train-iters", "1")
+    _one_error(out, f"would start {many} worker processes ({many // 8} agents) on this machine")
+
+
+def test_waiting_out_names_nodes_that_joined_but_are_not_ready():
+    """After --wait-s without a plan, "nodes present: none" hid nodes that joined but whose workers
+    never became ready (an overloaded machine)."""
+    from planner.elastic.controller import Controller, EventLog, NodeState, Settings
+    from planner.errors import SailorError
+
+    controller = Controller(Settings([], 1, wait_s=0.0), None, EventLog(None, quiet=True))
+    far = time.monotonic() + 1e6  # no heartbeat is missed
+    for i in range(3):
+        controller.nodes[f"node{i}"] = NodeState(P.NodeInfo(f"node{i}", "CPU", "local", 8), 0.0, beat_at=far)
+    try:
+        with pytest.raises(SailorError, match=r"nodes present: none; joined but their workers not ready: node0, "
+                                              r"node1, node2\)"):
+            controller.run()
+    finally:
+        controller.server.close()
 
 
 # -- bad input: one line, non-zero exit ---------------------------------------------------------
@@ -304,6 +462,8 @@ def test_provider_list_file_and_command(tmp_path):
     (["--", "--train-iters", "5", "--save", "README.md/ckpt"], "README.md is a file, not a directory"),
     (["--", "--train-iters", "5", "--load", "ckpt"], "--load ckpt after '--' would be ignored"),  # (it was)
     (["--", "--train-iters", "5", "--lr", "nan"], "bad training arguments after '--': argument --lr: must be"),
+    (["--precision", "bf16", "--", "--train-iters", "5", "--no-bf16"],
+     "--precision bf16 contradicts the training argument --no-bf16 after '--'; drop one of them"),
     (["--gpus", "CPU@local=2", "--local", "--node-dirs", "/etc/passwd/d", "--", "--train-iters", "5", "--save",
       "node:ckpt"], "--node-dirs /etc/passwd/d: cannot create it"),
 ])
