@@ -106,23 +106,29 @@ class Replanner:
             return None
         plan, estimate = result.plans[0]
         check_runnable(plan, self.model, cluster)
-        ranks = assign(plan, cluster, nodes)
+        try:
+            ranks = assign(plan, cluster, nodes)
+        except SailorError:  # no way to seat the plan on these nodes: wait for others, as when nothing fits
+            return None
         sizes = {g: cluster.gpu(g).gpus_per_node for g in {n.gpu for n in nodes}}
         return Proposal(plan, estimate.iteration_time_s, ranks, sizes, time.perf_counter() - start)
 
 
 def assign(plan: Plan, cluster: Cluster, nodes: list[NodeInfo]) -> tuple[tuple[str, int], ...]:
-    """(node id, worker index) of every rank: layout nodes onto real nodes of the same type and zone."""
+    """(node id, worker index) of every rank: layout nodes onto real nodes of the same type and zone, first
+    fit. The plan's nodes have the smallest real node's size (cluster_for), so a larger real node may seat
+    several of them, its workers numbered on from the ones already taken (an 8-GPU node and a 1-GPU node
+    give 9 one-GPU layout nodes: each took a real node of its own before, and the 9th found none)."""
     layout = rank_layout(plan, cluster)
     free: dict[tuple[str, str], list[NodeInfo]] = {}
     for n in nodes:
         free.setdefault((n.gpu, n.zone), []).append(n)
-    chosen: dict[int, NodeInfo] = {}
+    used: dict[str, int] = {}  # workers of each real node already given a rank
+    chosen: dict[int, tuple[str, int]] = {}  # layout node -> (real node, its first worker)
     for ln in layout.nodes:
-        pool = free.get((ln.gpu, ln.zone), [])
-        fit = next((n for n in pool if n.gpus >= ln.nproc), None)
+        fit = next((n for n in free.get((ln.gpu, ln.zone), []) if n.gpus - used.get(n.id, 0) >= ln.nproc), None)
         if fit is None:
             raise SailorError(f"the plan needs a node of {ln.nproc} x {ln.gpu} in {ln.zone} that is not present")
-        pool.remove(fit)
-        chosen[ln.index] = fit
-    return tuple((chosen[s.node].id, s.local_rank) for s in layout.slots)
+        chosen[ln.index] = (fit.id, used.get(fit.id, 0))
+        used[fit.id] = used.get(fit.id, 0) + ln.nproc
+    return tuple((chosen[s.node][0], chosen[s.node][1] + s.local_rank) for s in layout.slots)

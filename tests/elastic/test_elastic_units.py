@@ -249,6 +249,21 @@ def test_layout_nodes_map_onto_nodes_of_the_same_type_and_zone():
     assert ranks == (("near", 0), ("near", 1), ("far", 0), ("far", 1))
 
 
+def test_nodes_of_different_sizes_seat_every_rank():
+    """An 8-worker and a 1-worker node: plans are made for 1-GPU nodes, and one using all 9 must seat 8 ranks on
+    the big node (each layout node took a real node of its own: "needs a node of 1 x CPU that is not present")."""
+    from planner.specs.plan import plan_from_dict
+
+    plan = plan_from_dict({"format": "sailor-plan", "version": 1, "model": "tiny", "global_batch_size": 9,
+                           "stages": [{"layers": [0, 5], "replicas": [{"gpu": "CPU", "tp": 1, "zone": "local",
+                                                                       "count": 9}]}],
+                           "pipelines": [{"microbatch_size": 1, "num_microbatches": 1, "count": 9}]})
+    nodes = [P.NodeInfo("big", "CPU", "local", 8), P.NodeInfo("small", "CPU", "local", 1)]
+    ranks = assign(plan, _replanner().cluster_for(nodes), nodes)
+    assert sorted(ranks) == sorted([("big", i) for i in range(8)] + [("small", 0)])
+    assert _replanner(global_batch=9).propose(nodes) is not None
+
+
 def test_plans_keep_to_the_tp_degrees_the_vocabulary_padding_allows():
     replanner = _replanner()
     replanner.max_tp = 1
