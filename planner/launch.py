@@ -323,8 +323,8 @@ def run(args) -> int:
                           "before '--'); it passes them on to every rank")
     # every rank computes the layout itself: from the same plan and cluster file
     rank_args = [*(["--cluster", args.cluster] if args.cluster else []), *train_args]
-    if args.local or args.target != "megatron-lm":  # (megatron-lm checks its own: planner/targets/megatron_lm.py)
-        _check_train_args(["--plan", args.plan, *rank_args], args.local)
+    # (megatron-lm takes a subset of these options, so its values get the runtime's ranges too)
+    _check_train_args(["--plan", args.plan, *rank_args], args.local)
     if args.local:
         _check_port_free(args.master_port)
         env = dict(os.environ)

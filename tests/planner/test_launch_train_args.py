@@ -43,8 +43,9 @@ def test_bad_training_arguments_are_one_line_and_nothing_is_written(tmp_path, ta
     (["--train-iters", "5", "--fp16", "--bf16"], ["--fp16 and --bf16 exclude each other"]),
     (["--help"], ["--help is not one"]),
 ])
-def test_what_every_rank_would_reject_is_refused_at_launch(tmp_path, train_args, words):
-    refused(launch(tmp_path, "--target", "slurm", "--", *train_args), *words)
+@pytest.mark.parametrize("target", ["slurm", "megatron-lm"])  # (megatron-lm's own parser took --lr -1)
+def test_what_every_rank_would_reject_is_refused_at_launch(tmp_path, train_args, words, target):
+    refused(launch(tmp_path, "--target", target, "--", *train_args), *words)
 
 
 def test_valid_launches_still_print(tmp_path):
