@@ -18,6 +18,8 @@ intact.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
@@ -136,6 +138,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--no-rope-fusion", dest="rope_fusion", action="store_false",
                    help="run rotary positions as separate kernels (default on CUDA: one compiled kernel)")
     return p.parse_args(argv)
+
+
+def check_train_args(argv: list[str]) -> argparse.Namespace:
+    """The training arguments as every rank will parse them, checked where the user gives them (sailor launch,
+    sailor run): a mistake is one line there, not one per rank on the cluster."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # (--help's text)
+            parsed = parse_args(argv)
+    except SailorError as e:  # one line (planner.flags.Parser): "PROG: argument --lr: must be ...; see ..."
+        why = str(e).split(": ", 1)[-1].split("; see ")[0]
+        raise SailorError(f"bad training arguments after '--': {why}") from None
+    except SystemExit:
+        raise SailorError("bad training arguments after '--': --help is not one; see "
+                          "`python -m sailor_ext.train --help`") from None
+    precision_config(parsed, cuda=False)  # --fp16 with --bf16 and the like
+    return parsed
 
 
 # -- resolving the plan (no torch needed) -------------------------------------------

@@ -36,8 +36,6 @@ running job (adopt). Only one leads a job at a time. Torch-free.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import math
 import os
@@ -640,19 +638,9 @@ def _train_args(args, model) -> tuple[list[str], int, int]:
     if not any(a == "--train-iters" or a.startswith("--train-iters=") for a in rest):
         raise SailorError("sailor run needs the number of training steps: add -- --train-iters N at the end (training "
                           "arguments go after '--')")
-    from sailor_ext.precision import precision_config
-    from sailor_ext.train import check_save_dir, parse_args  # torch-free: argument parsing only
+    from sailor_ext.train import check_save_dir, check_train_args  # torch-free: argument parsing only
 
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # (--help's text)
-            parsed = parse_args(rest)
-    except SailorError as e:  # one line (planner.flags.Parser): "PROG: argument --lr: must be ...; see ..."
-        why = str(e).split(": ", 1)[-1].split("; see ")[0]
-        raise SailorError(f"bad training arguments after '--': {why}") from None
-    except SystemExit:
-        raise SailorError("bad training arguments after '--': --help is not one; see "
-                          "`python -m sailor_ext.train --help`") from None
-    precision_config(parsed, cuda=False)  # --fp16 with --bf16 and the like: before any node starts
+    parsed = check_train_args(rest)
     rest = _with_precision(getattr(args, "precision", None), parsed, rest)
     if parsed.model is not None and parsed.model != args.model:
         raise SailorError(f"training argument --model {parsed.model} contradicts sailor run --model {args.model}")
