@@ -172,14 +172,18 @@ class Chains:
         if not self._by_time or self._cutoff == math.inf:
             return -math.inf
         (a, b), L, M, top = rep, self.L, self.gbs // rep[0].mbs, min(self.max_stages, self.L)
-        fa, fb = _fb(a), _fb(b)
-        layers = [min(fa[j + 1] - fa[j], fb[j + 1] - fb[j]) for j in range(L)]
         d_most = min(M, *(n // p.tp for p in rep for _, n in p.zones))
         if d_most < 1:
             return math.inf
-        total = sum(layers) + min(self._least_extra(a), self._least_extra(b))
+        key = ("pair-layers", id(a.plain or a.costs), id(b.plain or b.costs))  # (what _fb reads)
+        if key not in self._front_cache:
+            fa, fb = _fb(a), _fb(b)
+            layers = [min(fa[j + 1] - fa[j], fb[j + 1] - fb[j]) for j in range(L)]
+            self._front_cache[key] = (sum(layers), max(layers))
+        layers_sum, layers_max = self._front_cache[key]
+        total = layers_sum + min(self._least_extra(a), self._least_extra(b))
         u = min(a.u, b.u) * a.costs.params(0, L - 1) / self._shards(d_most)
-        return (total + (math.ceil(M / d_most) - 1) * max(total / top, max(layers)) + u / top) * (1 - 1e-9)
+        return (total + (math.ceil(M / d_most) - 1) * max(total / top, layers_max) + u / top) * (1 - 1e-9)
 
     def _canonical(self, chain: tuple, nxt: Shape) -> bool:
         """May a chain of two pools start with `chain` and go on to `nxt`? Each (GPU type, zone) once; a
@@ -223,13 +227,20 @@ class Chains:
         last, (_, n_last) = chain[-1], chain[-1].zones[0]
         # this chain: its last pool holds the stages the others cannot
         caps = None if grow else self._last_caps(n_last, last.per_node, last.tp, lim, top)
-        spread4 = least + 4 * cross
-        for P in range(len(chain) + grow, top + 1):
-            d = d_most if grow else min(d_most, total // P, caps[P])
+        spread4, sharded = least + 4 * cross, self.distributed_optimizer  # (sharded: _shards(d) = d)
+        for P in range(len(chain) + grow, top + 1):  # (the loop runs often: written out for speed)
+            if grow:
+                d = d_most
+            else:
+                d, by_P = total // P, caps[P]
+                if d_most < d:
+                    d = d_most
+                if by_P < d:
+                    d = by_P
             if d < 1:
                 continue
             slot, floor = spread4 / P, minmax[P]
-            t = (math.ceil(M / d) - 1) * (slot if slot >= floor else floor) + u / (P * self._shards(d))
+            t = (-(-M // d) - 1) * (slot if slot >= floor else floor) + u / (P * d if sharded else P)
             if t < best:
                 best = t
         return least + 2 * cross + best
@@ -365,7 +376,7 @@ class Chains:
         params_total = chain[0].costs.params(0, L - 1)
         u = min(p.u for p in chain) * params_total
         crosses = tuple(self._cross(a, b) for a, b in zip(chain, chain[1:]))
-        by_time = self._by_time
+        by_time, sharded = self._by_time, self.distributed_optimizer  # (sharded: _shards(d) = d)
         floor = min(self._recompute_floor_upto(p) for p in chain)  # 0 unless recomputing
         quotas, max_gpus = self.sim.cluster.quotas, self.goal.max_gpus
         top = min(self.max_stages, L)
@@ -401,13 +412,20 @@ class Chains:
                     d_cap = min(d_cap, max_gpus // (h_gpus + g))
                 if d_cap < 1:
                     continue
-                fill, upd = least + 2 * comm, u / P  # one replica's step (configurations split it)
-                m_min, upd_d = -(-M // d_cap), upd / self._shards(d_cap)
-                slot_lb = max((least + 4 * comm) / P, floor, minmax[P])
+                fill, upd = least + 2 * comm, u / P
+                m_min, upd_d = -(-M // d_cap), (upd / d_cap if sharded else upd)
+                slot_lb = (least + 4 * comm) / P  # the bottleneck: at least the average stage, floor, minmax[P]
+                if floor > slot_lb:
+                    slot_lb = floor
+                if minmax[P] > slot_lb:
+                    slot_lb = minmax[P]
                 t_lb = fill + (m_min - 1) * slot_lb + upd_d
-                usd, Ps = h_usd + price, (*head, n)
+                usd = h_usd + price
                 bound = t_lb if by_time else _cost_bound(fill, slot_lb, upd_d, usd, M, m_min)
-                if not alike and bound < cutoff:  # a tighter bottleneck bound: pools that differ in speed
+                if bound >= cutoff:
+                    continue  # (the bounds below only add to it)
+                Ps = (*head, n)
+                if not alike:  # a tighter bottleneck bound: pools that differ in speed
                     spread_lb = _spread_bound(fastest, [(k / r, e / r, heaviest[min(k * c, L)])
                                                         for k, r, e, c in zip(Ps, slower, excess, most)])
                     if spread_lb == math.inf:
@@ -704,29 +722,44 @@ class Chains:
         costs = pool.costs.sharded(shards)
         plain = pool.plain and pool.plain.sharded(shards)
         key = ("seg", id(costs), lo, n, left, c, right, room, inflights)
-        if key not in self._front_cache:
-            L = self.L
-            front = {lo: [(0.0, 0, (), 0.0)]}
-            for s in range(n):
-                fit = costs.last_fit(inflights[s])
-                pfit = plain.last_fit(inflights[s]) if plain else fit
-                edge = 2 * ((left if s == 0 else c) + (c if s < n - 1 else right))
-                top = L - room - (n - 1 - s)  # leave a layer for every stage after this one
-                nxt: dict = {}
-                for i, labels in front.items():
-                    for j in range(i + 1, min(fit[i] + 1, top) + 1):  # this stage is i..j-1
-                        t, prm, e = costs.compute(i, j - 1), costs.params(i, j - 1), 0.0
-                        if plain and j - 1 <= pfit[i]:
-                            t = plain.compute(i, j - 1)
-                        elif plain:
-                            e = t - plain.compute(i, j - 1)
+        front = self._front_cache.get(key)
+        if front is not None:
+            return front
+        L, fb, pp = self.L, costs.fb, costs.params_prefix  # compute(i, j-1) = fb[j] - fb[i]; params likewise
+        front = {lo: [(0.0, 0, (), 0.0)]}
+        for s in range(n):
+            fit = costs.last_fit(inflights[s])
+            pfit = plain.last_fit(inflights[s]) if plain else fit
+            edge = 2 * ((left if s == 0 else c) + (c if s < n - 1 else right))
+            top = L - room - (n - 1 - s)  # leave a layer for every stage after this one
+            nxt: dict = {}
+            for i, labels in front.items():
+                fb_i, pp_i, end = fb[i], pp[i], min(fit[i] + 1, top)
+                if plain:
+                    pfb, reach = plain.fb, pfit[i]
+                    for j in range(i + 1, end + 1):  # this stage is i..j-1
+                        t, prm, e = fb[j] - fb_i, pp[j] - pp_i, 0.0
+                        if j - 1 <= reach:
+                            t = pfb[j] - pfb[i]
+                        else:
+                            e = t - (pfb[j] - pfb[i])
                         busy = t + edge
                         cell = nxt.setdefault(j, [])
                         cell += [(s1 if s1 > busy else busy, p1 if p1 > prm else prm, (*b1, i), e1 + e)
                                  for s1, p1, b1, e1 in labels]
-                front = {j: (pareto_extra if plain else pareto_front)(cell) for j, cell in nxt.items()}
-            self._front_cache[key] = front
-        return self._front_cache[key]
+                    continue
+                # (the innermost loop of the chains' evaluation: written out for speed; one label is common)
+                firsts = [(s1, p1, (*b1, i), e1) for s1, p1, b1, e1 in labels]
+                for j in range(i + 1, end + 1):
+                    busy, prm = fb[j] - fb_i + edge, pp[j] - pp_i
+                    cell = nxt.get(j)
+                    if cell is None:
+                        cell = nxt[j] = []
+                    for s1, p1, b, e1 in firsts:
+                        cell.append((s1 if s1 > busy else busy, p1 if p1 > prm else prm, b, e1))
+            front = {j: (pareto_extra if plain else pareto_front)(cell) for j, cell in nxt.items()}
+        self._front_cache[key] = front
+        return front
 
     def _evaluate_chain(self, chain, Ps, D, m, intra, crosses, sync_lb, best, front, top, pareto) -> None:
         L, P, k = self.L, sum(Ps), len(chain)
@@ -754,6 +787,7 @@ class Chains:
 
         # the K-th best plan's score, or the probe's (inf for a Pareto front), or the front's cut
         cut = min(self._cutoff, self._front_cut(usd_per_s, egress))
+        scale = 1.0 if self._by_time else usd_per_s  # a bound's t_lb * scale is its objective (_bound)
         # left to right over the pools: at each pool boundary j, the undominated partial splits
         # (compute, slot, sync, update, ring USD, first layers) of layers 0..j-1
         labels: dict = {0: [(0.0, 0.0, 0.0, 0.0, 0.0, ())]}
@@ -762,6 +796,7 @@ class Chains:
             seg_args = (n, crosses[i - 1] if i else 0.0, intra[i], crosses[i] if i < k - 1 else 0.0, room,
                         tuple(min(P - starts[i] - s, m) for s in range(n)), d)
             costs, nxt = p.plain or p.costs, {}  # (a segment's F+B: theirs, plus its extra)
+            ring = (p.gpu, p.tp, ((zones[i], D),), self._per_node(p, n))  # (_pool_sync's, written out)
             for lo, partial in labels.items():
                 for j, seg in self._segment(p, lo, *seg_args).items():
                     if i == k - 1 and j != L:
@@ -772,13 +807,13 @@ class Chains:
                     least = partial[0][0] + add + rest + comm  # (partial: sorted, least compute first)
                     for s1, p1, b1, e1 in seg:
                         up1 = p.u * p1 / d
-                        if self._bound(least + e1 + bubbles * s1 + sync_lb + max(up1, upd_lb), usd_per_s) >= cut:
+                        if (least + e1 + bubbles * s1 + sync_lb + (up1 if up1 > upd_lb else upd_lb)) * scale >= cut:
                             continue  # no partial split before it makes it enter the top K
-                        sy1 = self._pool_sync(p1, p, n, D)[0]
+                        sy1 = self._sync(p1, D, *ring)[0]
                         for c0, sl, sy, up, rg, bd in partial:
                             c0, sl, sy, up = c0 + add + e1, max(sl, s1), max(sy, sy1), max(up, up1)
                             t_lb = c0 + rest + comm + bubbles * sl + max(sy, sync_lb) + max(up, upd_lb)
-                            if self._bound(t_lb, usd_per_s) >= cut:
+                            if t_lb * scale >= cut:
                                 continue  # cannot enter the top K
                             cell.append((c0, sl, sy, up, rg + add_ring, (*bd, *b1)))
             labels = {j: _undominated(cell) for j, cell in nxt.items() if cell}

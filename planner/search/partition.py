@@ -51,7 +51,11 @@ def pareto_extra(labels: list[Split]) -> list[Split]:
     labels.sort(key=lambda x: (x[0], x[1], x[3]))
     out: list[Split] = []
     for x in labels:
-        if not any(y[1] <= x[1] and y[3] <= x[3] for y in out):
+        prm, extra = x[1], x[3]
+        for y in out:
+            if y[1] <= prm and y[3] <= extra:
+                break
+        else:
             out.append(x)
     return out
 

@@ -39,6 +39,7 @@ most pipelines its family can have, and whether a stage must recompute is judged
 """
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
@@ -245,6 +246,18 @@ class Planner(SinglePool, Chains, TwoTypes):
                                          Endpoint(gpu, zone, 0 if same_node else 1, links))
 
     def run(self, top: int = 1, pareto: bool = False) -> Result:
+        """The best plans (see _run). Python's cyclic garbage collector is paused meanwhile: the search
+        allocates millions of short-lived tuples and lists, which its passes would scan again and
+        again for cycles they do not form (cycles made meanwhile are collected afterwards)."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run(top, pareto)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _run(self, top: int, pareto: bool) -> Result:
         """Best-first branch and bound over families of configurations.
 
         A family (shape and stage count; or two pools, TP degrees and stage

@@ -64,20 +64,24 @@ class SinglePool:
         # is a heuristic: a placement that needs fewer of them is tried starting from each one.
         firsts = [i for i, (z, _) in enumerate(shape.zones) if shape.prices[z] == cheapest]
         orders = [[i, *(j for j in range(len(shape.zones)) if j != i)] for i in firsts]
+        zones, prices = shape.zones, shape.prices
         for m, D in self._microbatch_counts(self.gbs // shape.mbs, d_cap):
             seen = set()
+            t_lb = fill + (m - 1) * slot_lb + upd / self._shards(D)
             for order in orders:
                 placed, left = [], D
                 for i in order:
-                    k = min(caps[i], left)
+                    k = caps[i] if caps[i] < left else left
                     if k:
-                        placed.append((shape.zones[i][0], k))
+                        placed.append((zones[i][0], k))
                         left -= k
-                if frozenset(placed) in seen:
+                        if not left:
+                            break
+                kept = frozenset(placed)
+                if kept in seen:
                     continue  # the same zones and counts as an earlier order
-                seen.add(frozenset(placed))
-                usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
-                t_lb = fill + (m - 1) * slot_lb + upd / self._shards(D)
+                seen.add(kept)
+                usd = sum(k * P * tp * prices[z] for z, k in placed)
                 if self._could_admit(t_lb, usd):
                     yield self._bound(t_lb, usd), self._refine_single, (shape, P, D, m, placed)
 
