@@ -503,10 +503,15 @@ class Chains:
                 # the last stage is i..j-1: max(best[i], its F+B) falls then rises in i, and its
                 # lowest point moves right with j (two pointers)
                 nxt, i = [math.inf] * (L + 1), P - 1
-                for j in range(P, L + 1):
-                    while i + 1 < j and max(best[i + 1], fb[j] - fb[i + 1]) <= max(best[i], fb[j] - fb[i]):
-                        i += 1
-                    nxt[j] = max(best[i], fb[j] - fb[i])
+                for j in range(P, L + 1):  # (max written out for speed)
+                    f_j = fb[j]
+                    here = best[i] if best[i] >= f_j - fb[i] else f_j - fb[i]
+                    while i + 1 < j:
+                        later = best[i + 1] if best[i + 1] >= f_j - fb[i + 1] else f_j - fb[i + 1]
+                        if later > here:
+                            break
+                        i, here = i + 1, later
+                    nxt[j] = here
                 best = nxt
                 out[P] = best[L]
             self._front_cache[key] = self._front_cache[by_fb] = out

@@ -163,14 +163,16 @@ class Network:
             return 0.0
         volume = 2 * (D - 1) / D * nbytes
         worst, lat = 0.0, 0.0
-        for a, b, _ in edges:
-            n = min(a.gpus, b.gpus)
-            step = min(nbytes, BUCKET_BYTES * n) / D  # what the edge moves in one ring step
+        for a, b, _ in edges:  # (the planner's inner loop: min and max written out)
+            n = a.gpus if a.gpus <= b.gpus else b.gpus
+            bucket = BUCKET_BYTES * n
+            step = (nbytes if nbytes <= bucket else bucket) / D  # what the edge moves in one ring step
             link = self._link(a, b)
-            eff, latency = link[2], link[3]
-            bw = self.bytes_per_s(step, a, b, link) * eff
-            worst = max(worst, volume / bw)
-            lat = max(lat, latency)
+            t = volume / (self.bytes_per_s(step, a, b, link) * link[2])
+            if t > worst:
+                worst = t
+            if link[3] > lat:
+                lat = link[3]
         return worst + 2 * (D - 1) * lat
 
 
