@@ -265,15 +265,20 @@ def _train_file_flag(arg: str) -> bool:
     return (len(name) >= 4 and "--plan".startswith(name)) or (len(name) >= 5 and "--cluster".startswith(name))
 
 
-def _check_train_args(rank_args: list[str], local: bool) -> None:
-    """What every rank gets, parsed as sailor_ext.train will, so a bad flag is one line here. A printed launch
-    file may leave out --train-iters (the user completes it; a stand-in satisfies the parser); a run here may not."""
-    from sailor_ext.train import check_train_args  # torch-free; imported here: it imports this module
+def _check_train_args(rank_args: list[str], local: bool, world_size: int) -> None:
+    """What every rank gets, parsed and held against the plan as sailor_ext.train will (batch sizes, model,
+    uniform-plan flags), so a bad flag is one line here, not one per rank. A printed launch file may leave
+    out --train-iters (the user completes it; a stand-in satisfies the parser); a run here may not."""
+    from sailor_ext.train import check_train_args, resolve_plan  # torch-free; imported here: they import this module
 
     if local and not any(a == "--train-iters" or a.startswith("--train-iters=") for a in rank_args):
         raise SailorError("sailor launch --local needs the number of training steps: add -- --train-iters N at the "
                           "end")
-    check_train_args(rank_args if local else ["--train-iters", "1", *rank_args])  # (a later one wins)
+    parsed = check_train_args(rank_args if local else ["--train-iters", "1", *rank_args])  # (a later one wins)
+    try:
+        resolve_plan(parsed, world_size)
+    except SailorError as e:
+        raise SailorError(f"bad training arguments after '--': {e}") from None
 
 
 def _check_port_free(port: int) -> None:
@@ -311,7 +316,7 @@ def run(args) -> int:
     # every rank computes the layout itself: from the same plan and cluster file
     rank_args = [*(["--cluster", args.cluster] if args.cluster else []), *train_args]
     # (megatron-lm takes a subset of these options, so its values get the runtime's ranges too)
-    _check_train_args(["--plan", args.plan, *rank_args], args.local)
+    _check_train_args(["--plan", args.plan, *rank_args], args.local, layout.world_size)
     if args.local:
         _check_port_free(args.master_port)
         env = dict(os.environ)

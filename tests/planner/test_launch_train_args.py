@@ -48,10 +48,28 @@ def test_what_every_rank_would_reject_is_refused_at_launch(tmp_path, train_args,
     refused(launch(tmp_path, "--target", target, "--", *train_args), *words)
 
 
+@pytest.mark.parametrize("train_args, words", [
+    (["--global-batch-size", "7"], ["--global-batch-size 7 disagrees with the plan's global batch 8"]),
+    (["--micro-batch-size", "3"], ["--micro-batch-size 3 disagrees with the plan's microbatch sizes [2]"]),
+    (["--tensor-model-parallel-size", "2"], ["--tensor-model-parallel-size builds a uniform plan", "drop"]),
+    (["--gpu-type", "V100-16"], ["--gpu-type builds a uniform plan"]),
+    (["--seq-length", "128"], ["--seq-length 128 contradicts the plan"]),
+])
+@pytest.mark.parametrize("target", ["torchrun", "k8s"])
+def test_flags_that_contradict_the_plan_are_refused_at_launch(tmp_path, train_args, words, target):
+    """Every rank holds its flags against the plan and refuses these (sailor_ext.train.resolve_plan); the launch
+    files were written anyway, with exit 0."""
+    out = launch(tmp_path, "--target", target, "-o", "out.txt", "--", *train_args,
+                 plan={**A100, "seq_length": 256})
+    refused(out, "bad training arguments after '--'", *words)
+    assert not (tmp_path / "out.txt").exists()
+
+
 def test_valid_launches_still_print(tmp_path):
     """--plan, the plan's precision flag and the rest that sailor launch adds are accepted; a printed launch file
     may leave --train-iters to the user (a template), a --local run may not."""
-    for args in ([], ["--", "--train-iters", "3", "--lr", "0.1"], ["--", "--lr", "0.1"]):
+    for args in ([], ["--", "--train-iters", "3", "--lr", "0.1"], ["--", "--lr", "0.1"],
+                 ["--", "--global-batch-size", "8", "--micro-batch-size", "2"]):  # (agreeing with the plan)
         out = launch(tmp_path, *args)
         assert out.returncode == 0 and "-m sailor_ext.train --plan plan.json" in out.stdout, out.stderr
     out = launch(tmp_path, "--target", "megatron-lm", "--", "--train-iters", "3", "--use-distributed-optimizer")
