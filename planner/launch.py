@@ -275,6 +275,8 @@ def _check_train_args(rank_args: list[str], local: bool, world_size: int) -> Non
         raise SailorError("sailor launch --local needs the number of training steps: add -- --train-iters N at the "
                           "end")
     parsed = check_train_args(rank_args if local else ["--train-iters", "1", *rank_args])  # (a later one wins)
+    if parsed.model and ("/" in parsed.model or parsed.model.endswith(".json")) and not os.path.exists(parsed.model):
+        parsed.model = None  # a config.json on the nodes only: each rank reads it there
     try:
         resolve_plan(parsed, world_size)
     except SailorError as e:

@@ -69,7 +69,8 @@ def test_valid_launches_still_print(tmp_path):
     """--plan, the plan's precision flag and the rest that sailor launch adds are accepted; a printed launch file
     may leave --train-iters to the user (a template), a --local run may not."""
     for args in ([], ["--", "--train-iters", "3", "--lr", "0.1"], ["--", "--lr", "0.1"],
-                 ["--", "--global-batch-size", "8", "--micro-batch-size", "2"]):  # (agreeing with the plan)
+                 ["--", "--global-batch-size", "8", "--micro-batch-size", "2"],  # (agreeing with the plan)
+                 ["--", "--model", "/on/the/nodes/config.json"]):  # (a path each rank reads on its own node)
         out = launch(tmp_path, *args)
         assert out.returncode == 0 and "-m sailor_ext.train --plan plan.json" in out.stdout, out.stderr
     out = launch(tmp_path, "--target", "megatron-lm", "--", "--train-iters", "3", "--use-distributed-optimizer")
