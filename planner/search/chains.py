@@ -412,7 +412,7 @@ class Chains:
                     d_cap = min(d_cap, max_gpus // (h_gpus + g))
                 if d_cap < 1:
                     continue
-                fill, upd = least + 2 * comm, u / P
+                fill, upd = least + 2 * comm, u / P  # one replica's step (configurations split it)
                 m_min, upd_d = -(-M // d_cap), (upd / d_cap if sharded else upd)
                 slot_lb = (least + 4 * comm) / P  # the bottleneck: at least the average stage, floor, minmax[P]
                 if floor > slot_lb:
