@@ -5,7 +5,8 @@ Each case runs `sailor plan ... --json` as a child process once to warm up, then
 the search time of Sailor's own C++ planner on the same case (measured by the
 issue's authors on this kind of machine; its setup adds 11-13 s), and a large
 case: 16,368 GPUs of six types in eight zones (target 2 CPU-s, 300 MB). Then
-the same for growing clusters (32..2048 GPUs) and for 1..5 GPU types.
+the same for growing clusters (32..2048 GPUs) and for 1..5 GPU types. Before and after the cases it
+times a fixed pure-Python workload the same way (reference_cpu_s): the machine's speed on the day.
 
     python bench/planner_speed.py [--data ../shared/sailor-data] [--repeat 3] [--quick] [--precision P]
 
@@ -68,6 +69,22 @@ def run_plan(model: str, gbs: int, gpus: str, data: str) -> dict:
             "iteration_time_s": answer["iteration_time_s"]}
 
 
+# A fixed pure-Python workload, timed as a whole process next to the cases: this VM's speed varies 1.5-2x
+# from hour to hour, and the targets are absolute, so a reader can tell a slow machine from a slow planner.
+REFERENCE = "sum(i * i % 7 for i in range(2_000_000))"
+
+
+def reference_cpu_s(repeat: int) -> float:
+    """Median CPU seconds of a Python process running REFERENCE."""
+    runs = []
+    for _ in range(repeat + 1):  # (the first warms up)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", REFERENCE], check=True, env=ENV)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        runs.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+    return round(statistics.median(runs[1:]), 3)
+
+
 def measure(model, gbs, gpus, data, repeat) -> dict:
     run_plan(model, gbs, gpus, data)  # warm-up: compiled modules cached, files in the page cache
     runs = [run_plan(model, gbs, gpus, data) for _ in range(repeat)]
@@ -89,7 +106,8 @@ def main() -> int:
     if not Path(args.data).is_dir():
         print(json.dumps({"skipped": f"no sailor-data at {args.data}"}))
         return 0
-    out: dict = {"precision": args.precision or "the planner's default", "cases": []}
+    out: dict = {"precision": args.precision or "the planner's default",
+                 "reference_cpu_s": reference_cpu_s(args.repeat), "reference": REFERENCE, "cases": []}
     for name, model, gbs, gpus, sailor_s, target in CASES:
         r = measure(model, gbs, gpus, args.data, args.repeat)
         out["cases"].append({"case": name, **r, "sailor_search_s": sailor_s, "target_s": target,
@@ -106,6 +124,7 @@ def main() -> int:
             gpus = ",".join(f"{t}@us-central1-a={256 // k}" for t in TYPES[:k])
             out["scaling_types"].append({"types": k, "gpus": gpus, **measure("OPT-350", 1024, gpus, args.data,
                                                                             args.repeat)})
+    out["reference_cpu_s_after"] = reference_cpu_s(args.repeat)  # (the machine may change speed meanwhile)
     out["python_startup_note"] = "cpu_s includes interpreter start, imports and reading the profiles"
     print(json.dumps(out, indent=1))
     return 0
