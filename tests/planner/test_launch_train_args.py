@@ -57,8 +57,8 @@ def test_what_every_rank_would_reject_is_refused_at_launch(tmp_path, train_args,
 ])
 @pytest.mark.parametrize("target", ["torchrun", "k8s"])
 def test_flags_that_contradict_the_plan_are_refused_at_launch(tmp_path, train_args, words, target):
-    """Every rank holds its flags against the plan and refuses these (sailor_ext.train.resolve_plan); the launch
-    files were written anyway, with exit 0."""
+    """Every rank holds its flags against the plan and refuses these (sailor_ext.train.resolve_plan), so launch
+    refuses them too, before writing anything (it wrote the files, exit 0)."""
     out = launch(tmp_path, "--target", target, "-o", "out.txt", "--", *train_args,
                  plan={**A100, "seq_length": 256})
     refused(out, "bad training arguments after '--'", *words)
