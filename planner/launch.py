@@ -265,11 +265,11 @@ def _train_file_flag(arg: str) -> bool:
     return (len(name) >= 4 and "--plan".startswith(name)) or (len(name) >= 5 and "--cluster".startswith(name))
 
 
-def _check_train_args(rank_args: list[str], local: bool, world_size: int) -> None:
+def _check_train_args(rank_args: list[str], local: bool, plan: Plan, cluster: Cluster) -> None:
     """What every rank gets, parsed and held against the plan as sailor_ext.train will (batch sizes, model,
     uniform-plan flags), so a bad flag is one line here, not one per rank. A printed launch file may leave
     out --train-iters (the user completes it; a stand-in satisfies the parser); a run here may not."""
-    from sailor_ext.train import check_train_args, resolve_plan  # torch-free; imported here: they import this module
+    from sailor_ext.train import check_plan_flags, check_train_args  # torch-free; imported here: they import this
 
     if local and not any(a == "--train-iters" or a.startswith("--train-iters=") for a in rank_args):
         raise SailorError("sailor launch --local needs the number of training steps: add -- --train-iters N at the "
@@ -278,7 +278,9 @@ def _check_train_args(rank_args: list[str], local: bool, world_size: int) -> Non
     if parsed.model and ("/" in parsed.model or parsed.model.endswith(".json")) and not os.path.exists(parsed.model):
         parsed.model = None  # a config.json on the nodes only: each rank reads it there
     try:
-        resolve_plan(parsed, world_size)
+        model = check_plan_flags(parsed, plan)
+        if parsed.model:  # (the plan's own model was checked already)
+            check_runnable(plan, model, cluster)
     except SailorError as e:
         raise SailorError(f"bad training arguments after '--': {e}") from None
 
@@ -318,7 +320,7 @@ def run(args) -> int:
     # every rank computes the layout itself: from the same plan and cluster file
     rank_args = [*(["--cluster", args.cluster] if args.cluster else []), *train_args]
     # (megatron-lm takes a subset of these options, so its values get the runtime's ranges too)
-    _check_train_args(["--plan", args.plan, *rank_args], args.local, layout.world_size)
+    _check_train_args(["--plan", args.plan, *rank_args], args.local, plan, cluster)
     if args.local:
         _check_port_free(args.master_port)
         env = dict(os.environ)

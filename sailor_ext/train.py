@@ -157,23 +157,30 @@ def check_train_args(argv: list[str]) -> argparse.Namespace:
 
 
 # -- resolving the plan (no torch needed) -------------------------------------------
+def check_plan_flags(args, plan: Plan) -> ModelSpec:
+    """The flags that --plan decides, held against it (by every rank, and by sailor launch before it writes
+    anything); the model that trains."""
+    for flag, value in (("--tensor-model-parallel-size", args.tensor_model_parallel_size),
+                        ("--pipeline-model-parallel-size", args.pipeline_model_parallel_size),
+                        ("--gpu-type", args.gpu_type)):
+        if value is not None:  # (it was ignored)
+            raise SailorError(f"{flag} builds a uniform plan, but --plan {args.plan} gives the plan; drop {flag}")
+    model = plan_model(plan, args.model, args.seq_length)
+    if args.global_batch_size is not None and args.global_batch_size != plan.global_batch_size:
+        raise SailorError(f"--global-batch-size {args.global_batch_size} disagrees with the plan's global batch "
+                          f"{plan.global_batch_size}; drop the flag")
+    sizes = {p.microbatch_size for p in plan.pipelines}
+    if args.micro_batch_size is not None and sizes != {args.micro_batch_size}:
+        raise SailorError(f"--micro-batch-size {args.micro_batch_size} disagrees with the plan's microbatch "
+                          f"sizes {sorted(sizes)}; drop the flag (the plan sets them per pipeline)")
+    return model
+
+
 def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:
     cluster = load_cluster(args.cluster)
     if args.plan:
-        for flag, value in (("--tensor-model-parallel-size", args.tensor_model_parallel_size),
-                            ("--pipeline-model-parallel-size", args.pipeline_model_parallel_size),
-                            ("--gpu-type", args.gpu_type)):
-            if value is not None:  # (it was ignored)
-                raise SailorError(f"{flag} builds a uniform plan, but --plan {args.plan} gives the plan; drop {flag}")
         plan = load_plan(args.plan)
-        model = plan_model(plan, args.model, args.seq_length)
-        if args.global_batch_size is not None and args.global_batch_size != plan.global_batch_size:
-            raise SailorError(f"--global-batch-size {args.global_batch_size} disagrees with the plan's global batch "
-                              f"{plan.global_batch_size}; drop the flag")
-        sizes = {p.microbatch_size for p in plan.pipelines}
-        if args.micro_batch_size is not None and sizes != {args.micro_batch_size}:
-            raise SailorError(f"--micro-batch-size {args.micro_batch_size} disagrees with the plan's microbatch "
-                              f"sizes {sorted(sizes)}; drop the flag (the plan sets them per pipeline)")
+        model = check_plan_flags(args, plan)
     else:
         if not args.model:
             raise SailorError("give --plan plan.json, or --model with the parallel sizes for a uniform plan")
