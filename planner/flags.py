@@ -18,14 +18,18 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 class UsageError(SailorError):
-    """A flag argparse could not take."""
+    """A flag argparse could not take; `reason` is argparse's own words, without the program's name."""
+
+    def __init__(self, prog: str, reason: str):
+        super().__init__(f"{prog}: {reason}; see `{prog} --help`")
+        self.reason = reason
 
 
 class Parser(argparse.ArgumentParser):
     """argparse, with its mistakes as one line: `sailor: error: sailor plan: argument --top: ...`."""
 
     def error(self, message: str):
-        raise UsageError(f"{self.prog}: {message}; see `{self.prog} --help`")
+        raise UsageError(self.prog, message)
 
 
 def _type(name: str, convert: Callable[[str], object]) -> Callable[[str], object]:

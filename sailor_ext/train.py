@@ -146,9 +146,8 @@ def check_train_args(argv: list[str]) -> argparse.Namespace:
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # (--help's text)
             parsed = parse_args(argv)
-    except SailorError as e:  # one line (planner.flags.Parser): "PROG: argument --lr: must be ...; see ..."
-        why = str(e).split(": ", 1)[-1].split("; see ")[0]
-        raise SailorError(f"bad training arguments after '--': {why}") from None
+    except flags.UsageError as e:  # one line (planner.flags.Parser): "argument --lr: must be ..."
+        raise SailorError(f"bad training arguments after '--': {e.reason}") from None
     except SystemExit:
         raise SailorError("bad training arguments after '--': --help is not one; see "
                           "`python -m sailor_ext.train --help`") from None

@@ -129,9 +129,8 @@ def training_args(train_args: list[str], plan, model) -> list[str]:
             raise SailorError(f"{arg.split('=')[0]} does not go to Megatron-LM ({reason}); drop it")
     try:
         known, unknown = _train_options().parse_known_args(train_args)
-    except UsageError as e:  # "PROG: argument --train-iters: invalid int value: 'abc'; see ...": the middle part
-        raise SailorError(f"bad training arguments after '--': {str(e).split(': ', 1)[-1].split('; see ')[0]}") \
-            from None
+    except UsageError as e:  # e.reason: "argument --train-iters: invalid int value: 'abc'"
+        raise SailorError(f"bad training arguments after '--': {e.reason}") from None
     if unknown:
         raise SailorError(f"sailor launch --target megatron-lm: unknown training argument {unknown[0]!r}")
     a = known
