@@ -311,7 +311,7 @@ class Doc:
 def int_key(key: str, source: str, where: "str | Doc", lo: int = 1, hi: int = MAX_BATCH) -> int:
     """An object key that stands for a number (a microbatch size, a TP degree, a layer index);
     `where` is the object (a Doc, whose path is worked out only for a message) or its name."""
-    if not (isinstance(key, str) and key.isdigit() and lo <= int(key) <= hi):
+    if not (isinstance(key, str) and key.isascii() and key.isdigit() and lo <= int(key) <= hi):
         name = (where.path or "the top level") if isinstance(where, Doc) else where
         raise SailorError(f"{source}: {name} key {short(key)} must be {int_range(lo, hi)}")
     return int(key)

@@ -512,7 +512,14 @@ SAILOR_NET_CASES = [(f"intra-{n}", "intra_node_bandwidths.json", _set(SAILOR_INT
                                     ("cap-big-int", (1,), 10 ** 400), ("coeff-big-int", (0, 1), -10 ** 400)]] + \
     [(f"inter-{n}", "multizone_bandwidths_het.json", v) for n, v in [
         ("count-key", _set(SAILOR_INTER, ("local", "CPU"), {"x": {}})),
+        ("count-key-superscript", _set(SAILOR_INTER, ("local", "CPU"), {"\u00b2": {}})),  # isdigit, not int()
+        ("dst-count-key", _set(SAILOR_INTER, ("local", "CPU", "1", "local", "CPU"), {"0": [[0.0, 0.0, 1.0], 1e9]})),
+        ("dst-count-key-superscript",
+         _set(SAILOR_INTER, ("local", "CPU", "1", "local", "CPU"), {"\u00b2": [[0.0, 0.0, 1.0], 1e9]})),
         ("entry", _set(SAILOR_INTER, ("local", "CPU", "1", "local", "CPU", "1"), {"a": 1})),
+        ("entry-cap-zero", _set(SAILOR_INTER, ("local", "CPU", "1", "local", "CPU", "1"), [[0.0, 0.0, 1.0], 0])),
+        ("entry-coeff-bool", _set(SAILOR_INTER, ("local", "CPU", "1", "local", "CPU", "1"), [[0.0, True, 1.0], 1e9])),
+        ("zone-level", _set(SAILOR_INTER, ("local", "CPU", "1"), [1])),
         ("top", [1, 2])]] + \
     [(f"intra-top-{n}", "intra_node_bandwidths.json", v) for n, v in [("list", [1]), ("gpus-key", {"CPU": {"two": 1}})]]
 
@@ -534,6 +541,9 @@ SAILOR_PROFILE_CASES = [
       for n, v in bad_values("number", True, 0, 1e6).items()],
     ("profile.layer-short", "profiles/tiny/CPU/profile.json", ("1", "1", "0"), [0.1, 0.2]),
     ("profile.mbs-key", "profiles/tiny/CPU/profile.json", ("x",), {}),
+    ("profile.mbs-key-superscript", "profiles/tiny/CPU/profile.json", ("\u00b2",), {}),
+    ("profile.layer-int-text", "profiles/tiny/CPU/profile.json", ("1", "1", "0", 1), "0.5"),
+    ("profile.layer-row-dict", "profiles/tiny/CPU/profile.json", ("1", "1", "0"), {"a": 1, "b": 2, "c": 3}),
     ("profile.tp-key", "profiles/tiny/CPU/profile.json", ("1", "0"), {}),
     ("profiles_tmp.layer", "profiles/profiles_tmp.json", ("tiny", "CPU", "1", "1", "0", 1), -5.0),
     ("profiles_tmp.model", "profiles/profiles_tmp.json", ("tiny",), [1]),
@@ -696,7 +706,7 @@ FLAG_CASES = [
     *[(f"plan --gpus={v}", ["plan", "--model", "tiny", "--gpus", v, "-o", "out.json"]) for v in
       ("", " ", ",", "A100-40", "A100-40@=2", "@us-central1-a=2", "=2", "B300=4", "A100-40@mars-1=2",
        "A100-40@us-centrl1-a=2", "A100-40=-1", "A100-40=1e12", "A100-40=nan", "A100-40=99999999999",
-       "A100-40=4,,V100-16=4", "A100-40=4=4", "A100-40=", "a100-40@local=x")],
+       "A100-40=4,,V100-16=4", "A100-40=4=4", "A100-40=", "a100-40@local=x", "CPU@local=\u00b2")],
     *[(f"plan {f}={v}", PLAN_CMD + [f, v]) for f, v in (
         ("--objective", "speed"), ("--recompute", "sometimes"), ("--format", "yaml"), ("--runtime", "deepspeed"),
         ("--precision", "fp8"), ("--plot", "x.xyz"), ("--plot", "x"), ("--plot", "profiles"), ("--plot", "out.json"),
@@ -769,7 +779,7 @@ RUN_CASES = [
 RUN_CASES = [(n, a if "--" in a or "no-train" in n else a + TRAIN) for n, a in RUN_CASES]
 AGENT_CASES = [
     *[(f"agent --store={v}", ["agent", "--store", v, "--gpus", "CPU@local=2"]) for v in
-      ("x", "host:0", "host:70000", "host:", ":x", "")],
+      ("x", "host:0", "host:70000", "host:", ":x", "", "host:\u00b2")],
     *[(f"agent --gpus={v}", ["agent", "--store", "127.0.0.1:1", "--gpus", v]) for v in
       ("", "CPU@mars-1=2", "CPU@local=2,A100-40@local=2", "B300=2", "CPU@local=0")],
     *[c for f in ("--heartbeat-s",) for c in flag_family(["agent", "--store", "127.0.0.1:1", "--gpus", "CPU@local=2"],

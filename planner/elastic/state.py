@@ -186,7 +186,7 @@ def locator(spec: str) -> Callable[[], tuple[str, int]]:
 
         return EtcdState.from_url(spec).find_address
     host, _, port = spec.rpartition(":")
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
         raise SailorError(f"bad --store {spec!r}: write HOST:PORT (a port from 1 to 65535) as printed by `sailor run`, "
                           "or etcd://HOST:PORT/JOB")
     address = (host or "127.0.0.1", int(port))

@@ -206,7 +206,7 @@ def parse_gpus(spec: str, cluster: Cluster, flag: str = "--gpus") -> tuple[Pool,
         gpu, at, zone = what.partition("@")
         if not item or not eq or not gpu or (at and not zone):
             raise SailorError(f"bad {flag} item {item!r}: {form}")
-        if not count.strip().isdigit() or int(count) > MAX_COUNT:
+        if not (count.strip().isascii() and count.strip().isdigit()) or int(count) > MAX_COUNT:
             raise SailorError(f"bad {flag} item {item!r}: the count must be an integer from 0 to {MAX_COUNT}")
         zone = cluster.check_zone(zone.strip(), f"{flag} item {item!r}") if at else "us-central1-a"
         pools.append(Pool(cluster.gpu(gpu.strip()).name, zone, int(count)))
