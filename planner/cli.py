@@ -319,8 +319,8 @@ def cmd_replay(args) -> int:
 
 # Commands in modules of their own: each has add_parser(subparsers, add_common_options) and sets
 # args.func. Imported only when their command runs (or for the full help), which keeps
-# `sailor plan`'s start-up free of the elastic, profiling and data machinery.
-BUILTIN_COMMANDS = ("simulate", "plan", "replay")
+# `sailor plan`'s start-up free of the elastic, profiling and data machinery. The parser of a
+# command line holds only its command's options (the whole one is built for a mistake's message).
 COMMAND_MODULES: dict[str, str] = {
     "launch": "planner.launch",
     "profile": "planner.profile_cli",
@@ -360,12 +360,21 @@ class _Version(argparse.Action):
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser, or (command given) the built-in commands plus that command's module."""
+    """The whole parser, or (command given) only that command's."""
     ap = flags.Parser(prog="sailor", description="Plan, simulate and run transformer training on "
                       "heterogeneous, geo-distributed GPUs.")
     ap.add_argument("--version", action=_Version, help="print sailor's version and exit")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
+    for name, add in BUILTIN_COMMANDS.items():
+        if command is None or command == name:
+            add(sub)
+    for name, module in COMMAND_MODULES.items():
+        if command is None or command == name:
+            importlib.import_module(module).add_parser(sub, _common)
+    return ap
 
+
+def _simulate_parser(sub) -> None:
     p = sub.add_parser("simulate", help="predict iteration time, memory and cost of a plan")
     p.add_argument("plan", help="plan file: ours, or Sailor's plan_config JSON (detected)")
     p.add_argument("--model", type=flags.nonempty("a model"),
@@ -379,6 +388,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_simulate)
 
+
+def _plan_parser(sub) -> None:
     p = sub.add_parser("plan", help="find the best GPU allocation and parallelization plan")
     p.add_argument("--model", required=True, type=flags.nonempty("a model"),
                    help="model preset, Sailor name or config.json (see `sailor list models`)")
@@ -425,6 +436,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_plan)
 
+
+def _replay_parser(sub) -> None:
     from planner.replay import POLICIES
 
     p = sub.add_parser("replay", help="replay a GPU-availability trace through planner and simulator")
@@ -450,10 +463,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_replay)
 
-    for name, module in COMMAND_MODULES.items():
-        if command is None or command == name:
-            importlib.import_module(module).add_parser(sub, _common)
-    return ap
+
+BUILTIN_COMMANDS = {"simulate": _simulate_parser, "plan": _plan_parser, "replay": _replay_parser}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

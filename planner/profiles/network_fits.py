@@ -216,6 +216,54 @@ def _sailor_entry(doc: Doc) -> BandwidthFit:
     return _fit(coeffs, cap)
 
 
+def _is_fit(v) -> bool:
+    """Sailor's [[c0, c1, c2], max bytes/s], each a number in range (NaN fails the comparisons)."""
+    if type(v) is not list or len(v) != 2:
+        return False
+    c, cap = v
+    return type(c) is list and len(c) == 3 and type(c[0]) in NUMBER and type(c[1]) in NUMBER and \
+        type(c[2]) in NUMBER and type(cap) in NUMBER and -MAX_COEFF <= c[0] <= MAX_COEFF and \
+        -MAX_COEFF <= c[1] <= MAX_COEFF and -MAX_COEFF <= c[2] <= MAX_COEFF and 0 < cap <= MAX_RATE
+
+
+def _fast_inter(value, gpu_name) -> dict | None:
+    """The fits of multizone_bandwidths_het.json when every level is an object, every GPU count a key
+    from 1 to 65536 and every entry a well-formed fit; None otherwise (the slow way then finds and
+    names the mistake). The file holds ten thousand entries: this is the check they take."""
+    if type(value) is not dict:
+        return None
+    out, names = {}, {}
+    for sz, by_gpu in value.items():
+        if type(by_gpu) is not dict:
+            return None
+        for sg, by_n in by_gpu.items():
+            if type(by_n) is not dict:
+                return None
+            src = names[sg] if sg in names else names.setdefault(sg, gpu_name(sg))
+            for sn, by_dz in by_n.items():
+                if type(by_dz) is not dict or not (sn.isascii() and sn.isdigit() and 1 <= int(sn) <= 1 << 16):
+                    return None
+                n_src = int(sn)
+                for dz, by_dg in by_dz.items():
+                    if type(by_dg) is not dict:
+                        return None
+                    for dg, by_dn in by_dg.items():
+                        if type(by_dn) is not dict:
+                            return None
+                        dst = names[dg] if dg in names else names.setdefault(dg, gpu_name(dg))
+                        for dn, v in by_dn.items():
+                            if not (_is_fit(v) and dn.isascii() and dn.isdigit() and 1 <= int(dn) <= 1 << 16):
+                                return None
+                            if dst == src:  # else a copy of another entry (see above)
+                                c = v[0]
+                                out[(sz, src, n_src, dz, dst, int(dn))] = BandwidthFit(
+                                    float(c[0]), float(c[1]), float(c[2]), float(v[1]))
+    return out
+
+
+NUMBER = (int, float)
+
+
 def _read(path: Path, what: str) -> Doc:
     where = f"{what} {path}"
     return Doc(parse_json(read_text(path, what), where), where)
@@ -226,7 +274,11 @@ def load_sailor_network(providers: Path, gpu_name) -> NetworkFits:
     fits = NetworkFits()
     inter_file = providers / "multizone_bandwidths_het.json"
     if inter_file.exists():
-        for sz, by_gpu in _read(inter_file, "Sailor network fits").entries(NETWORK_HINT):
+        doc = _read(inter_file, "Sailor network fits")
+        fast = _fast_inter(doc.value, gpu_name)
+        if fast is not None:
+            fits.inter.update(fast)
+        for sz, by_gpu in doc.entries(NETWORK_HINT) if fast is None else ():
             for sg, by_n in by_gpu.entries(NETWORK_HINT):
                 for sn, by_dz in by_n.entries(NETWORK_HINT):
                     n_src = int_key(sn, by_n.source, by_n, 1, 1 << 16)

@@ -164,15 +164,15 @@ def smooth_over_microbatches(times: dict[tuple[int, int], LayerTimes]) -> dict[t
         if b < 2 or any((x, tp) not in times for x in sizes):
             out[(b, tp)] = lt
             continue
+        # least-squares line through (sizes, values), at b: mean + slope * (b - mean_b), with
+        # slope = sum(w_k v_k), w_k = (x_k - mean_b) / sum((x - mean_b)^2)
         mean_b = sum(sizes) / 3
-        weights = [(x - mean_b) / sum((y - mean_b) ** 2 for y in sizes) for x in sizes]
-
-        def line(values):  # least-squares line through (sizes, values), at b
-            return sum(values) / 3 + sum(w * v for w, v in zip(weights, values)) * (b - mean_b)
-
-        rows = [times[(x, tp)] for x in sizes]
-        out[(b, tp)] = LayerTimes(tuple(line([r.fwd[i] for r in rows]) for i in range(len(lt.fwd))),
-                                  tuple(line([r.bwd[i] for r in rows]) for i in range(len(lt.bwd))))
+        w0, w1, w2 = ((x - mean_b) / sum((y - mean_b) ** 2 for y in sizes) for x in sizes)
+        d = b - mean_b
+        r0, r1, r2 = (times[(x, tp)] for x in sizes)
+        out[(b, tp)] = LayerTimes(
+            tuple((v0 + v1 + v2) / 3 + (w0 * v0 + w1 * v1 + w2 * v2) * d for v0, v1, v2 in zip(r0.fwd, r1.fwd, r2.fwd)),
+            tuple((v0 + v1 + v2) / 3 + (w0 * v0 + w1 * v1 + w2 * v2) * d for v0, v1, v2 in zip(r0.bwd, r1.bwd, r2.bwd)))
     return out
 
 

@@ -24,7 +24,8 @@ parameters of the two-block profiling model, floats = bytes / 4.
 from __future__ import annotations
 
 import json
-import statistics
+import math
+from itertools import chain
 from pathlib import Path
 
 from planner.errors import SailorError
@@ -80,12 +81,14 @@ def load_sailor_dir(root: Path, model: ModelSpec | str | None = None) -> tuple[d
             if wanted(name):
                 for gpu, data in by_gpu.entries(SAILOR_HINT):
                     raw[(name, gpu)] = _points(data, get_model(name).num_layers)  # the merged file wins
-    profiles = {}
+    profiles, memories = {}, {}
     for (model_name, gpu_name), points in raw.items():
         if model_name not in info:
             continue
         spec = get_model(model_name)  # a preset (wanted)
-        memory = memory_facts(info[model_name], spec.num_layers)
+        if model_name not in memories:  # the same for every GPU type
+            memories[model_name] = memory_facts(info[model_name], spec.num_layers)
+        memory = memories[model_name]
         profile = _profile(spec, _gpu_name(gpu_name), points, memory)
         if profile is not None:
             profiles[(profile.model, profile.gpu)] = profile
@@ -138,7 +141,7 @@ def _replicated_plus_sharded(points: list[tuple[int, float]], tp: int) -> float:
     """Least-squares fit of x(t) = a + b/t through measured (t, x); value at tp."""
     us = [1.0 / t for t, _ in points]
     xs = [x for _, x in points]
-    mu, mx = statistics.fmean(us), statistics.fmean(xs)
+    mu, mx = math.fsum(us) / len(us), math.fsum(xs) / len(xs)
     var = sum((u - mu) ** 2 for u in us)
     b = sum((u - mu) * (x - mx) for u, x in zip(us, xs)) / var if var else 0.0
     return max(mx - b * mu + b / tp, 0.0)
@@ -147,7 +150,7 @@ def _replicated_plus_sharded(points: list[tuple[int, float]], tp: int) -> float:
 def _points(data: Doc, n: int) -> dict[tuple[int, int], list[tuple[float, ...]]]:
     """{(mbs, tp): [(fwd, bwd, update) per layer]} of one profile, every value checked; points with
     another layer count are left out (the GPT-Neo/GH-96 copy of OPT-350's file, partial runs)."""
-    out = {}
+    out, keys = {}, [str(i) for i in range(n)]
     for mbs, by_tp in data.entries(SAILOR_HINT):
         mbs = int_key(mbs, data.source, data, 1, MAX_BATCH)
         for tp, layers in by_tp.entries(SAILOR_HINT):
@@ -156,30 +159,34 @@ def _points(data: Doc, n: int) -> dict[tuple[int, int], list[tuple[float, ...]]]
             if rows is None:  # something is off: the slow way finds and names it
                 rows = {key: entry.numbers(3, 0.0, MAX_SECONDS, "write [forward s, backward s, update s]")
                         for key, entry in layers.entries(SAILOR_HINT)}
-            if len(rows) != n or any(str(i) not in rows for i in range(n)):
+            if len(rows) != n or not all(k in rows for k in keys):
                 continue
-            if sum(r[0] + r[1] for r in rows.values()) <= 0:
+            ordered = [rows[k] for k in keys]
+            if sum(r[0] + r[1] for r in ordered) <= 0:
                 layers.fail("the times of at least one layer, not all zero", SAILOR_HINT)
-            out[(mbs, tp)] = [rows[str(i)] for i in range(n)]
+            out[(mbs, tp)] = ordered
     return out
 
 
 NUMBER = (int, float)
+NUMBER_TYPES = {int, float}
 
 
 def _fast_rows(value) -> dict | None:
     """{layer: (fwd, bwd, update)} when every row is three numbers in range (NaN fails the comparisons);
     None otherwise. Sailor's files hold thousands of rows: this is the check they take."""
-    if not isinstance(value, dict):
+    if not isinstance(value, dict) or not value:
         return None
-    out = {}
-    for key, row in value.items():
-        if type(row) is not list or len(row) != 3 or type(row[0]) not in NUMBER or type(row[1]) not in NUMBER or \
-                type(row[2]) not in NUMBER or not (0 <= row[0] <= MAX_SECONDS and 0 <= row[1] <= MAX_SECONDS and
-                                                   0 <= row[2] <= MAX_SECONDS):
-            return None
-        out[key] = (float(row[0]), float(row[1]), float(row[2]))
-    return out
+    rows = value.values()  # checked by C loops (map, set): the profiles hold thousands of rows
+    if set(map(type, rows)) != {list} or set(map(len, rows)) != {3}:
+        return None
+    flat = list(chain.from_iterable(rows))
+    types = set(map(type, flat))
+    if not types <= NUMBER_TYPES or not (0 <= min(flat) and max(flat) <= MAX_SECONDS):
+        return None
+    if types == {float}:
+        return dict(zip(value, map(tuple, rows)))
+    return {key: (float(row[0]), float(row[1]), float(row[2])) for key, row in value.items()}
 
 
 def _profile(model, gpu: str, points: dict, memory: dict[int, LayerMemory]) -> Profile | None:
@@ -196,9 +203,16 @@ def _profile(model, gpu: str, points: dict, memory: dict[int, LayerMemory]) -> P
         return None
     return Profile(
         model=canonical_name(model.name), gpu=gpu, num_layers=model.num_layers, precision="fp32", source=MEASURED,
-        times=times, optimizer_s_per_param=statistics.median(per_param) if per_param else 0.0,
+        times=times, optimizer_s_per_param=_median(per_param) if per_param else 0.0,
         memory=memory, meta={"origin": "sailor-data", "runtime": "megatron-deepspeed"}, model_spec=model,
     )
+
+
+def _median(xs: list[float]) -> float:
+    """statistics.median, without importing statistics (which brings fractions and decimal: 2 % of the
+    instructions of a whole `sailor plan` on 512 GPUs)."""
+    xs, half = sorted(xs), len(xs) // 2
+    return xs[half] if len(xs) % 2 else (xs[half - 1] + xs[half]) / 2
 
 
 def save_sailor_dir(profiles: list[Profile], root: Path) -> list[Path]:

@@ -132,16 +132,33 @@ class StageCosts:
 
     def last_fit(self, inflight: int) -> list[int]:
         """For each first layer j, the last layer a stage starting at j may end at (j-1 if none)."""
-        if inflight not in self._last_fit:
+        out = self._last_fit.get(inflight)
+        if out is None:
+            # memory(j, last + 1, inflight) <= capacity, written out (the same arithmetic): this scan
+            # is most of a single-pool search's bounds
+            L, capacity, tied = self.L, self.capacity, self.tied_params
+            gpu_params, acts, workspace = self._gpu_params, self._acts, self._workspace
+            overhead, state, step = self.overhead, self.state_bytes, self.optimizer_step_bytes
+            scale = self.allocator * self.mbs
             out, last = [], -1
-            for j in range(self.L):
+            for j in range(L):
                 # memory grows with more layers and shrinks with fewer: the reach never moves back
-                last = max(last, j - 1)
-                while last + 1 < self.L and self.memory(j, last + 1, inflight) <= self.capacity:
-                    last += 1
+                if last < j - 1:
+                    last = j - 1
+                p0, a0, ws = gpu_params[j], acts[j], workspace[j]
+                while last + 1 < L:
+                    k = last + 1
+                    params = gpu_params[k + 1] - p0
+                    if k == L - 1 and j > 0:
+                        params += tied
+                    transient = scale * (inflight * (acts[k + 1] - a0) + ws[k - j])
+                    least = step * params
+                    if overhead + state * params + (transient if transient > least else least) > capacity:
+                        break
+                    last = k
                 out.append(last)
             self._last_fit[inflight] = out
-        return self._last_fit[inflight]
+        return out
 
 
 class SplitTable:

@@ -25,6 +25,25 @@ def test_every_published_profile_loads(sailor_store):
         assert list(mem.params) == [m.params(i, tp) for i in range(26)]
 
 
+def test_the_fast_checks_read_the_published_files_as_the_field_by_field_ones_do(sailor_data, monkeypatch):
+    """Sailor's profiles and network fits take a bulk check (sailor_data._fast_rows,
+    network_fits._fast_inter); a file it refuses is read field by field, which names the mistake.
+    Both must read the published files alike."""
+    from planner.profiles import network_fits, sailor_data as sd
+
+    fast_profiles, fast_net = sd.load_sailor_dir(sailor_data)
+    monkeypatch.setattr(sd, "_fast_rows", lambda value: None)
+    monkeypatch.setattr(network_fits, "_fast_inter", lambda value, gpu_name: None)
+    slow_profiles, slow_net = sd.load_sailor_dir(sailor_data)
+    assert len(fast_profiles) == 17 and len(fast_net.inter) > 1000
+    assert fast_net.inter == slow_net.inter and list(fast_net.inter) == list(slow_net.inter)
+    assert fast_net.intra == slow_net.intra and fast_net.sources == slow_net.sources
+    assert fast_profiles.keys() == slow_profiles.keys()
+    for key, p in fast_profiles.items():
+        q = slow_profiles[key]
+        assert (p.times, p.memory, p.optimizer_s_per_param) == (q.times, q.memory, q.optimizer_s_per_param), key
+
+
 def test_presets_have_llm_infos_parameter_counts(sailor_data):
     """Every layer of every Sailor model at every TP degree; Sailor's LLaMA head also counts a
     4096-wide norm that the tied head of our description does not hold (the final norm is layer 33)."""

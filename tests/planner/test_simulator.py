@@ -147,3 +147,31 @@ def test_oom_is_reported():
     huge.measured[("tiny", "A100-40")].memory[1] = LayerMemory((PARAMS,) * N, (10 * GIB,) * N, (OUT,) * N)
     est = sim(huge).simulate(plan)
     assert not est.fits_in_memory and not est.stages[0].fits
+
+
+def test_measured_times_are_smoothed_by_the_line_through_each_point_and_its_neighbours():
+    """A time measured at b with measurements at b/2 and 2b (same TP) becomes the least-squares line
+    through the three, read at b; the smallest and largest sizes, and points without both
+    neighbours, stay as measured. Reference: the line worked out by hand (slope = Sxy / Sxx)."""
+    from planner.profiles.profile import smooth_over_microbatches
+
+    def fit_at(xs, ys, x):
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((a - mx) * (b - my) for a, b in zip(xs, ys)) / sum((a - mx) ** 2 for a in xs)
+        return my + slope * (x - mx)
+
+    fwd = {1: (1.0, 0.5), 2: (3.0, 0.25), 4: (4.0, 1.0), 8: (9.0, 2.0), 16: (5.0, 3.0)}  # b -> per-layer seconds
+    times = {(b, 1): LayerTimes(f, tuple(2 * x for x in f)) for b, f in fwd.items()}
+    times[(2, 2)] = LayerTimes((7.0, 7.0), (7.0, 7.0))  # no neighbours at TP 2
+    out = smooth_over_microbatches(times)
+    assert out[(1, 1)] == times[(1, 1)] and out[(16, 1)] == times[(16, 1)] and out[(2, 2)] == times[(2, 2)]
+    assert out[(2, 1)].fwd[0] == pytest.approx(99 / 42)  # the line through (1, 1), (2, 3), (4, 4), at 2
+    for b in (2, 4, 8):
+        for layer in range(2):
+            xs = (b // 2, b, 2 * b)
+            ys = [fwd[x][layer] for x in xs]
+            assert out[(b, 1)].fwd[layer] == pytest.approx(fit_at(xs, ys, b), rel=1e-12)
+            assert out[(b, 1)].bwd[layer] == pytest.approx(fit_at(xs, [2 * y for y in ys], b), rel=1e-12)
+    line = {(b, 1): LayerTimes((0.1 + 0.01 * b,), (0.2,)) for b in (1, 2, 4, 8)}  # affine: unchanged
+    for key, lt in smooth_over_microbatches(line).items():
+        assert lt.fwd == pytest.approx(line[key].fwd, rel=1e-12) and lt.bwd == pytest.approx(line[key].bwd, rel=1e-12)
