@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 from itertools import chain
+from operator import itemgetter
 from pathlib import Path
 
 from planner.errors import SailorError
@@ -151,6 +152,7 @@ def _points(data: Doc, n: int) -> dict[tuple[int, int], list[tuple[float, ...]]]
     """{(mbs, tp): [(fwd, bwd, update) per layer]} of one profile, every value checked; points with
     another layer count are left out (the GPT-Neo/GH-96 copy of OPT-350's file, partial runs)."""
     out, keys = {}, [str(i) for i in range(n)]
+    key_set = set(keys)
     for mbs, by_tp in data.entries(SAILOR_HINT):
         mbs = int_key(mbs, data.source, data, 1, MAX_BATCH)
         for tp, layers in by_tp.entries(SAILOR_HINT):
@@ -159,10 +161,10 @@ def _points(data: Doc, n: int) -> dict[tuple[int, int], list[tuple[float, ...]]]
             if rows is None:  # something is off: the slow way finds and names it
                 rows = {key: entry.numbers(3, 0.0, MAX_SECONDS, "write [forward s, backward s, update s]")
                         for key, entry in layers.entries(SAILOR_HINT)}
-            if len(rows) != n or not all(k in rows for k in keys):
+            if rows.keys() != key_set:
                 continue
             ordered = [rows[k] for k in keys]
-            if sum(r[0] + r[1] for r in ordered) <= 0:
+            if sum(map(itemgetter(0), ordered)) + sum(map(itemgetter(1), ordered)) <= 0:
                 layers.fail("the times of at least one layer, not all zero", SAILOR_HINT)
             out[(mbs, tp)] = ordered
     return out
