@@ -50,11 +50,12 @@ def place(plan: Plan, cluster: Cluster) -> list[list[int]]:
                     nodes[s][k] = first_id + slot
             next_id = first_id + len(free)
         else:  # stage by stage
-            for s in sorted({s for s, _ in members}):
+            replicas_of: dict[int, list[int]] = defaultdict(list)  # stage -> its replicas here, in order
+            for s, k in members:
+                replicas_of[s].append(k)
+            for s in sorted(replicas_of):
                 free = 0
-                for ss, k in members:
-                    if ss != s:
-                        continue
+                for k in replicas_of[s]:
                     tp = plan.stages[s].replicas[k].tp
                     if free < tp:
                         next_id += 1
