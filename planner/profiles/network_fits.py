@@ -216,6 +216,9 @@ def _sailor_entry(doc: Doc) -> BandwidthFit:
     return _fit(coeffs, cap)
 
 
+NUMBER = (int, float)
+
+
 def _is_fit(v) -> bool:
     """Sailor's [[c0, c1, c2], max bytes/s], each a number in range (NaN fails the comparisons)."""
     if type(v) is not list or len(v) != 2:
@@ -232,14 +235,16 @@ def _fast_inter(value, gpu_name) -> dict | None:
     names the mistake). The file holds ten thousand entries: this is the check they take."""
     if type(value) is not dict:
         return None
-    out, names = {}, {}
+    out, names = {}, {}  # Sailor's GPU name -> ours, looked up once each
     for sz, by_gpu in value.items():
         if type(by_gpu) is not dict:
             return None
         for sg, by_n in by_gpu.items():
             if type(by_n) is not dict:
                 return None
-            src = names[sg] if sg in names else names.setdefault(sg, gpu_name(sg))
+            if sg not in names:
+                names[sg] = gpu_name(sg)
+            src = names[sg]
             for sn, by_dz in by_n.items():
                 if type(by_dz) is not dict or not (sn.isascii() and sn.isdigit() and 1 <= int(sn) <= 1 << 16):
                     return None
@@ -250,7 +255,9 @@ def _fast_inter(value, gpu_name) -> dict | None:
                     for dg, by_dn in by_dg.items():
                         if type(by_dn) is not dict:
                             return None
-                        dst = names[dg] if dg in names else names.setdefault(dg, gpu_name(dg))
+                        if dg not in names:
+                            names[dg] = gpu_name(dg)
+                        dst = names[dg]
                         for dn, v in by_dn.items():
                             if not (_is_fit(v) and dn.isascii() and dn.isdigit() and 1 <= int(dn) <= 1 << 16):
                                 return None
@@ -259,9 +266,6 @@ def _fast_inter(value, gpu_name) -> dict | None:
                                 out[(sz, src, n_src, dz, dst, int(dn))] = BandwidthFit(
                                     float(c[0]), float(c[1]), float(c[2]), float(v[1]))
     return out
-
-
-NUMBER = (int, float)
 
 
 def _read(path: Path, what: str) -> Doc:

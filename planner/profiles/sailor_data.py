@@ -175,11 +175,12 @@ NUMBER_TYPES = {int, float}
 
 
 def _fast_rows(value) -> dict | None:
-    """{layer: (fwd, bwd, update)} when every row is three numbers in range (NaN fails the comparisons);
-    None otherwise. Sailor's files hold thousands of rows: this is the check they take."""
+    """{layer: (fwd, bwd, update)} when every row is three numbers in range; None otherwise. Sailor's
+    files hold thousands of rows: this is the check they take, in C loops (map, set, min, max). The
+    JSON reader has refused NaN; an infinity is out of range."""
     if not isinstance(value, dict) or not value:
         return None
-    rows = value.values()  # checked by C loops (map, set): the profiles hold thousands of rows
+    rows = value.values()
     if set(map(type, rows)) != {list} or set(map(len, rows)) != {3}:
         return None
     flat = list(chain.from_iterable(rows))
