@@ -141,8 +141,8 @@ class Simulator:
         if plan.precision not in (None, self.precision):
             raise SailorError(f"the plan trains in {plan.precision} but this simulator models {self.precision}; "
                               f"simulate it with --precision {plan.precision} (or leave --precision out)")
-        check_precision(self.precision, {self.cluster.gpu(r.gpu) for st in plan.stages for r in st.replicas},
-                        "plan")
+        types = {r.gpu for st in plan.stages for r in st.replicas}
+        check_precision(self.precision, [self.cluster.gpu(g) for g in types], "plan")
         rt = runtime or runtime_model(plan.runtime)
         P, D = plan.pp, plan.dp
         nodes = place(plan, self.cluster)
