@@ -4,9 +4,10 @@
 separate from the command line (train.py) so that benchmarks and tests can
 drive single steps.
 
-Test hook: SAILOR_TEST_GRAD_OVERFLOW=STEP[:RANK] puts an inf into one
+Test hooks: SAILOR_TEST_GRAD_OVERFLOW=STEP[:RANK] puts an inf into one
 gradient of rank RANK (default 0) at step STEP (1-based), as an fp16
-overflow would (tests/runtime/test_precision.py).
+overflow would (tests/runtime/test_precision.py); SAILOR_TEST_PROGRESS_S
+sets VALIDATION_PROGRESS_S (tests/runtime/test_data.py).
 """
 from __future__ import annotations
 
@@ -166,6 +167,9 @@ class MetricsWriter:
                                   "another file, then resume with --load") from None
 
 
+VALIDATION_PROGRESS_S = 10.0  # a validation that takes longer prints a progress line this often
+
+
 def log(line: str) -> None:
     print(f"sailor: {line}", file=sys.stderr, flush=True)
 
@@ -318,14 +322,20 @@ class Trainer:
         grad.view(-1)[0] = float("inf")
 
     def evaluate(self) -> float:
-        """Mean loss of the first --eval-iters global batches of the validation data, forward only."""
+        """Mean loss of the first --eval-iters global batches of the validation data, forward only.
+        A long one says how far it is on rank 0, at most every VALIDATION_PROGRESS_S."""
         topo = self.topology
         total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for k in range(self.evaluation.iters):
+        iters, every = self.evaluation.iters, float(os.environ.get("SAILOR_TEST_PROGRESS_S", VALIDATION_PROGRESS_S))
+        start = shown = time.monotonic()
+        for k in range(iters):
             loss_sum = self.schedule.forward_only(self.microbatches(self.data.validation,
                                                                     k * self.plan.global_batch_size))
             if topo.is_last_stage and topo.tp_rank == 0:  # one copy of each pipeline's loss
                 total += loss_sum.double()
+            if self.rank == 0 and k + 1 < iters and time.monotonic() - shown >= every:
+                shown = time.monotonic()
+                log(f"validation after step {self.step}: {k + 1}/{iters} batches ({shown - start:.0f} s)")
         dist.all_reduce(total, group=topo.world_group)
         return float(total) / self.evaluation.iters
 

@@ -365,6 +365,24 @@ def test_training_on_prepared_data_validates_and_is_plan_independent(runs_dir, c
     assert staged.metrics[-1]["loss"] < staged.metrics[0]["loss"]
 
 
+def test_a_long_validation_says_how_far_it_is(tmp_path, corpus):
+    """A validation slower than VALIDATION_PROGRESS_S prints progress lines on rank 0 (the hook sets the
+    interval to 0 s, so every batch but the last gets one); the default interval prints none here."""
+    args = ["--data-path", corpus[0], "--train-iters", "2", "--eval-interval", "2", "--eval-iters", "3",
+            "--split", "80,20,0", "--seed", "5", *SGD]
+    plan = plan_dict([((0, 5), [1])], [(4, 1)])
+    run = run_plan(tmp_path / "progress", plan, 1, args, env={"SAILOR_TEST_PROGRESS_S": "0"})
+    assert_ok(run)
+    lines = [line for line in run.log(0).splitlines() if line.startswith("sailor: validation after")]
+    assert [line.split(" (")[0] for line in lines] == [
+        "sailor: validation after step 2: 1/3 batches", "sailor: validation after step 2: 2/3 batches"], run.log(0)
+    assert "step 2/2 | validation loss" in run.log(0)
+    quiet = run_plan(tmp_path / "quiet", plan, 1, args)
+    assert_ok(quiet)
+    assert "validation after" not in quiet.log(0)
+    assert quiet.metrics[-1]["val_loss"] == run.metrics[-1]["val_loss"]
+
+
 @pytest.mark.slow
 def test_megatron_built_blend_trains_unchanged(runs_dir, tmp_path):
     """Data written by megatron-core's IndexedDatasetBuilder itself (int32, add_item + end_document), two
