@@ -149,6 +149,13 @@ SHORTLIST_DEPTH = 3  # the search keeps this many plans per row shown, so domina
 
 
 def cmd_plan(args) -> int:
+    from planner.search.planner import gc_paused
+
+    with gc_paused():  # reading the profiles, the search and the output: see gc_paused
+        return _plan(args)
+
+
+def _plan(args) -> int:
     from planner.outputs import check_output, write_output
     from planner.search.goal import Goal, shortlist
     from planner.search.planner import Planner

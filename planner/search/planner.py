@@ -44,6 +44,7 @@ import heapq
 import itertools
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from planner.errors import SailorError
@@ -82,6 +83,20 @@ class Result:
     evaluated: int
     pareto: list[tuple[Plan, Estimate]] = field(default_factory=list)
     not_searched: list[str] = field(default_factory=list)  # designs left out, and how to search them
+
+
+@contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector paused: the search allocates millions of short-lived tuples
+    and lists (and reading profiles a JSON tree per file), which its passes would scan again and
+    again for cycles they do not form. Cycles made meanwhile are collected afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Planner(SinglePool, Chains, TwoTypes):
@@ -246,16 +261,9 @@ class Planner(SinglePool, Chains, TwoTypes):
                                          Endpoint(gpu, zone, 0 if same_node else 1, links))
 
     def run(self, top: int = 1, pareto: bool = False) -> Result:
-        """The best plans (see _run). Python's cyclic garbage collector is paused meanwhile: the search
-        allocates millions of short-lived tuples and lists, which its passes would scan again and
-        again for cycles they do not form (cycles made meanwhile are collected afterwards)."""
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
+        """The best plans (see _run), with Python's cyclic garbage collector paused (gc_paused)."""
+        with gc_paused():
             return self._run(top, pareto)
-        finally:
-            if enabled:
-                gc.enable()
 
     def _run(self, top: int, pareto: bool) -> Result:
         """Best-first branch and bound over families of configurations.
