@@ -308,10 +308,16 @@ class Doc:
         return tuple(v)
 
 
+def is_int_key(key, lo: int, hi: int) -> bool:
+    """Whether an object key writes an integer from lo to hi in ASCII digits (str.isdigit alone also
+    takes '²', which int() refuses)."""
+    return isinstance(key, str) and key.isascii() and key.isdigit() and lo <= int(key) <= hi
+
+
 def int_key(key: str, source: str, where: "str | Doc", lo: int = 1, hi: int = MAX_BATCH) -> int:
     """An object key that stands for a number (a microbatch size, a TP degree, a layer index);
     `where` is the object (a Doc, whose path is worked out only for a message) or its name."""
-    if not (isinstance(key, str) and key.isascii() and key.isdigit() and lo <= int(key) <= hi):
+    if not is_int_key(key, lo, hi):
         name = (where.path or "the top level") if isinstance(where, Doc) else where
         raise SailorError(f"{source}: {name} key {short(key)} must be {int_range(lo, hi)}")
     return int(key)

@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 
-from planner.inputs import Doc, int_key, parse_json, read_text
+from planner.inputs import Doc, int_key, is_int_key, parse_json, read_text
 
 Y_MIN, Y_MAX = math.log2(0.064), math.log2(1024.0)  # fitted range: 64 KB .. 1 GB
 
@@ -235,18 +235,16 @@ def _fast_inter(value, gpu_name) -> dict | None:
     names the mistake). The file holds ten thousand entries: this is the check they take."""
     if type(value) is not dict:
         return None
-    out, names = {}, {}  # Sailor's GPU name -> ours, looked up once each
+    out, name = {}, cache(gpu_name)  # Sailor's GPU name -> ours, looked up once each
     for sz, by_gpu in value.items():
         if type(by_gpu) is not dict:
             return None
         for sg, by_n in by_gpu.items():
             if type(by_n) is not dict:
                 return None
-            if sg not in names:
-                names[sg] = gpu_name(sg)
-            src = names[sg]
+            src = name(sg)
             for sn, by_dz in by_n.items():
-                if type(by_dz) is not dict or not (sn.isascii() and sn.isdigit() and 1 <= int(sn) <= 1 << 16):
+                if type(by_dz) is not dict or not is_int_key(sn, 1, 1 << 16):
                     return None
                 n_src = int(sn)
                 for dz, by_dg in by_dz.items():
@@ -255,11 +253,9 @@ def _fast_inter(value, gpu_name) -> dict | None:
                     for dg, by_dn in by_dg.items():
                         if type(by_dn) is not dict:
                             return None
-                        if dg not in names:
-                            names[dg] = gpu_name(dg)
-                        dst = names[dg]
+                        dst = name(dg)
                         for dn, v in by_dn.items():
-                            if not (_is_fit(v) and dn.isascii() and dn.isdigit() and 1 <= int(dn) <= 1 << 16):
+                            if not (_is_fit(v) and is_int_key(dn, 1, 1 << 16)):
                                 return None
                             if dst == src:  # else a copy of another entry (see above)
                                 c = v[0]
