@@ -171,7 +171,9 @@ def test_provider_drops_a_node_local_agents(tmp_path):
     try:
         job.wait_epoch_started(1, timeout=180)
         job.wait_step(3)
-        nodes.write_text("node0\nnode2\n")
+        # replaced whole, as docs/elasticity.md asks: a file rewritten in place can be read empty halfway
+        (tmp_path / "nodes.new").write_text("node0\nnode2\n")
+        (tmp_path / "nodes.new").replace(nodes)
         start = job.wait_epoch_started(2)
         job.wait_step(start["step"] + 2, epoch=2)
         job.controller.send_signal(signal.SIGTERM)
