@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -984,6 +985,11 @@ def test_a_missing_optional_package_names_its_extra(case, monkeypatch, argv, pac
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))
+    if argv[0] == "launch":  # a free port: launch checks the default one (29500), which a parallel test may hold
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        argv = [*argv[:argv.index("--")], "--master-port", str(port), *argv[argv.index("--"):]]
     before = _files(case)
     code, out, err, _ = invoke(argv)
     assert code == 2 and err.count("\n") == 1 and f"sailor[{extra}]" in err, err
