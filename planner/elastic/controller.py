@@ -146,6 +146,7 @@ class Controller:
         self.measured_reconfigure_s: float | None = None
         self.provider_listed: set[str] | None = None
         self.provider_checked = 0.0
+        self.provider_missed: set[str] = set()  # live nodes the last poll of the provider did not list
         self.local_agents: list[subprocess.Popen] = []
         self.waiting_logged = False
         self.finish_requested = 0.0  # monotonic time of a stop request (SIGTERM/SIGINT), 0 if none
@@ -252,12 +253,17 @@ class Controller:
                              + (f"; not joined yet: {', '.join(missing)}" if missing else ""),
                              listed=sorted(listed))
             self.provider_listed = listed
-        for node in self.nodes.values():
-            if not node.lost and not node.leaving and node.info.id not in listed:
-                node.leaving = True
-                self._changed()
-                self.events.emit("node_leaving", f"node {node.info.id} is no longer listed by the provider; "
-                                 "draining it out", node=node.info.id)
+        # a node is drained once two polls in a row miss it: one miss may be the hook's hiccup (a list read
+        # while being rewritten, a cloud API answering with a partial page), and a drain cannot be undone
+        missed = {node.info.id for node in self.nodes.values()
+                  if not node.lost and not node.leaving and node.info.id not in listed}
+        for node_id in sorted(missed & self.provider_missed):
+            node = self.nodes[node_id]
+            node.leaving = True
+            self._changed()
+            self.events.emit("node_leaving", f"node {node_id} is no longer listed by the provider; "
+                             "draining it out", node=node_id)
+        self.provider_missed = missed
 
     def usable(self) -> list[P.NodeInfo]:
         nodes = [n for n in self.nodes.values() if n.ready and not n.lost and not n.leaving]
@@ -599,7 +605,7 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     p.add_argument("--nodes-command", type=flags.nonempty("a command"),
                    help="provider hook: a command that prints the node ids that exist")
     p.add_argument("--nodes-interval-s", type=flags.number(above=0.0, hi=1e6), default=2.0, metavar="SECONDS",
-                   help="how often to ask the provider hook (default 2 s)")
+                   help="how often to ask the provider hook (default 2 s); a node two polls in a row miss is drained")
     p.add_argument("--max-tp", type=flags.integer(1, 64), default=8, metavar="TP",
                    help="largest TP degree any plan of the job may use; the vocabulary is padded for it (default 8)")
     p.add_argument("--wait-s", type=flags.seconds, default=300.0, metavar="SECONDS",

@@ -327,6 +327,42 @@ def test_provider_list_file_and_command(tmp_path):
     assert read_provider(None, "printf '\\377'") is None and read_provider(None, "'unbalanced") is None
 
 
+
+def test_provider_drains_a_node_only_when_two_polls_in_a_row_miss_it(tmp_path):
+    """One poll that misses a node (a list read while half-written, a cloud API's short page) must not
+    drain it: a drain cannot be undone. Two polls in a row that miss it do; an unreadable poll changes
+    nothing."""
+    from planner.elastic.controller import Controller, EventLog, NodeState, Settings
+
+    nodes = tmp_path / "nodes"
+    controller = Controller(Settings([], 1, provider_file=str(nodes), provider_interval_s=1.0), None,
+                            EventLog(None, quiet=True))
+    for i in range(3):
+        controller.nodes[f"node{i}"] = NodeState(P.NodeInfo(f"node{i}", "CPU", "local", 8), 0.0)
+    now = 10.0
+
+    def poll(text: str | None) -> list[str]:
+        nonlocal now
+        if text is None:
+            nodes.unlink(missing_ok=True)
+        else:
+            nodes.write_text(text)
+        now += 1.0
+        controller._poll_provider(now)
+        return [n for n, state in controller.nodes.items() if state.leaving]
+
+    try:
+        assert poll("node0\nnode2\n") == []  # missed once
+        assert poll("node0\nnode1\nnode2\n") == []  # back: the miss is forgotten
+        assert poll("") == []  # an empty list, once
+        assert poll("node0\nnode2\n") == ["node1"]  # node1 missed twice in a row
+        assert poll(None) == ["node1"]  # unreadable: the last list stands
+        assert poll("node2\n") == ["node1"]
+        controller._poll_provider(now + 0.5)  # within --nodes-interval-s: not asked again
+        assert poll("node2\n") == ["node0", "node1"]
+    finally:
+        controller.server.close()
+
 @pytest.mark.parametrize("hook, fragment", [
     (["--nodes-file", "binary"], "--nodes-file binary cannot be read at start (not UTF-8 text)"),
     (["--nodes-file", "missing"], "--nodes-file missing cannot be read at start (No such file or directory)"),
