@@ -209,13 +209,25 @@ class Chains:
         runs `least` seconds on GPUs at the cheapest price. by_time: which of the two (default: the
         objective's).
         """
+        by_time = self._by_time if by_time is None else by_time
+        if by_time and cross is None:
+            cross = sum(self._cross(a, b) for a, b in zip(chain, chain[1:]))
+        # chains of other zones often have the same bound: its inputs, as a key (a pool's costs fix its
+        # GPU type, TP degree and microbatch size; its zone enters through its GPUs, price and the p2p)
+        key = ("chain-bound", grow, by_time, cross, self._any_head,
+               *((id(p.costs), p.zones[0][1], p.prices[p.zones[0][0]]) for p in chain))
+        got = self._front_cache.get(key)
+        if got is None:
+            got = self._front_cache[key] = self._chain_bound_of(chain, grow, cross, by_time)
+        return got
+
+    def _chain_bound_of(self, chain: tuple, grow: bool, cross: float | None, by_time: bool) -> float:
+        """_chain_bound, worked out (cross: given where by_time)."""
         M, top, L = self.gbs // chain[0].mbs, min(self.max_stages, self.L), self.L
         least = self._least_compute(chain)
         pools = chain
-        if not (self._by_time if by_time is None else by_time):
+        if not by_time:
             return M * least * min(p.tp * p.prices[p.zones[0][0]] for p in pools)
-        if cross is None:
-            cross = sum(self._cross(a, b) for a, b in zip(chain, chain[1:]))
         groups = [n // p.tp for p in chain for _, n in p.zones]
         d_most, total = min(M, *groups), sum(groups)
         if d_most < 1:

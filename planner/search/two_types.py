@@ -84,10 +84,12 @@ class TwoTypes:
         if self._by_time and least + upd >= cutoff:
             return None
         ideal = self._balance(M, P, [(min(caps[0], most - 1), *lbs[0]), (min(caps[1], most - 1), *lbs[1])])
-        # the ring's largest stage has at least the average number of parameters
-        sync = self._mixed_edge_floor(x, y, members, math.ceil(x.costs.params(0, self.L - 1) / P))
         price = min(x.prices.values()) * P * x.tp + min(y.prices.values()) * P * y.tp  # one pipeline each
-        t = ideal[0] + upd + sync
+        t = ideal[0] + upd
+        if (t if self._by_time else t * price) >= cutoff:
+            return None  # (the sync only adds to it)
+        # the ring's largest stage has at least the average number of parameters
+        t += self._mixed_edge_floor(x, y, members, math.ceil(x.costs.params(0, self.L - 1) / P))
         bound = t if self._by_time else t * price
         return bound, (x, y, P, caps, lbs, upd)
 
