@@ -3,8 +3,9 @@
 The set-up block's `bash tools/setup.sh && ...` prefix is what CI has just run, so only the
 command after it runs here (re-running the installer inside a test would reinstall the
 package from the test's directory); the test-suite command is this very run and is skipped.
-The tour runs in a scratch copy of the checkout (top-level entries linked), beside a link to
-the shared data, so its relative paths resolve as in a checkout and its outputs land there.
+The tour runs in a scratch copy of the checkout (its tracked top-level entries and .venv
+linked), beside a link to the shared data, so its relative paths resolve as in a checkout and
+its outputs land there.
 """
 import json
 import os
@@ -24,6 +25,17 @@ def bash_blocks(section: str) -> list[str]:
     return re.findall(r"```bash\n(.*?)```", body, flags=re.S)
 
 
+def _tracked_or_installed() -> set[str]:
+    """Top-level names of the checkout the tour may use: what git tracks, the venv and the installed
+    package's metadata. Not what runs left in the checkout (a sailor-run.journal of another test's job
+    made the tour's `sailor run` refuse to start; a plan.json would be written through its link)."""
+    try:
+        files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("the tour's scratch copy needs git to tell the checkout's files from a run's outputs")
+    return {line.split("/", 1)[0] for line in files.splitlines()} | {".venv", "sailor.egg-info"}
+
+
 @pytest.fixture
 def checkout(tmp_path, sailor_data):
     if not (ROOT / ".venv" / "bin" / "activate").exists():
@@ -31,7 +43,8 @@ def checkout(tmp_path, sailor_data):
     work = tmp_path / "sailor"
     work.mkdir()
     for entry in ROOT.iterdir():
-        (work / entry.name).symlink_to(entry)
+        if entry.name in _tracked_or_installed():
+            (work / entry.name).symlink_to(entry)
     (tmp_path / "shared").mkdir()
     (tmp_path / "shared" / "sailor-data").symlink_to(sailor_data)
     return work

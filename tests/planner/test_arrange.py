@@ -5,7 +5,8 @@ import json
 from collections import Counter
 
 from planner.baselines import run_baseline
-from planner.search.arrange import rearrangeable, stage_major
+from planner.search import arrange
+from planner.search.arrange import interchangeable, rearrangeable, stage_major
 from planner.search.goal import Goal
 from planner.search.planner import Planner
 from planner.simulator.runtime_model import runtime_model
@@ -64,3 +65,46 @@ def test_on_four_zones_our_pick_runs_chains_side_by_side_and_beats_every_uniform
     assert max(len({r.zone for r in s.replicas}) for s in plan.stages) < len(CENTRAL)
     assert Counter(r.zone for s in plan.stages for r in s.replicas) == Counter(
         {z: 128 // plan.stages[0].replicas[0].tp for z in CENTRAL})  # the same GPUs per zone
+
+
+def _h100_plan(counts: dict[str, int]) -> Plan:
+    """2 stages of H100s (no measured profile or links: estimated; no Sailor data needed); replicas per zone."""
+    reps = tuple(Replica("H100-80", 1, z) for z, n in counts.items() for _ in range(n))
+    return Plan(MODEL.name, 2 * len(reps), (Stage(0, 12, reps), Stage(13, 25, reps)), (Pipeline(1, 2),) * len(reps))
+
+
+def test_zones_a_swap_cannot_tell_apart_are_simulated_once(monkeypatch):
+    """Two zones in each of two regions, the same H100s at the same price, no measured links: the zones of
+    a region are interchangeable, so orders that differ by swapping two of them (of equal use) are one
+    arrangement. The pass simulates fewer orders and returns exactly what simulating every order
+    returns: here the pipelines stay inside a region (worked out by the simulator, 2.5x faster)."""
+    from planner.profiles.network_fits import BandwidthFit, NetworkFits
+    from planner.profiles.store import ProfileStore
+
+    ca, wa, cb, wb = zones = ("us-central1-a", "us-west1-a", "us-central1-b", "us-west1-b")
+    plan = _h100_plan(dict.fromkeys(zones, 2))
+
+    def sim_of(cluster=Cluster(), fits=None):
+        return Simulator(MODEL, cluster.with_available(tuple(Pool("H100-80", z, 8) for z in zones)),
+                         ProfileStore(network=fits))
+
+    sim = sim_of()
+    assert interchangeable(plan, zones, sim) == {ca: ca, cb: ca, wa: wa, wb: wa}
+    assert interchangeable(plan, zones, sim_of(Cluster(quotas={cb: 64}))) == {ca: ca, cb: cb, wa: wa, wb: wa}
+    pricier = Cluster(prices={("H100-80", wb): 99.0})
+    assert interchangeable(plan, zones, sim_of(pricier)) == {ca: ca, cb: ca, wa: wa, wb: wb}
+    # a measured link a -> b only: a swap of the two would need one b -> a
+    link = NetworkFits(inter={(ca, "H100-80", 1, cb, "H100-80", 1): BandwidthFit(1.0, 0.0, 0.0, 1e9)})
+    assert interchangeable(plan, zones, sim_of(fits=link)) == {ca: ca, cb: cb, wa: wa, wb: wa}
+
+    calls = []
+    simulate = Simulator.simulate
+    monkeypatch.setattr(Simulator, "simulate", lambda self, p, rt=None: calls.append(p) or simulate(self, p, rt))
+    est = simulate(sim, plan, RT)
+    got = arrange.rearrange(plan, est, sim, RT, Goal())
+    assert got[0] != plan and got[1].iteration_time_s < est.iteration_time_s / 2.5
+    deduplicated = len(calls)
+    monkeypatch.setattr(arrange, "interchangeable", lambda p, zs, s: {z: z for z in zs})  # every order apart
+    calls.clear()
+    assert arrange.rearrange(plan, est, sim, RT, Goal()) == got
+    assert deduplicated < len(calls)
