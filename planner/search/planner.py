@@ -59,10 +59,10 @@ from planner.search.two_types import TwoTypes
 from planner.search.verify import check_promises
 from planner.simulator.network import Endpoint
 from planner.simulator.runtime_model import RuntimeModel, runtime_model
-from planner.simulator.simulate import Estimate, Simulator
+from planner.simulator.simulate import GRAD_BYTES, Estimate, Simulator
 from planner.specs.plan import Plan, with_model
 
-GROUP, FAMILY, CONFIG, REFINE, EVALUATE = 0, 1, 2, 3, 4  # what a queue entry asks for
+GROUP, FAMILY, CONFIG, REFINE, RESUME, EVALUATE = 0, 1, 2, 3, 4, 5  # what a queue entry asks for
 PROBE_MARGIN = 1e-12  # relative: the probe's cut lies this far above its plan's score (_probe)
 RECOMPUTE_MODES = {"never": (False,), "always": (True,), "auto": (False, True)}  # the passes of each mode
 TYPE_CHAIN_MODES = ("auto", "always")  # type chains on small clusters or where nothing else fits; on any cluster
@@ -154,6 +154,7 @@ class Planner(SinglePool, Chains, TwoTypes):
         self._by_time = goal.objective == "throughput"  # bounds are seconds (else USD per iteration): run()
         self._probe_cut = math.inf  # just above the score of the probe's plan (_probe)
         self._ring_cache: dict = {}  # (gpu, tp, placed, replicas per node) -> the ring's distinct edges
+        self._ring_floor: dict = {}  # the same -> (least peak rate, largest latency) of its edges
         self._front_cache: dict = {}
 
     def _zones(self, gpu: str) -> list[tuple[str, int]]:
@@ -409,7 +410,15 @@ class Planner(SinglePool, Chains, TwoTypes):
                 extra, usd, evaluate, cfg = fn(*args)
                 if bound + extra >= self._front_cut(usd):
                     continue  # a Pareto search's front matches or beats it in time and cost
-                heapq.heappush(queue, (bound + extra, next(seq), EVALUATE, evaluate, cfg))
+                if evaluate is None:  # a cheap floor of the sync: the exact one, cfg, waits behind it
+                    heapq.heappush(queue, (bound + extra, next(seq), RESUME, bound, cfg))
+                else:
+                    heapq.heappush(queue, (bound + extra, next(seq), EVALUATE, evaluate, cfg))
+            elif step == RESUME:  # the exact refinement, added to the configuration's own bound (fn)
+                extra, usd, evaluate, cfg = args[0](*args[1])
+                if fn + extra >= self._front_cut(usd):
+                    continue
+                heapq.heappush(queue, (fn + extra, next(seq), EVALUATE, evaluate, cfg))
             else:
                 fn(*args, best, front, top, pareto)
                 if probe is not None and best:
@@ -453,6 +462,17 @@ class Planner(SinglePool, Chains, TwoTypes):
             else:
                 self._sync_cache[key] = (0.0, 0.0)
         return self._sync_cache[key]
+
+    def _ring_sync_floor(self, params: int, D: int, gpu: str, tp: int, placed: tuple, per_node_replicas: int) -> float:
+        """A lower bound of _sync's seconds in O(1) once per ring: every edge streams at most at its peak
+        rate (Network.peak_ring_rate), so the slowest peak bounds the slowest edge, and the latency term
+        is allreduce_time's own (the largest over the ring's edges)."""
+        ring = (gpu, tp, placed, per_node_replicas)
+        got = self._ring_floor.get(ring)
+        if got is None:
+            rates = [self.sim.network.peak_ring_rate(a, b) for a, b, _ in self._ring_edges(*ring)]
+            got = self._ring_floor[ring] = (min(r for r, _ in rates), max(lat for _, lat in rates))
+        return 2 * (D - 1) / D * (GRAD_BYTES * params) / got[0] + 2 * (D - 1) * got[1]
 
     def _ring_edges(self, gpu: str, tp: int, placed: tuple, per_node_replicas: int) -> list:
         """A stage's gradient ring's distinct edges (space.ring_edges_of), cached: they do not depend on

@@ -86,12 +86,20 @@ class SinglePool:
                     yield self._bound(t_lb, usd), self._refine_single, (shape, P, D, m, placed)
 
     def _refine_single(self, shape: Shape, P: int, D: int, m: int, placed):
-        """What a tighter bound adds: the largest stage holds at least the average number of parameters."""
+        """What a tighter bound adds: the largest stage holds at least the average number of parameters.
+        A ring's sync not worked out yet is first bounded cheaply (Planner._ring_sync_floor): configurations
+        that bound already puts past the best plan never cost an exact one."""
         n, tp = shape.per_node, shape.tp
-        sync = self._sync(math.ceil(shape.costs.params(0, self.L - 1) / P), D, shape.gpu, tp, tuple(placed),
-                          n // (P * tp) if P * tp <= n else n // tp)[0]
+        ring = (math.ceil(shape.costs.params(0, self.L - 1) / P), D, shape.gpu, tp, tuple(placed),
+                n // (P * tp) if P * tp <= n else n // tp)
         usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
-        return self._bound(sync, usd), usd, self._evaluate_single, (shape, P, D, m, placed)
+        if D > 1 and ring not in self._sync_cache:
+            return self._bound(self._ring_sync_floor(*ring), usd), usd, None, (self._refine_exact, (ring, usd, shape, P,
+                                                                                              D, m, placed))
+        return self._bound(self._sync(*ring)[0], usd), usd, self._evaluate_single, (shape, P, D, m, placed)
+
+    def _refine_exact(self, ring: tuple, usd: float, *cfg):
+        return self._bound(self._sync(*ring)[0], usd), usd, self._evaluate_single, cfg
 
     def _table(self, shape: Shape, comm: float, m: int, P: int, per_stage: bool = False, D: int = 1) -> SplitTable:
         """per_stage: with per-stage recomputation (auto mode's recomputing pass; single-pool designs).

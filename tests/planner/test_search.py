@@ -1042,6 +1042,33 @@ def test_two_type_sync_floor_is_below_every_mixed_ring(sailor_store):
             assert floor == pytest.approx(sync, rel=1e-9), case
 
 
+def test_single_pool_ring_floor_is_below_its_sync(sailor_store):
+    """The cheap floor a single-pool configuration is first bounded by (`_ring_sync_floor`) never exceeds
+    the sync the search then works out (`_sync`): rings over one to four zones of measured fits and
+    over catalog links of three regions, node-sharing and node-spanning, small and large parameter
+    counts. On catalog links, every edge's rate its peak, the floor is that sync."""
+    from planner.specs.model import get_model
+
+    zones = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-west1-b", "us-east1-c")
+    c = replace(load_cluster(None), available=tuple(Pool(g, z, 64) for g in ("A100-40", "V100-16") for z in zones))
+    planner = Planner(Simulator(get_model("opt-350m"), c, sailor_store, "fp16"), 1024, Goal())
+    cases = exact = 0
+    for shape in planner.shapes():
+        for per, D, n_zones, params in product((1, 2, 8), (2, 3, 16, 64), (1, 2, 4), (10_000, 30_000_000)):
+            for first in range(0, len(shape.zones) - n_zones + 1, 2):
+                left, placed = D, []
+                for z, _ in shape.zones[first:first + n_zones]:  # spread D over the zones, the first the most
+                    k = -(-left // (n_zones - len(placed)))
+                    placed.append((z, k))
+                    left -= k
+                ring = (params, D, shape.gpu, shape.tp, tuple((z, k) for z, k in placed if k), per)
+                floor, sync = planner._ring_sync_floor(*ring), planner._sync(*ring)[0]
+                assert 0 < floor <= sync, (ring, floor, sync)
+                cases += 1
+                exact += floor == pytest.approx(sync, rel=1e-9)
+    assert cases > 1000 and exact > 0
+
+
 def test_sync_tail_is_below_the_sync_floor_of_every_replica_count_it_admits(sailor_store):
     """The chains' sync tail (`_sync_tail`, which ends a family's configurations and bounds a family)
     against the sync floor of every pipeline count D that its microbatch limit leaves: measured fits
