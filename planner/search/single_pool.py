@@ -93,12 +93,12 @@ class SinglePool:
         ring = (math.ceil(shape.costs.params(0, self.L - 1) / P), D, shape.gpu, tp, tuple(placed),
                 n // (P * tp) if P * tp <= n else n // tp)
         usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
-        if D > 1 and ring not in self._sync_cache:
-            return self._bound(self._ring_sync_floor(*ring), usd), usd, None, (self._refine_exact, (ring, usd, shape, P,
-                                                                                              D, m, placed))
-        return self._bound(self._sync(*ring)[0], usd), usd, self._evaluate_single, (shape, P, D, m, placed)
+        cfg = (shape, P, D, m, placed)
+        if D > 1 and ring not in self._sync_cache:  # (None: the queue resumes with _refine_exact)
+            return self._bound(self._ring_sync_floor(*ring), usd), usd, None, (self._refine_exact, (ring, usd, cfg))
+        return self._refine_exact(ring, usd, cfg)
 
-    def _refine_exact(self, ring: tuple, usd: float, *cfg):
+    def _refine_exact(self, ring: tuple, usd: float, cfg: tuple):
         return self._bound(self._sync(*ring)[0], usd), usd, self._evaluate_single, cfg
 
     def _table(self, shape: Shape, comm: float, m: int, P: int, per_stage: bool = False, D: int = 1) -> SplitTable:
