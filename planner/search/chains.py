@@ -352,6 +352,8 @@ class Chains:
             if self._front and self._front_beats(what, self._chain_bound(what, False, by_time=True),
                                                  self._chain_bound(what, False, by_time=False)):
                 return  # a Pareto search's front matches or beats every design of the chain
+            if self._synced_past(what, cutoff):
+                return  # every family's bound with its sync tail reaches the cutoff
             for fam in self._chain_families(what, cutoff):
                 yield fam[0], "family", fam[1]
         elif kind == "extend":  # a type chain's prefix: its chains one pool longer (or their prefixes)
@@ -372,6 +374,81 @@ class Chains:
                     bound = self._chain_bound(ext, flag)
                     if bound < cutoff:
                         yield bound, "chain", (sub, ext)
+
+    def _synced_past(self, chain: tuple, cutoff: float) -> bool:
+        """Throughput: whether every family of the chain has a bound at or past `cutoff` once
+        _chain_families adds its sync tail, found without the families (most chains the search expands
+        yield none, for their sync). With P stages a family's fill is at least F = least + 2 cross, its
+        bottleneck at least S = max((least + 4 cross) / P, minmax[P], a stage that must recompute), its
+        step at least U = u / P (/ d with the distributed optimizer), and it runs d_cap <= d pipelines
+        (as _chain_bound counts them). With one pipeline it has no ring and M microbatches; with more,
+        its sync tail is at least the least ring of D_lo replicas over the chain's pools and any
+        replicas per node (_least_ring), D_lo taken from the most microbatches that F, S and U let
+        beat the cutoff (fewer than the family's own bounds let). The same arithmetic as
+        _chain_families, so that a family exactly at the cutoff is judged alike."""
+        if not self._by_time or cutoff == math.inf:
+            return False
+        M = self.gbs // chain[0].mbs
+        least, P_terms = self._chain_terms(chain)
+        cross = sum(self._cross(a, b) for a, b in zip(chain, chain[1:]))
+        F = least + 2 * cross
+        for P, floor, d, U, U1 in P_terms:
+            S = (least + 4 * cross) / P
+            if floor > S:
+                S = floor
+            if F + (M - 1) * S + U1 < cutoff:
+                return False  # (one pipeline: no ring)
+            t = F + (-(-M // d) - 1) * S + U
+            if t >= cutoff or d < 2:
+                continue
+            if S <= 0:
+                return False  # (no sync tail then)
+            steps = (cutoff - F - U) / S
+            D_lo = -(-M // (1 + math.floor(steps))) if steps < M else 1
+            if D_lo < 2 or t + self._least_ring(chain, P, D_lo) < cutoff:
+                return False
+        return True
+
+    def _chain_terms(self, chain: tuple) -> tuple:
+        """(least, [(P, max(minmax[P], a stage that must recompute), d, U, U1)]) of _synced_past for
+        every stage count P of the chain: what does not depend on its zones' p2p; cached."""
+        key = ("chain-terms", self._any_head, *((id(p.costs), p.zones[0][1]) for p in chain))
+        got = self._front_cache.get(key)
+        if got is None:
+            M, top, L = self.gbs // chain[0].mbs, min(self.max_stages, self.L), self.L
+            minmax = self._minmax_stage(chain)
+            must = min(self._recompute_floor_upto(p) for p in chain)  # 0 unless recomputing
+            u = min(p.u for p in chain) * chain[0].costs.params(0, L - 1)
+            groups = [n // p.tp for p in chain for _, n in p.zones]
+            d_most, total = min(M, *groups), sum(groups)
+            lim = sum(self._stage_limit(a, b) for a, b in zip(chain, chain[1:]))
+            last = chain[-1]
+            caps = self._last_caps(last.zones[0][1], last.per_node, last.tp, lim, top)
+            terms = []
+            for P in range(len(chain), top + 1):
+                d = min(d_most, total // P, caps[P])
+                if d >= 1:
+                    upd = u / P
+                    terms.append((P, max(minmax[P], must), d, upd / d if self.distributed_optimizer else upd, upd))
+            got = self._front_cache[key] = (self._least_compute(chain), terms)
+        return got
+
+    def _least_ring(self, chain: tuple, P: int, D: int) -> float:
+        """The least sync (a x + b, _ring_line) of a ring of D replicas on any pool of the chain, for a
+        stage of the average parameters of P stages, with any number of stages on that pool (so any
+        replicas per node): at most _sync_tail's for every split of P stages."""
+        avg = -(-chain[0].costs.params(0, self.L - 1) // P)
+        best = math.inf
+        for p in chain:
+            key = ("ring-lines", p.gpu, p.tp, p.zones[0][0], D)
+            lines = self._front_cache.get(key)
+            if lines is None:  # one stage count for each number of replicas per node
+                stages = {self._per_node(p, n): n for n in range(min(self.max_stages, self.L), 0, -1)}
+                lines = self._front_cache[key] = [self._ring_line(p, n, D) for n in stages.values()]
+            for b, a in lines:
+                if a * avg + b < best:
+                    best = a * avg + b
+        return best
 
     # -- families and configurations ------------------------------------------
     def _stage_limit(self, a: Shape, b: Shape) -> int:

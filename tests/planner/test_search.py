@@ -1097,6 +1097,39 @@ def test_sync_tail_is_below_the_sync_floor_of_every_replica_count_it_admits(sail
     assert tight >= 0.5 * cases  # (it prunes: mostly at least half the sync floor at its least D)
 
 
+@pytest.mark.parametrize("zones, gbs, distributed", [
+    (("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"), 1024, False),
+    (("us-central1-a", "us-west1-b", "us-east1-c"), 512, True)])
+def test_a_chain_is_dropped_before_its_families_only_if_none_is_below_the_cutoff(sailor_store, zones, gbs,
+                                                                                distributed):
+    """`_synced_past` drops a chain before its families are enumerated: that must happen only when
+    _chain_families would yield none under the same cutoff. Chains of two pools on A100s and V100s
+    over measured and catalog links, cutoffs from far below to far above each chain's best family,
+    and on the last ones, through every family's bound exactly; it must drop some (it prunes)."""
+    import random
+
+    from planner.specs.model import get_model
+
+    c = replace(load_cluster(None), available=tuple(Pool(g, z, 64) for g in ("A100-40", "V100-16") for z in zones))
+    planner = Planner(Simulator(get_model("opt-350m"), c, sailor_store, "fp16"), gbs, Goal(),
+                      distributed_optimizer=distributed)
+    rng, dropped, checked = random.Random(5), 0, 0
+    for mbs, pools in sorted(planner._chain_pools(planner.shapes()).items()):
+        chains = [(a, b) for a in pools for b in pools if (a.gpu, a.zones) != (b.gpu, b.zones)]
+        for chain in rng.sample(chains, min(8, len(chains))):
+            bounds = [b for b, _ in planner._chain_families(chain)]
+            if not bounds:
+                continue
+            lo = min(bounds)
+            for cutoff in {lo * f for f in (0.5, 0.9, 1.0, 1.01, 1.1, 1.5, 3.0)} | set(bounds):
+                kept = [b for b, _ in planner._chain_families(chain, cutoff)]
+                if planner._synced_past(chain, cutoff):
+                    assert not kept, (chain[0].gpu, chain[1].gpu, cutoff, kept)
+                    dropped += 1
+                checked += 1
+    assert checked > 300 and dropped > 0.05 * checked, (checked, dropped)
+
+
 def test_chain_families_and_configurations_keep_everything_below_the_cutoff(sailor_store):
     """What the chains' bounds drop against the configurations themselves: for families of chains on
     four zones of one region (measured fits), each configuration's bound found exactly (the least
