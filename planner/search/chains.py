@@ -46,8 +46,10 @@ pools differ in GPU type, its families' bottleneck bound spreads the work by
 their speed and memory (_spread_bound), and its configurations' refinement
 bounds the gradient sync over every split (_sync_floor). The gradient sync
 bounds the search early too: a family's bound adds the sync that the fewest
-pipelines that could still beat the cutoff must do (_sync_tail), and a
-configuration's sync floor is added before its split DP.
+pipelines that could still beat the cutoff must do (_sync_tail), a chain whose
+families would all reach the cutoff that way is dropped before they are
+enumerated (_synced_past), and a configuration's sync floor is added before its
+split DP.
 """
 from __future__ import annotations
 
