@@ -444,13 +444,20 @@ class Chains:
         for p in chain:
             key = ("ring-lines", p.gpu, p.tp, p.zones[0][0], D)
             lines = self._front_cache.get(key)
-            if lines is None:  # one stage count for each number of replicas per node
-                stages = {self._per_node(p, n): n for n in range(min(self.max_stages, self.L), 0, -1)}
-                lines = self._front_cache[key] = [self._ring_line(p, n, D) for n in stages.values()]
+            if lines is None:
+                lines = self._front_cache[key] = [self._ring_line(p, n, D) for n in self._per_node_stages(p)]
             for b, a in lines:
                 if a * avg + b < best:
                     best = a * avg + b
         return best
+
+    def _per_node_stages(self, p: Shape) -> tuple:
+        """A stage count for each number of replicas per node a pool's stages can have."""
+        key = ("per-node-stages", p.per_node, p.tp)
+        if key not in self._front_cache:
+            stages = {self._per_node(p, n): n for n in range(min(self.max_stages, self.L), 0, -1)}
+            self._front_cache[key] = tuple(stages.values())
+        return self._front_cache[key]
 
     # -- families and configurations ------------------------------------------
     def _stage_limit(self, a: Shape, b: Shape) -> int:
@@ -721,10 +728,8 @@ class Chains:
         per = self._per_node(p, n)
         key = ("ring-line", p.gpu, p.tp, p.zones[0][0], per, D)
         if key not in self._front_cache:
-            net = self.sim.network
-            rates = [net.peak_ring_rate(a, b) for a, b, _ in self._ring_edges(p.gpu, p.tp, ((p.zones[0][0], D),), per)]
-            self._front_cache[key] = (2 * (D - 1) * max(lat for _, lat in rates),
-                                      2 * (D - 1) / D * GRAD_BYTES / min(r for r, _ in rates))
+            rate, lat = self._ring_peak(p.gpu, p.tp, ((p.zones[0][0], D),), per)
+            self._front_cache[key] = (2 * (D - 1) * lat, 2 * (D - 1) / D * GRAD_BYTES / rate)
         return self._front_cache[key]
 
     def _least_slot(self, chain, Ps, m, intra, crosses, cap: float = math.inf, shards: int = 1) -> float:

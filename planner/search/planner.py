@@ -154,7 +154,7 @@ class Planner(SinglePool, Chains, TwoTypes):
         self._by_time = goal.objective == "throughput"  # bounds are seconds (else USD per iteration): run()
         self._probe_cut = math.inf  # just above the score of the probe's plan (_probe)
         self._ring_cache: dict = {}  # (gpu, tp, placed, replicas per node) -> the ring's distinct edges
-        self._ring_floor: dict = {}  # the same -> (least peak rate, largest latency) of its edges
+        self._ring_peaks: dict = {}  # the same -> (least peak rate, largest latency) of its edges
         self._front_cache: dict = {}
 
     def _zones(self, gpu: str) -> list[tuple[str, int]]:
@@ -464,15 +464,20 @@ class Planner(SinglePool, Chains, TwoTypes):
         return self._sync_cache[key]
 
     def _ring_sync_floor(self, params: int, D: int, gpu: str, tp: int, placed: tuple, per_node_replicas: int) -> float:
-        """A lower bound of _sync's seconds in O(1) once per ring: every edge streams at most at its peak
-        rate (Network.peak_ring_rate), so the slowest peak bounds the slowest edge, and the latency term
-        is allreduce_time's own (the largest over the ring's edges)."""
+        """A lower bound of _sync's seconds in O(1) once per ring (_ring_peak), by allreduce_time's formula."""
+        rate, lat = self._ring_peak(gpu, tp, placed, per_node_replicas)
+        return 2 * (D - 1) / D * (GRAD_BYTES * params) / rate + 2 * (D - 1) * lat
+
+    def _ring_peak(self, gpu: str, tp: int, placed: tuple, per_node_replicas: int) -> tuple[float, float]:
+        """(least peak rate, largest latency) of a ring's edges, cached: every edge streams at most at its
+        peak (Network.peak_ring_rate), so the slowest peak bounds the slowest edge, and the latency
+        term is allreduce_time's own."""
         ring = (gpu, tp, placed, per_node_replicas)
-        got = self._ring_floor.get(ring)
+        got = self._ring_peaks.get(ring)
         if got is None:
             rates = [self.sim.network.peak_ring_rate(a, b) for a, b, _ in self._ring_edges(*ring)]
-            got = self._ring_floor[ring] = (min(r for r, _ in rates), max(lat for _, lat in rates))
-        return 2 * (D - 1) / D * (GRAD_BYTES * params) / got[0] + 2 * (D - 1) * got[1]
+            got = self._ring_peaks[ring] = (min(r for r, _ in rates), max(lat for _, lat in rates))
+        return got
 
     def _ring_edges(self, gpu: str, tp: int, placed: tuple, per_node_replicas: int) -> list:
         """A stage's gradient ring's distinct edges (space.ring_edges_of), cached: they do not depend on
