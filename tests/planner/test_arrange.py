@@ -91,6 +91,9 @@ def test_zones_a_swap_cannot_tell_apart_are_simulated_once(monkeypatch):
     sim = sim_of()
     assert interchangeable(plan, zones, sim) == {ca: ca, cb: ca, wa: wa, wb: wa}
     assert interchangeable(plan, zones, sim_of(Cluster(quotas={cb: 64}))) == {ca: ca, cb: cb, wa: wa, wb: wa}
+    # egress alike everywhere: the region still tells the links apart (a zone's are not another region's)
+    flat = Cluster(egress={(a, b): 0.01 for a in zones for b in zones if a != b})
+    assert interchangeable(plan, zones, sim_of(flat)) == {ca: ca, cb: ca, wa: wa, wb: wa}
     pricier = Cluster(prices={("H100-80", wb): 99.0})
     assert interchangeable(plan, zones, sim_of(pricier)) == {ca: ca, cb: ca, wa: wa, wb: wb}
     # a measured link a -> b only: a swap of the two would need one b -> a
