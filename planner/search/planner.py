@@ -62,7 +62,7 @@ from planner.simulator.runtime_model import RuntimeModel, runtime_model
 from planner.simulator.simulate import GRAD_BYTES, Estimate, Simulator
 from planner.specs.plan import Plan, with_model
 
-GROUP, FAMILY, CONFIG, REFINE, RESUME, EVALUATE = 0, 1, 2, 3, 4, 5  # what a queue entry asks for
+GROUP, FAMILY, CONFIG, RESUME, EVALUATE = 0, 1, 2, 3, 4  # what a queue entry asks for
 PROBE_MARGIN = 1e-12  # relative: the probe's cut lies this far above its plan's score (_probe)
 RECOMPUTE_MODES = {"never": (False,), "always": (True,), "auto": (False, True)}  # the passes of each mode
 TYPE_CHAIN_MODES = ("auto", "always")  # type chains on small clusters or where nothing else fits; on any cluster
@@ -400,25 +400,25 @@ class Planner(SinglePool, Chains, TwoTypes):
                 nxt = next(configs, None)
                 if nxt is not None:
                     heapq.heappush(queue, (nxt[0], next(seq), CONFIG, nxt, configs))
-            elif step == CONFIG:  # a configuration; the rest of its family waits behind it
-                cfg_bound, refine, cfg = fn
-                heapq.heappush(queue, (cfg_bound, next(seq), REFINE, refine, cfg))
+            elif step == CONFIG:  # a configuration: a lower bound of its gradient sync added, queued again;
+                _, refine, cfg = fn  # the rest of its family waits behind it
+                extra, usd, evaluate, cfg = refine(*cfg)
+                # (dropped if it cannot enter the top K, as the cutoff only falls, or a Pareto search's front
+                # matches or beats it in time and cost)
+                if bound + extra < self._cutoff and bound + extra < self._front_cut(usd):
+                    if evaluate is None:  # a cheap floor of the sync: the exact refinement cfg waits behind it
+                        heapq.heappush(queue, (bound + extra, next(seq), RESUME, cfg[0], (bound, cfg[1])))
+                    else:
+                        heapq.heappush(queue, (bound + extra, next(seq), EVALUATE, evaluate, cfg))
                 nxt = next(args, None)
                 if nxt is not None:
                     heapq.heappush(queue, (nxt[0], next(seq), CONFIG, nxt, args))
-            elif step == REFINE:  # add a lower bound of the gradient sync, then queue again
-                extra, usd, evaluate, cfg = fn(*args)
-                if bound + extra >= self._front_cut(usd):
-                    continue  # a Pareto search's front matches or beats it in time and cost
-                if evaluate is None:  # a cheap floor of the sync: the exact one, cfg, waits behind it
-                    heapq.heappush(queue, (bound + extra, next(seq), RESUME, bound, cfg))
-                else:
-                    heapq.heappush(queue, (bound + extra, next(seq), EVALUATE, evaluate, cfg))
-            elif step == RESUME:  # the exact refinement, added to the configuration's own bound (fn)
-                extra, usd, evaluate, cfg = args[0](*args[1])
-                if fn + extra >= self._front_cut(usd):
+            elif step == RESUME:  # the exact refinement fn, added to the configuration's own bound
+                own, rest = args
+                extra, usd, evaluate, cfg = fn(*rest)
+                if own + extra >= self._front_cut(usd):
                     continue
-                heapq.heappush(queue, (fn + extra, next(seq), EVALUATE, evaluate, cfg))
+                heapq.heappush(queue, (own + extra, next(seq), EVALUATE, evaluate, cfg))
             else:
                 fn(*args, best, front, top, pareto)
                 if probe is not None and best:
