@@ -40,6 +40,8 @@ Y_MIN, Y_MAX = math.log2(0.064), math.log2(1024.0)  # fitted range: 64 KB .. 1 G
 
 @dataclass(frozen=True)
 class BandwidthFit:
+    """Bytes/s of one link as a function of the message size (Sailor's quadratic fit, capped)."""
+
     c0: float
     c1: float
     c2: float
@@ -159,6 +161,8 @@ class BottleneckFit:
 
 @dataclass
 class NetworkFits:
+    """Every measured link's fit: between zones (per GPU type and count) and inside a node."""
+
     # (src_zone, src_gpu, src_gpus, dst_zone, dst_gpu, dst_gpus) -> fit
     inter: dict[tuple[str, str, int, str, str, int], BandwidthFit] = field(default_factory=dict)
     intra: dict[tuple[str, int], BandwidthFit] = field(default_factory=dict)  # (gpu, gpus) -> fit

@@ -29,6 +29,8 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Goal:
+    """What the search optimizes (objective) and the limits a plan must keep."""
+
     objective: str = "throughput"
     max_cost_per_iteration: float | None = None  # USD
     max_cost_per_hour: float | None = None  # USD

@@ -70,6 +70,8 @@ TYPE_CHAIN_MODES = ("auto", "always")  # type chains on small clusters or where 
 
 @dataclass(frozen=True)
 class Candidate:
+    """A plan the search found, kept as its design (built into a Plan only if it stays in the top K)."""
+
     score: float
     outcome: Outcome
     design: tuple  # arguments of Planner._design
@@ -78,6 +80,8 @@ class Candidate:
 
 @dataclass
 class Result:
+    """What a search returns: the best plans with their estimates, and how the search went."""
+
     plans: list[tuple[Plan, Estimate]]  # best first
     search_time_s: float
     evaluated: int

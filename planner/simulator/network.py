@@ -53,6 +53,8 @@ WAN_GBPS = {"continent": 1.0, "world": 0.3}  # node-to-node WAN throughput witho
 
 @dataclass(frozen=True)
 class Endpoint:
+    """One end of a link: a replica's GPUs on a node of a zone."""
+
     gpu: str
     zone: str
     node: int

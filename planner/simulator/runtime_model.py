@@ -16,6 +16,8 @@ from planner.errors import SailorError
 
 @dataclass(frozen=True)
 class RuntimeModel:
+    """What the simulator needs to know of the framework that runs a plan: its state bytes, p2p and memory habits."""
+
     name: str
     # Bytes of persistent state per parameter, by precision:
     #   fp32: weights 4 + gradients 4 + Adam moments 8 = 16, plus framework buffers;

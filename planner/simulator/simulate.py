@@ -63,6 +63,8 @@ GRAD_BYTES = 4  # gradients are all-reduced in fp32
 
 @dataclass(frozen=True)
 class StageEstimate:
+    """The simulator's prediction for one stage (its slowest and largest replica)."""
+
     index: int
     layers: tuple[int, int]
     gpus: dict[str, int]  # "TYPE@ZONE" -> GPUs
@@ -78,6 +80,8 @@ class StageEstimate:
 
 @dataclass(frozen=True)
 class Estimate:
+    """The simulator's prediction for a plan: iteration time, memory, cost, and per stage."""
+
     iteration_time_s: float
     pipeline_time_s: float  # slowest pipeline's 1F1B schedule
     sync_time_s: float  # what gradient sync and optimizer add after the pipelines

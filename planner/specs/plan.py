@@ -57,6 +57,8 @@ RUNTIMES = ("sailor", "megatron-deepspeed")
 
 @dataclass(frozen=True)
 class Replica:
+    """One copy of a stage: `tp` GPUs of one type in one zone (a TP group, never across nodes)."""
+
     gpu: str
     tp: int
     zone: str
@@ -64,6 +66,8 @@ class Replica:
 
 @dataclass(frozen=True)
 class Stage:
+    """A pipeline stage: a contiguous range of layers and its data-parallel replicas (one per pipeline)."""
+
     first: int  # first layer, inclusive
     last: int  # last layer, inclusive
     replicas: tuple[Replica, ...]
@@ -88,6 +92,8 @@ class Pipeline:
 
 @dataclass(frozen=True)
 class Plan:
+    """A whole parallelization plan: stages (layers, replicas) and pipelines (their microbatches)."""
+
     model: str
     global_batch_size: int
     stages: tuple[Stage, ...]
