@@ -178,17 +178,18 @@ class Network:
         return worst + 2 * (D - 1) * lat
 
 
-def ring_edges(ring: list[Endpoint]) -> list[tuple[Endpoint, Endpoint, int]]:
-    """The distinct edges of a ring (replica k -> k+1, last -> first) and how often each occurs.
+def ring_edges(replicas, nodes: list[int]) -> list[tuple[Endpoint, Endpoint, int]]:
+    """The distinct edges of a stage's gradient ring (replica k -> k+1, last -> first; replica k, a
+    TP group of its GPUs, on node nodes[k]) and how often each occurs.
 
     Rings of many identical replicas repeat a few edges; only whether the two
     ends share a node matters, so edges are normalised to nodes 0/0 or 0/1.
     """
-    D = len(ring)
+    D = len(replicas)
     counts: dict[tuple, int] = {}
-    for i, a in enumerate(ring):
-        b = ring[(i + 1) % D]
-        key = (a.gpu, a.zone, a.gpus, b.gpu, b.zone, b.gpus, a.node == b.node)
+    for k, a in enumerate(replicas):
+        b = replicas[(k + 1) % D]
+        key = (a.gpu, a.zone, a.tp, b.gpu, b.zone, b.tp, nodes[k] == nodes[(k + 1) % D])
         counts[key] = counts.get(key, 0) + 1
     return [(Endpoint(ag, az, 0, an), Endpoint(bg, bz, 0 if same else 1, bn), n)
             for (ag, az, an, bg, bz, bn, same), n in counts.items()]

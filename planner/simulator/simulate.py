@@ -154,6 +154,7 @@ class Simulator:
         pipeline_time = 0.0
         egress = 0.0
         done: dict = {}  # identical pipelines (same replicas, links and batch share) are simulated once
+        both_ways: dict = {}  # (zone, zone) -> USD per GB there and back
         for k, pipe in enumerate(plan.pipelines):
             b, m = pipe.microbatch_size, pipe.num_microbatches
             reps = [st.replicas[k] for st in plan.stages]
@@ -167,7 +168,10 @@ class Simulator:
             for s, nbytes in enumerate(wire):  # activations forward, gradients back
                 a, c = reps[s].zone, reps[s + 1].zone
                 if a != c:
-                    egress += m * nbytes * (self.cluster.egress_per_gb(a, c) + self.cluster.egress_per_gb(c, a)) / 1e9
+                    usd_per_gb = both_ways.get((a, c))
+                    if usd_per_gb is None:
+                        usd_per_gb = both_ways[(a, c)] = self.cluster.egress_per_gb(a, c) + self.cluster.egress_per_gb(c, a)
+                    egress += m * nbytes * usd_per_gb / 1e9
         stages, sync_max, update_max, peak, fits = [], 0.0, 0.0, 0.0, True
         for s, st in enumerate(plan.stages):
             sync, sync_egress = self._sync(st, nodes[s])
@@ -223,16 +227,15 @@ class Simulator:
         return [F[s] + B[s] for s in range(P)], t_pp, wire
 
     def _sync(self, st, stage_nodes: list[int]) -> tuple[float, float]:
+        """Seconds to all-reduce the stage's gradients over its replicas' ring, and its egress USD."""
+        if len(st.replicas) < 2:
+            return 0.0, 0.0
         params = self.profile(st.replicas[0].gpu).layer_memory(1).stage_params(st.first, st.last)
-        ring = [Endpoint(r.gpu, r.zone, stage_nodes[k], r.tp) for k, r in enumerate(st.replicas)]
-        return self.ring_sync(params, ring)
-
-    def ring_sync(self, params: int, ring: list[Endpoint]) -> tuple[float, float]:
-        """Seconds to all-reduce the gradients of `params` parameters over `ring`, and its egress USD."""
-        return self.edges_sync(params, len(ring), ring_edges(ring)) if len(ring) > 1 else (0.0, 0.0)
+        return self.edges_sync(params, len(st.replicas), ring_edges(st.replicas, stage_nodes))
 
     def edges_sync(self, params: int, members: int, edges) -> tuple[float, float]:
-        """ring_sync for a ring given by its distinct edges (network.ring_edges)."""
+        """Seconds to all-reduce the gradients of `params` parameters over a ring of `members` replicas
+        given by its distinct edges (network.ring_edges), and its egress USD."""
         grads = GRAD_BYTES * params
         per_edge = 2 * (members - 1) / members * grads
         egress = sum(n * per_edge * self.cluster.egress_per_gb(a.zone, b.zone) / 1e9

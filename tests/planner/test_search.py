@@ -16,7 +16,7 @@ from planner.profiles.store import ProfileStore
 from planner.search.goal import Goal
 from planner.search.planner import Planner
 from planner.search.space import FIRST_POOL_STAGES, ring_edges_of
-from planner.simulator.network import Endpoint, ring_edges
+from planner.simulator.network import ring_edges
 from planner.simulator.placement import place
 from planner.simulator.simulate import Simulator
 from planner.specs.hardware import GIB, Cluster, GPUSpec, Pool, load_cluster
@@ -855,9 +855,8 @@ def test_ring_edges_shortcut_matches_the_placed_ring():
         plan = Plan("small", len(zones), tuple(Stage(i, i, tuple(Replica("small-a", tp, z) for z in zones))
                                                for i in range(P)), (Pipeline(1, 1),) * len(zones))
         nodes = place(plan, c)
-        ring = [Endpoint("small-a", z, nodes[0][k], tp) for k, z in enumerate(zones)]
         per = 4 // (P * tp) if P * tp <= 4 else 4 // tp
-        assert sorted(map(repr, ring_edges(ring))) == sorted(map(repr, ring_edges_of("small-a", tp, placed, per)))
+        assert sorted(map(repr, ring_edges(plan.stages[0].replicas, nodes[0]))) == sorted(map(repr, ring_edges_of("small-a", tp, placed, per)))
 
 
 # -- properties over random clusters ------------------------------------------
@@ -989,8 +988,7 @@ def test_two_class_ring_matches_the_placed_ring():
         reps = [Replica(sh.gpu, sh.tp, z) for sh, pl in zip(shapes, placed) for z, k in pl for _ in range(k)]
         plan = Plan("small", len(reps), tuple(Stage(i, i, tuple(reps)) for i in range(P)), (Pipeline(1, 1),) * len(reps))
         nodes = place(plan, c)
-        ring = [Endpoint(r.gpu, r.zone, nodes[0][k], r.tp) for k, r in enumerate(reps)]
-        assert sorted(map(repr, ring_edges(ring))) == sorted(map(repr, planner._class_ring(shapes, P, placed)))
+        assert sorted(map(repr, ring_edges(reps, nodes[0]))) == sorted(map(repr, planner._class_ring(shapes, P, placed)))
 
 
 @pytest.mark.parametrize("objective, floor", [("cost", 0.2), ("throughput", None)])
