@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import replace
 
 from planner.search.goal import Goal
+from planner.search.space import zone_classes
 from planner.search.verify import broken_promises
 from planner.simulator.runtime_model import RuntimeModel
 from planner.simulator.simulate import Simulator
@@ -56,32 +57,10 @@ def rearrangeable(plan: Plan) -> bool:
 
 
 def interchangeable(plan: Plan, zones: tuple[str, ...], sim: Simulator) -> dict[str, str]:
-    """zone -> the first of `zones` it is interchangeable with for this plan's GPU type: one region, the
-    same GPUs offered at the same price, no quota, the same egress and the same measured links of the
-    type to every zone of the plan. Swapping two such zones everywhere in an arrangement changes
-    nothing the simulator or the plan's promises read."""
-    cl, gpu = sim.cluster, plan.stages[0].replicas[0].gpu
-    offer = {z: sorted((p.count, p.spot) for p in cl.available if p.gpu == gpu and p.zone == z) for z in zones}
-    fits = {k: f for k, f in sim.network.fits.inter.items() if k[1] == gpu and k[4] == gpu}
-
-    def alike(a: str, b: str) -> bool:
-        if cl.zone(a).region != cl.zone(b).region or offer[a] != offer[b] or a in cl.quotas or b in cl.quotas \
-                or cl.price_per_hour(gpu, a, cl.is_spot(gpu, a)) != cl.price_per_hour(gpu, b, cl.is_spot(gpu, b)):
-            return False
-        swap = {a: b, b: a}
-        if any(cl.egress_per_gb(a, z) != cl.egress_per_gb(b, swap.get(z, z)) or
-               cl.egress_per_gb(z, a) != cl.egress_per_gb(swap.get(z, z), b) for z in zones):
-            return False
-        return all(fits.get((swap.get(k[0], k[0]), *k[1:3], swap.get(k[3], k[3]), *k[4:])) == f
-                   for k, f in fits.items() if a in (k[0], k[3]) or b in (k[0], k[3]))
-
-    classes: list[list[str]] = []
-    for z in zones:  # every two of a class alike: each swap inside it is a symmetry, so any permutation is
-        home = next((c for c in classes if all(alike(y, z) for y in c)), None)
-        if home is None:
-            classes.append([z])
-        else:
-            home.append(z)
+    """zone -> the first of `zones` it is interchangeable with for this plan's GPU type (space.zone_classes):
+    swapping two such zones everywhere in an arrangement changes nothing the simulator or the plan's
+    promises read."""
+    classes = zone_classes(sim.cluster, sim.network.fits.inter, zones, plan.stages[0].replicas[0].gpu)
     return {z: c[0] for c in classes for z in c}
 
 

@@ -60,7 +60,7 @@ from itertools import accumulate, product
 from planner.search.goal import Outcome
 from planner.search.partition import pareto as pareto_front
 from planner.search.partition import pareto_extra
-from planner.search.space import FIRST_POOL_STAGES, Shape, capacity, spread
+from planner.search.space import FIRST_POOL_STAGES, Shape, capacity, spread, zone_classes
 from planner.simulator.network import Endpoint
 from planner.simulator.simulate import GRAD_BYTES
 
@@ -88,7 +88,10 @@ class Chains:
             if len(pools) > 2:
                 self._zone_chains.append((pools[0], pools[1]))
         self._by_mbs = by_mbs
-        self._zone_rank = self._zone_classes({p.zones[0][0] for pools in by_mbs.values() for p in pools})
+        # zone -> (its class of interchangeable zones, its rank there): chains are canonical up to swaps inside a class
+        classes = zone_classes(self.sim.cluster, self.sim.network.fits.inter,
+                               sorted({p.zones[0][0] for pools in by_mbs.values() for p in pools}))
+        self._zone_rank = {z: (c[0], r) for c in classes for r, z in enumerate(c)}
         self._fastest: dict[int, tuple] = {}  # mbs -> prefix sums of each layer's least F+B over its pools
         for mbs, pools in by_mbs.items():
             prefix = [0.0]
@@ -103,37 +106,6 @@ class Chains:
     def _type_chain_places(places: set[tuple[str, str]]) -> bool:
         """Whether (GPU type, zone) pools admit type chains: three to TYPE_CHAIN_POOLS, two types at least."""
         return TYPE_CHAIN_LENGTH <= len(places) <= TYPE_CHAIN_POOLS and len({g for g, _ in places}) >= 2
-
-    def _zone_classes(self, zones: set[str]) -> dict[str, tuple[str, int]]:
-        """zone -> (its class, its rank there). Zones of a class are interchangeable: one region, the same
-        GPUs at the same prices, no quota, the same egress and the same measured links to every zone, so
-        swapping two of them everywhere in a chain changes neither its time nor its cost."""
-        cl, fits = self.sim.cluster, self.sim.network.fits.inter
-        have = {z: sorted((p.gpu, p.count, p.spot, cl.price_per_hour(p.gpu, z, cl.is_spot(p.gpu, z)))
-                          for p in cl.available if p.zone == z) for z in zones}
-
-        def alike(a: str, b: str) -> bool:
-            if cl.zone(a).region != cl.zone(b).region or have[a] != have[b] or a in cl.quotas or b in cl.quotas:
-                return False
-            swap = {a: b, b: a}
-            if any(cl.egress_per_gb(a, z) != cl.egress_per_gb(b, swap.get(z, z)) or
-                   cl.egress_per_gb(z, a) != cl.egress_per_gb(swap.get(z, z), b) for z in zones):
-                return False
-            for k, fit in fits.items():
-                if a in (k[0], k[3]) or b in (k[0], k[3]):
-                    twin = (swap.get(k[0], k[0]), *k[1:3], swap.get(k[3], k[3]), *k[4:])
-                    if fits.get(twin) != fit:
-                        return False
-            return True
-
-        classes: list[list[str]] = []
-        for z in sorted(zones):
-            home = next((c for c in classes if all(alike(y, z) for y in c)), None)
-            if home is None:
-                classes.append([z])
-            else:
-                home.append(z)
-        return {z: (c[0], r) for c in classes for r, z in enumerate(c)}
 
     def _chain_starts(self, mbs: int):
         """(bound, (kind, what)) of every pair of shapes (kind "pairs": their chains of two pools, any

@@ -159,3 +159,35 @@ def _endpoint(gpu: str, zone: str, node: int, gpus: int) -> Endpoint:
     if end is None:
         end = _ENDPOINTS[key] = Endpoint(gpu, zone, node, gpus)
     return end
+
+
+def zone_classes(cluster, fits, zones, gpu: str | None = None) -> list[list[str]]:
+    """`zones` (in their order) in classes of interchangeable ones, for GPUs of type `gpu` (None: every
+    type): one region, the same GPUs offered at the same prices, no quota, the same egress and the same
+    measured links (fits: NetworkFits.inter) to every zone. Swapping two zones of a class everywhere in
+    a design changes nothing the simulator or a plan's promises read, so each swap inside a class is a
+    symmetry of the search (chains.py) and of the arrangements (arrange.py)."""
+    zones = list(zones)
+    have = {z: sorted((p.gpu, p.count, p.spot, cluster.price_per_hour(p.gpu, z, cluster.is_spot(p.gpu, z)))
+                      for p in cluster.available if p.zone == z and gpu in (None, p.gpu)) for z in zones}
+    fits = {k: f for k, f in fits.items() if gpu is None or k[1] == k[4] == gpu}
+
+    def alike(a: str, b: str) -> bool:
+        if cluster.zone(a).region != cluster.zone(b).region or have[a] != have[b] or a in cluster.quotas \
+                or b in cluster.quotas:
+            return False
+        swap = {a: b, b: a}
+        if any(cluster.egress_per_gb(a, z) != cluster.egress_per_gb(b, swap.get(z, z)) or
+               cluster.egress_per_gb(z, a) != cluster.egress_per_gb(swap.get(z, z), b) for z in zones):
+            return False
+        return all(fits.get((swap.get(k[0], k[0]), *k[1:3], swap.get(k[3], k[3]), *k[4:])) == f
+                   for k, f in fits.items() if a in (k[0], k[3]) or b in (k[0], k[3]))
+
+    classes: list[list[str]] = []
+    for z in zones:  # every two of a class alike: each swap inside it is a symmetry, so any permutation is
+        home = next((c for c in classes if all(alike(y, z) for y in c)), None)
+        if home is None:
+            classes.append([z])
+        else:
+            home.append(z)
+    return classes
