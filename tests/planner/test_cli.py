@@ -188,6 +188,24 @@ def test_every_flag_has_help():
     assert not missing, missing
 
 
+@pytest.mark.parametrize("columns", [None, "123", "37", "wide"])
+def test_help_wraps_as_argparse_does(monkeypatch, columns):
+    """Our help formatter reads the width without shutil; every command's help must come out as
+    argparse's own formatter writes it (which reads $COLUMNS, else the terminal, else 80)."""
+    import argparse
+
+    from planner.cli import build_parser
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    for name, p in _parsers(build_parser()):
+        ours = p.format_help()
+        p.formatter_class = argparse.HelpFormatter
+        assert ours == p.format_help(), name
+
+
 def test_version_and_list(tmp_path):
     from planner import __version__
 
