@@ -125,9 +125,11 @@ def capacity(count: int, per_node: int, stages: int, tp: int) -> int:
     return (count // per_node // stages) * (per_node // tp)  # stage by stage, whole nodes
 
 
-def ring_edges_of(gpu: str, tp: int, placed: list[tuple[str, int]], per_node_replicas: int):
-    """Distinct edges of a stage's gradient ring (as network.ring_edges of the placed plan)."""
-    counts: dict = {}  # (zone, zone, same node) -> how often; endpoints made once per distinct edge
+def ring_edge_counts(placed: list[tuple[str, int]], per_node_replicas: int) -> dict:
+    """(zone, zone, same node) -> how often that edge occurs in a stage's gradient ring of the replicas
+    `placed` as [(zone, count)] in ring order, per_node_replicas to a node (as network.ring_edges of the
+    placed plan)."""
+    counts: dict = {}
 
     def add(za, zb, same, n=1):
         if n > 0:
@@ -146,8 +148,17 @@ def ring_edges_of(gpu: str, tp: int, placed: list[tuple[str, int]], per_node_rep
         add(zl, z0, False)  # back to the first zone
     else:
         add(z0, z0, math.ceil(placed[0][1] / q) == 1)
-    return [(_endpoint(gpu, za, 0, tp), _endpoint(gpu, zb, 0 if same else 1, tp), n)
-            for (za, zb, same), n in counts.items()]
+    return counts
+
+
+def ring_edges_of(gpu: str, tp: int, placed: list[tuple[str, int]], per_node_replicas: int):
+    """Distinct edges of a stage's gradient ring (as network.ring_edges of the placed plan)."""
+    return [(*edge_ends(gpu, tp, *kind), n) for kind, n in ring_edge_counts(placed, per_node_replicas).items()]
+
+
+def edge_ends(gpu: str, tp: int, za: str, zb: str, same: bool) -> tuple[Endpoint, Endpoint]:
+    """The two ends of a ring edge (za, zb, same node), in network.ring_edges' form (nodes 0/0 or 0/1)."""
+    return _endpoint(gpu, za, 0, tp), _endpoint(gpu, zb, 0 if same else 1, tp)
 
 
 _ENDPOINTS: dict = {}  # (gpu, zone, node, gpus) -> Endpoint: immutable, so shared (few distinct ones)

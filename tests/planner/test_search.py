@@ -1062,6 +1062,9 @@ def test_single_pool_ring_floor_is_below_its_sync(sailor_store):
                 ring = (params, D, shape.gpu, shape.tp, tuple((z, k) for z, k in placed if k), per)
                 floor, sync = planner._ring_sync_floor(*ring), planner._sync(*ring)[0]
                 assert 0 < floor <= sync, (ring, floor, sync)
+                # the peak, shared by rings with the same kinds of edge, is this ring's own edges' peak
+                peaks = [planner.sim.network.peak_ring_rate(a, b) for a, b, _ in planner._ring_edges(*ring[2:])]
+                assert planner._ring_peak(*ring[2:]) == (min(r for r, _ in peaks), max(lat for _, lat in peaks))
                 cases += 1
                 exact += floor == pytest.approx(sync, rel=1e-9)
     assert cases > 1000 and exact > 0
