@@ -197,39 +197,42 @@ class Chains:
 
     def _chain_bound_of(self, chain: tuple, grow: bool, cross: float | None, by_time: bool) -> float:
         """_chain_bound, worked out (cross: given where by_time)."""
-        M, top, L = self.gbs // chain[0].mbs, min(self.max_stages, self.L), self.L
-        least = self._least_compute(chain)
-        pools = chain
         if not by_time:
-            return M * least * min(p.tp * p.prices[p.zones[0][0]] for p in pools)
-        groups = [n // p.tp for p in chain for _, n in p.zones]
-        d_most, total = min(M, *groups), sum(groups)
-        if d_most < 1:
-            return math.inf
-        minmax = self._minmax_stage(pools)
-        u = min(p.u for p in pools) * chain[0].costs.params(0, L - 1)
-        best = math.inf
-        lim = sum(self._stage_limit(a, b) for a, b in zip(chain, chain[1:]))
-        last, (_, n_last) = chain[-1], chain[-1].zones[0]
-        # this chain: its last pool holds the stages the others cannot
-        caps = None if grow else self._last_caps(n_last, last.per_node, last.tp, lim, top)
-        spread4, sharded = least + 4 * cross, self.distributed_optimizer  # (sharded: _shards(d) = d)
-        for P in range(len(chain) + grow, top + 1):  # (the loop runs often: written out for speed)
-            if grow:
-                d = d_most
-            else:
-                d, by_P = total // P, caps[P]
-                if d_most < d:
-                    d = d_most
-                if by_P < d:
-                    d = by_P
-            if d < 1:
-                continue
-            slot, floor = spread4 / P, minmax[P]
-            t = (-(-M // d) - 1) * (slot if slot >= floor else floor) + u / (P * d if sharded else P)
+            return self.gbs // chain[0].mbs * self._least_compute(chain) * min(p.tp * p.prices[p.zones[0][0]]
+                                                                                for p in chain)
+        least, terms = self._stage_terms(chain, grow)
+        spread4, best = least + 4 * cross, math.inf
+        for P, _, waits, floor, upd in terms:  # (the loop runs often: written out for speed)
+            slot = spread4 / P
+            t = waits * (slot if slot >= floor else floor) + upd
             if t < best:
                 best = t
         return least + 2 * cross + best
+
+    def _stage_terms(self, chain: tuple, grow: bool) -> tuple:
+        """(least, [(P, d, ceil(M/d) - 1, minmax[P], u / P (/ d with the distributed optimizer))]) of
+        _chain_bound for every stage count P with d >= 1 pipelines: what does not depend on the zones'
+        p2p; cached. d: the most pipelines, d <= n_i / tp_i for each pool and d P <= their sum; for
+        this chain (not grow) also what its last pool holds with the stages the others cannot."""
+        key = ("stage-terms", grow, self._any_head, *((id(p.costs), p.zones[0][1]) for p in chain))
+        got = self._front_cache.get(key)
+        if got is None:
+            M, top, L = self.gbs // chain[0].mbs, min(self.max_stages, self.L), self.L
+            groups = [n // p.tp for p in chain for _, n in p.zones]
+            d_most, total = min(M, *groups), sum(groups)
+            minmax = self._minmax_stage(chain)
+            u = min(p.u for p in chain) * chain[0].costs.params(0, L - 1)
+            if not grow:
+                lim = sum(self._stage_limit(a, b) for a, b in zip(chain, chain[1:]))
+                last = chain[-1]
+                caps = self._last_caps(last.zones[0][1], last.per_node, last.tp, lim, top)
+            terms = []
+            for P in range(len(chain) + grow, top + 1):
+                d = d_most if grow else min(d_most, total // P, caps[P])
+                if d >= 1:
+                    terms.append((P, d, -(-M // d) - 1, minmax[P], u / (P * d if self.distributed_optimizer else P)))
+            got = self._front_cache[key] = (self._least_compute(chain), terms)
+        return got
 
     def _last_caps(self, count: int, per_node: int, tp: int, lim: int, top: int) -> tuple:
         """[P]: pipelines the last pool holds when it has P - lim stages (at least one)."""
@@ -385,26 +388,18 @@ class Chains:
 
     def _chain_terms(self, chain: tuple) -> tuple:
         """(least, [(P, max(minmax[P], a stage that must recompute), d, U, U1)]) of _synced_past for
-        every stage count P of the chain: what does not depend on its zones' p2p; cached."""
+        every stage count P of the chain (_stage_terms'): what does not depend on its zones' p2p; cached."""
         key = ("chain-terms", self._any_head, *((id(p.costs), p.zones[0][1]) for p in chain))
         got = self._front_cache.get(key)
         if got is None:
-            M, top, L = self.gbs // chain[0].mbs, min(self.max_stages, self.L), self.L
-            minmax = self._minmax_stage(chain)
+            least, stage_terms = self._stage_terms(chain, False)
             must = min(self._recompute_floor_upto(p) for p in chain)  # 0 unless recomputing
-            u = min(p.u for p in chain) * chain[0].costs.params(0, L - 1)
-            groups = [n // p.tp for p in chain for _, n in p.zones]
-            d_most, total = min(M, *groups), sum(groups)
-            lim = sum(self._stage_limit(a, b) for a, b in zip(chain, chain[1:]))
-            last = chain[-1]
-            caps = self._last_caps(last.zones[0][1], last.per_node, last.tp, lim, top)
+            u = min(p.u for p in chain) * chain[0].costs.params(0, self.L - 1)
             terms = []
-            for P in range(len(chain), top + 1):
-                d = min(d_most, total // P, caps[P])
-                if d >= 1:
-                    upd = u / P
-                    terms.append((P, max(minmax[P], must), d, upd / d if self.distributed_optimizer else upd, upd))
-            got = self._front_cache[key] = (self._least_compute(chain), terms)
+            for P, d, _, minmax, _ in stage_terms:
+                upd = u / P
+                terms.append((P, max(minmax, must), d, upd / d if self.distributed_optimizer else upd, upd))
+            got = self._front_cache[key] = (least, terms)
         return got
 
     def _least_ring(self, chain: tuple, P: int, D: int) -> float:
