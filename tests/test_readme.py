@@ -42,8 +42,9 @@ def checkout(tmp_path, sailor_data):
         pytest.skip("no .venv in the checkout: run `bash tools/setup.sh` first")
     work = tmp_path / "sailor"
     work.mkdir()
+    wanted = _tracked_or_installed()
     for entry in ROOT.iterdir():
-        if entry.name in _tracked_or_installed():
+        if entry.name in wanted:
             (work / entry.name).symlink_to(entry)
     (tmp_path / "shared").mkdir()
     (tmp_path / "shared" / "sailor-data").symlink_to(sailor_data)

@@ -89,9 +89,9 @@ class SinglePool:
         """What a tighter bound adds: the largest stage holds at least the average number of parameters.
         A ring's sync not worked out yet is first bounded cheaply (Planner._ring_sync_floor): configurations
         that bound already puts past the best plan never cost an exact one."""
-        n, tp = shape.per_node, shape.tp
+        tp = shape.tp
         ring = (math.ceil(shape.costs.params(0, self.L - 1) / P), D, shape.gpu, tp, tuple(placed),
-                n // (P * tp) if P * tp <= n else n // tp)
+                self._per_node(shape, P))
         usd = sum(k * P * tp * shape.prices[z] for z, k in placed)
         cfg = (shape, P, D, m, placed)
         if D > 1 and ring not in self._sync_cache:  # (None: the queue resumes with _refine_exact)
