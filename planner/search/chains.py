@@ -414,8 +414,9 @@ class Chains:
             if lines is None:
                 lines = self._front_cache[key] = [self._ring_line(p, n, D) for n in self._per_node_stages(p)]
             for b, a in lines:
-                if a * avg + b < best:
-                    best = a * avg + b
+                sync = a * avg + b
+                if sync < best:
+                    best = sync
         return best
 
     def _per_node_stages(self, p: Shape) -> tuple:

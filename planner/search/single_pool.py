@@ -45,8 +45,8 @@ class SinglePool:
             return None
         if self._by_time:
             # with D >= 2 pipelines there is a ring to sync, and it is at least as slow as a ring of two
-            per = n // (P * tp) if same_node else n // tp
-            two = self._sync(math.ceil(params_total / P), 2, shape.gpu, tp, ((shape.zones[0][0], 2),), per)[0]
+            two = self._sync(math.ceil(params_total / P), 2, shape.gpu, tp, ((shape.zones[0][0], 2),),
+                             self._per_node(shape, P))[0]
             bound = min(fill + (M - 1) * slot_lb + upd, fill + (m_min - 1) * slot_lb + least_upd + two)
         else:
             bound = min(self._bound(fill + (m - 1) * slot_lb + least_upd, price * math.ceil(M / m))
@@ -121,7 +121,7 @@ class SinglePool:
         if not splits:
             return  # no split fits in memory
         micro = spread(self.gbs // shape.mbs, D)
-        per = n // (P * tp) if same_node else n // tp
+        per = self._per_node(shape, P)
         gpus_per_zone = tuple((z, k * P * tp) for z, k in placed)
         usd_per_s = sum(g * shape.prices[z] for z, g in gpus_per_zone)
         busiest, k0 = [], 0  # (c, microbatches) of the busiest pipeline in each zone
