@@ -55,7 +55,8 @@ print(f"plan: {model.name} ({model.total_params(padded=False) / 1e9:.2f} B param
       f"TP {tp} x DP {dp}, global batch {plan.global_batch_size}, sequence {model.seq_len}, bf16")
 PY
   ITERS=${ITERS:-200}
-  ARGS=(--train-iters "$ITERS" --lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 20 --lr-decay-style cosine
+  WARMUP=$(( ITERS >= 200 ? 20 : ITERS / 10 ))  # (the decay starts after the warm-up and ends at ITERS)
+  ARGS=(--train-iters "$ITERS" --lr 3e-4 --min-lr 3e-5 --lr-warmup-iters "$WARMUP" --lr-decay-style cosine
         --lr-decay-iters "$ITERS" --bf16 --save "$OUT/ckpt" --save-interval 100)
   if compgen -G "$MODEL/*.safetensors" >/dev/null; then ARGS+=(--load-hf "$MODEL"); fi
 else

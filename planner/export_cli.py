@@ -112,7 +112,7 @@ def add_parser(subparsers, add_common=None):
         description="Export a sailor checkpoint (any plan) so that transformers loads it with from_pretrained.")
     p.add_argument("checkpoint", help="checkpoint directory: a --save directory (its newest checkpoint that "
                                       "verifies) or one iter_NNNNNNN directory")
-    p.add_argument("--to-hf", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--to-hf", required=True, metavar="DIR", type=flags.nonempty("a directory"), help="output directory")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
                    help="dtype of the written weights (default float32: the trained master weights)")
     p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",

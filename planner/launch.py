@@ -204,7 +204,7 @@ def _launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", help="write it to this file instead of printing")
     p.add_argument("--cluster", help="cluster file (GPUs per node of custom GPU types); every rank gets it too")
     p.add_argument("--master-addr", default=MASTER_ADDR, help="host of node 0 (default: $MASTER_ADDR)")
-    p.add_argument("--master-port", type=flags.port, default=29500,
+    p.add_argument("--master-port", type=flags.integer(1, 65535), default=29500,  # (not 0: any port, on each node)
                    help="port of node 0's rendezvous (default 29500)")
     p.add_argument("--local", action="store_true", help="run every rank on this machine now")
 
@@ -265,16 +265,18 @@ def _train_file_flag(arg: str) -> bool:
     return (len(name) >= 4 and "--plan".startswith(name)) or (len(name) >= 5 and "--cluster".startswith(name))
 
 
-def _check_train_args(rank_args: list[str], local: bool, plan: Plan, cluster: Cluster) -> None:
+def _check_train_args(rank_args: list[str], local: bool, plan: Plan, cluster: Cluster) -> list[str]:
     """What every rank gets, parsed and held against the plan as sailor_ext.train will (batch sizes, model,
     uniform-plan flags), so a bad flag is one line here, not one per rank. A printed launch file may leave
-    out --train-iters (the user completes it; a stand-in satisfies the parser); a run here may not."""
-    from sailor_ext.train import check_plan_flags, check_train_args  # torch-free; imported here: they import this
+    out --train-iters (the user completes it; a stand-in satisfies the parser); a run here may not.
+    Returns the paths the ranks read or write (sailor_ext.train.input_paths)."""
+    from sailor_ext.train import check_plan_flags, check_train_args, input_paths  # torch-free; they import this
 
     if local and not any(a == "--train-iters" or a.startswith("--train-iters=") for a in rank_args):
         raise SailorError("sailor launch --local needs the number of training steps: add -- --train-iters N at the "
                           "end")
     parsed = check_train_args(rank_args if local else ["--train-iters", "1", *rank_args])  # (a later one wins)
+    paths = input_paths(parsed)
     if parsed.model and ("/" in parsed.model or parsed.model.endswith(".json")) and not os.path.exists(parsed.model):
         parsed.model = None  # a config.json on the nodes only: each rank reads it there
     try:
@@ -283,6 +285,7 @@ def _check_train_args(rank_args: list[str], local: bool, plan: Plan, cluster: Cl
             check_runnable(plan, model, cluster)
     except SailorError as e:
         raise SailorError(f"bad training arguments after '--': {e}") from None
+    return paths
 
 
 def _check_port_free(port: int) -> None:
@@ -300,6 +303,8 @@ def _check_port_free(port: int) -> None:
 def run(args) -> int:
     train_args = _split_rest(args)  # first: options after the plan (--cluster among them) count too
     _check_master_addr(args)
+    if args.output == "":
+        raise SailorError("-o '' is empty; give a file name, or leave -o out to print")
     if args.output:  # issue 18: never over the plan or cluster file it is made from
         check_output(args.output, (args.plan, args.cluster), "launch file (-o)")
     plan = load_plan(args.plan)
@@ -320,7 +325,10 @@ def run(args) -> int:
     # every rank computes the layout itself: from the same plan and cluster file
     rank_args = [*(["--cluster", args.cluster] if args.cluster else []), *train_args]
     # (megatron-lm takes a subset of these options, so its values get the runtime's ranges too)
-    _check_train_args(["--plan", args.plan, *rank_args], args.local, plan, cluster)
+    inputs = (args.plan, args.cluster, *_check_train_args(["--plan", args.plan, *rank_args], args.local, plan,
+                                                         cluster))
+    if args.output:  # nor over a file the ranks read or write (data, checkpoints, metrics)
+        check_output(args.output, inputs, "launch file (-o)")
     if args.local:
         _check_port_free(args.master_port)
         env = dict(os.environ)
@@ -339,22 +347,22 @@ def run(args) -> int:
         return _write(args.output, "\n".join(lines) + "\n")
     from planner.targets import Inputs
 
-    inputs = Inputs(args.plan, args.cluster)
+    files = Inputs(args.plan, args.cluster)
     if args.target == "slurm":
         from planner.targets.slurm import slurm
 
-        return _write(args.output, slurm(layout, inputs, train_args, args.master_port))
+        return _write(args.output, slurm(layout, files, train_args, args.master_port))
     if args.target == "k8s":
         from planner.targets.kubernetes import kubernetes
 
-        return _write(args.output, kubernetes(layout, inputs, train_args, args.master_port))
+        return _write(args.output, kubernetes(layout, files, train_args, args.master_port))
     if args.target == "megatron-lm":
         from planner.targets.megatron_lm import megatron_lm
 
         return _write(args.output, megatron_lm(plan, model, layout, train_args, args.master_port))
     from planner.targets.skypilot import launch_commands, skypilot
 
-    tasks = skypilot(layout, inputs, train_args, args.master_port)
+    tasks = skypilot(layout, files, train_args, args.master_port)
     if len(tasks) == 1:
         return _write(args.output, tasks[0])
     if not args.output:
@@ -364,7 +372,7 @@ def run(args) -> int:
     stem, ext = (stem, "." + ext) if dot and "/" not in ext else (args.output, ".yaml")
     files = [f"{stem}-{i}{ext}" for i in range(len(tasks))]
     for f in files:  # all checked before any is written
-        check_output(f, (args.plan, args.cluster), f"launch file (from -o {args.output})")
+        check_output(f, inputs, f"launch file (from -o {args.output})")
     for f, text in zip(files, tasks):
         _write(f, text)
     print(f"# {len(tasks)} SkyPilot tasks, one cluster per node group; launch group 0 first, then the others "

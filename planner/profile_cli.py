@@ -240,7 +240,8 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
                        description="Measure per-layer forward/backward time, memory and the optimizer step of a "
                                    "model with the training runtime's own layers; writes DIR/MODEL/GPU/profile.json.")
     m.add_argument("--model", required=True, help="model preset or config.json")
-    m.add_argument("-o", "--output", required=True, metavar="DIR", help="profiles directory to write into")
+    m.add_argument("-o", "--output", required=True, metavar="DIR", type=flags.nonempty("a directory"),
+                   help="profiles directory to write into")
     m.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where to measure (default: cuda if visible, else cpu)")
     m.add_argument("--gpu", help="GPU type the profile is for (default: detected; CPU without CUDA)")
@@ -270,7 +271,8 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     n = sub.add_parser("network", help="time p2p and all-reduce between ranks; fit the simulator's network model",
                        description="Run on every node through torchrun (torchrun --nnodes N --nproc-per-node G -m "
                                    "planner.cli profile network -o FILE --zone ZONE), or here with --local N.")
-    n.add_argument("-o", "--output", required=True, metavar="FILE", help="network.json to write (put it in a "
+    n.add_argument("-o", "--output", required=True, metavar="FILE", type=flags.nonempty("a file"),
+                   help="network.json to write (put it in a "
                    "profiles directory for --profiles)")
     n.add_argument("--plot", metavar="PNG", help="plot the fits against the measurements")
     n.add_argument("--local", type=flags.integer(1, 1024), metavar="N", help="start N processes on this machine")
@@ -296,7 +298,8 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
 
     g = sub.add_parser("merge", help="combine profiles directories from several machines into one")
     g.add_argument("directories", nargs="+", metavar="DIR", help="profiles directories to merge (two or more)")
-    g.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write the merge into")
+    g.add_argument("-o", "--output", required=True, metavar="DIR", type=flags.nonempty("a directory"),
+                   help="directory to write the merge into")
     g.add_argument("--prefer", choices=["first", "last"], help="which source wins where two measured the same point")
     g.add_argument("--force", action="store_true", help="replace profiles already in the output directory")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
@@ -304,7 +307,8 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
 
     x = sub.add_parser("export", help="write a profiles directory in Sailor's layout, for Sailor's own planner")
     x.add_argument("directory", help="a profiles directory in our layout")
-    x.add_argument("-o", "--output", required=True, metavar="DIR", help="writes DIR/profiles/MODEL/GPU/profile.json "
+    x.add_argument("-o", "--output", required=True, metavar="DIR", type=flags.nonempty("a directory"),
+                   help="writes DIR/profiles/MODEL/GPU/profile.json "
                    "and DIR/llm_info.json (models already there are kept)")
     x.add_argument("--format", default="sailor", choices=["sailor"], help="target layout (default sailor)")
     x.set_defaults(func=cmd_export)

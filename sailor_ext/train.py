@@ -32,7 +32,7 @@ from planner.launch import Layout, check_runnable, rank_layout, uniform_plan
 from planner.specs.hardware import load_cluster
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import MAX_LAYERS, MAX_TP, Plan, load_plan, plan_model
-from sailor_ext.data import DEFAULT_SPLIT, EVAL_ITERS, DataSources, open_training_data
+from sailor_ext.data import DEFAULT_SPLIT, EVAL_ITERS, DataSources, open_training_data, parse_blend, parse_split
 from sailor_ext.precision import precision_config
 
 PEER_FAILURE_EXIT = 3
@@ -137,7 +137,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run SwiGLU as separate kernels (default on CUDA: one compiled kernel, megatron's)")
     g.add_argument("--no-rope-fusion", dest="rope_fusion", action="store_false",
                    help="run rotary positions as separate kernels (default on CUDA: one compiled kernel)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # contradictions between flags, refused as Megatron's own checks refuse them
+    if args.min_lr > args.lr:
+        p.error(f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}: the schedule decays from --lr down to --min-lr")
+    if args.lr_decay_style != "constant" and args.lr_decay_iters and args.lr_warmup_iters >= args.lr_decay_iters:
+        p.error(f"--lr-warmup-iters {args.lr_warmup_iters} must be below --lr-decay-iters {args.lr_decay_iters}: "
+                "the decay runs from the end of the warm-up to --lr-decay-iters")
+    if args.mock_data and args.data_path:
+        p.error("--mock-data and --data-path both choose the training data; give one")
+    return args
 
 
 def check_train_args(argv: list[str]) -> argparse.Namespace:
@@ -152,7 +161,23 @@ def check_train_args(argv: list[str]) -> argparse.Namespace:
         raise SailorError("bad training arguments after '--': --help is not one; see "
                           "`python -m sailor_ext.train --help`") from None
     precision_config(parsed, cuda=False)  # --fp16 with --bf16 and the like
+    try:  # the data flags' syntax (every rank's open_training_data reads the files themselves)
+        if parsed.data_path:
+            parse_blend(parsed.data_path)
+        parse_split(parsed.split)
+    except SailorError as e:
+        raise SailorError(f"bad training arguments after '--': {e}") from None
     return parsed
+
+
+def input_paths(args) -> list[str]:
+    """The files and directories the ranks read or write: what a launch file must not be written over."""
+    paths = [args.load, args.load_hf, args.save, args.metrics_file]
+    if args.model and ("/" in args.model or args.model.endswith(".json")):
+        paths.append(args.model)
+    for prefix in parse_blend(args.data_path).prefixes if args.data_path else ():
+        paths += [prefix, f"{prefix}.bin", f"{prefix}.idx"]
+    return [x for x in paths if x]
 
 
 # -- resolving the plan (no torch needed) -------------------------------------------
@@ -187,7 +212,7 @@ def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:
         gbs = args.global_batch_size or world_size
         mbs = args.micro_batch_size or 1
         # torchrun's nodes are the plan's nodes: GPUs per node = processes per node
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        local = env_int("LOCAL_WORLD_SIZE", str(world_size), 1, world_size)
         spec = cluster.gpu(args.gpu_type or "CPU")
         cluster = replace(cluster, gpus={**cluster.gpus, spec.name: replace(spec, gpus_per_node=local)})
         plan = uniform_plan(model, world_size, args.tensor_model_parallel_size or 1,
@@ -217,11 +242,11 @@ def follow_plan_precision(args, plan: Plan) -> None:
 
 def check_placement(layout: Layout, rank: int) -> None:
     """With several torchrun nodes, each rank must run on the node the plan says."""
-    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    nodes = env_int("GROUP_WORLD_SIZE", "1", 1, layout.world_size)
     if nodes <= 1:
         return
     slot = layout.slots[rank]
-    group_rank, local_rank = int(os.environ.get("GROUP_RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    group_rank, local_rank = env_int("GROUP_RANK", "0", 0, nodes - 1), env_int("LOCAL_RANK", "0", 0, layout.world_size)
     if (slot.node, slot.local_rank) != (group_rank, local_rank):
         node = layout.nodes[slot.node]
         raise SailorError(f"rank {rank} started as local rank {local_rank} of node {group_rank}, but the plan places "
@@ -289,6 +314,8 @@ def train(args, plan: Plan, model_spec: ModelSpec, layout: Layout, rank: int, lo
 
     from sailor_ext.trainer import Trainer, init_distributed
 
+    if store is None and layout.world_size == 1:  # one process: an in-process store, no MASTER_ADDR/PORT to need
+        store = dist.HashStore()
     device = init_distributed(layout, rank, local_rank, args.dist_timeout, store, args.distributed_backend)
     trainer = Trainer(args, plan, model_spec, layout, rank, device, data=data)
     trainer.run()
@@ -350,12 +377,27 @@ def start(args, rank: int, world_size: int, local_rank: int):
             startup.linger(store, world_size, args.dist_timeout)
         return SailorError.exit_code  # that rank said why
     except (RuntimeError, TimeoutError) as e:  # the store's host is gone: its node failed
-        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        if not _resolves(host):
+            print(f"sailor: error: rank {rank}: MASTER_ADDR {host[:80]!r} does not resolve to an address; set it to "
+                  "node 0's host name or IP (`sailor launch --master-addr`)", file=sys.stderr, flush=True)
+            return SailorError.exit_code
+        where = f"{host}:{os.environ.get('MASTER_PORT')}"
         first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         print(f"sailor: error: rank {rank}: stopped at startup: the rendezvous store at {where} is gone or silent "
               f"({first}); another node failed, see its log", file=sys.stderr, flush=True)
         return SailorError.exit_code
     return plan, model, layout, data, store
+
+
+def _resolves(host: str) -> bool:
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    return True
 
 
 def _is_peer_failure(error: BaseException) -> bool:
@@ -365,23 +407,25 @@ def _is_peer_failure(error: BaseException) -> bool:
     return any(m in text for m in markers)
 
 
+def env_int(name: str, default: str, lo: int, hi: int) -> int:
+    """An integer torchrun sets in the environment, checked into [lo, hi]."""
+    text = os.environ.get(name, default)
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not lo <= value <= hi:
+        raise SailorError(f"environment variable {name}={text[:40]!r} must be an integer from {lo} to {hi}; "
+                          "start the ranks with torchrun (see `sailor launch`), which sets it")
+    return value
+
+
 def launch_environment() -> tuple[int, int, int]:
     """(RANK, WORLD_SIZE, LOCAL_RANK) as torchrun sets them, checked: a rank outside the world waited forever."""
-    def number(name: str, default: str, lo: int, hi: int) -> int:
-        text = os.environ.get(name, default)
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not lo <= value <= hi:
-            raise SailorError(f"environment variable {name}={text[:40]!r} must be an integer from {lo} to {hi}; "
-                              "start the ranks with torchrun (see `sailor launch`), which sets it")
-        return value
-
-    world_size = number("WORLD_SIZE", "1", 1, 1 << 24)
-    rank = number("RANK", "0", 0, world_size - 1)
-    local_rank = number("LOCAL_RANK", "0", 0, world_size - 1)
-    number("MASTER_PORT", "29500", 1, 65535)
+    world_size = env_int("WORLD_SIZE", "1", 1, 1 << 24)
+    rank = env_int("RANK", "0", 0, world_size - 1)
+    local_rank = env_int("LOCAL_RANK", "0", 0, world_size - 1)
+    env_int("MASTER_PORT", "29500", 1, 65535)
     return rank, world_size, local_rank
 
 

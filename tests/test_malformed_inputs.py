@@ -733,11 +733,20 @@ FLAG_CASES = [
         ("--gpu", "B300"), ("--zone", "mars-1"), ("--objective", "x"), ("--plot", "r.txt"))],
     ("replay missing-trace", ["replay", "missing.json", "--model", "tiny"]),
     ("replay trace-dir", ["replay", "profiles", "--model", "tiny"]),
-    *[(f"launch --master-port={v}", ["launch", "plan.json", "--master-port", v]) for v in ("70000", "-1", "x", "")],
+    *[(f"launch --master-port={v}", ["launch", "plan.json", "--master-port", v])
+      for v in ("70000", "-1", "x", "", "0")],
     *[(f"launch {n}", a) for n, a in (
         ("-o=plan", ["launch", "plan.json", "--target", "slurm", "-o", "plan.json"]),
         ("-o=cluster", ["launch", "plan.json", "--cluster", "cluster.json", "-o", "cluster.json"]),
         ("-o=dir", ["launch", "plan.json", "-o", "profiles"]), ("-o=missing-dir", ["launch", "plan.json", "-o", "a/b"]),
+        ("-o=empty", ["launch", "plan.json", "-o", ""]),
+        # nor over what the ranks read or write: their metrics, data files, checkpoint directory
+        ("-o=metrics-file", ["launch", "plan.json", "-o", "m.jsonl", "--", "--metrics-file", "m.jsonl"]),
+        ("-o=data", ["launch", "plan.json", "-o", "data.bin", "--", "--data-path", "data"]),
+        ("-o=in-load", ["launch", "plan.json", "--target", "slurm", "-o", "profiles/tiny/CPU/profile.json", "--",
+                        "--load", "profiles"]),
+        ("data-path-weight-only", ["launch", "plan.json", "--", "--data-path", "0.5"]),
+        ("split-nan", ["launch", "plan.json", "--", "--split", "nan"]),
         ("target", ["launch", "plan.json", "--target", "mpi"]), ("unknown-option", ["launch", "plan.json", "--bogus"]),
         ("late-bad-port", ["launch", "plan.json", "--master-port", "1", "--", "--train-iters", "1"][:4] +
          ["--target", "slurm", "--master-port", "99999"]),
@@ -814,7 +823,8 @@ PROFILE_CASES_FLAGS = [
                                                                                   "-o", "other"]),
         ("into-file", ["profiles", "other", "-o", "plan.json"]), ("prefer", ["profiles", "other", "-o", "m",
                                                                               "--prefer", "x"]),
-        ("missing", ["profiles", "nowhere", "-o", "m"]), ("conflict", ["profiles", "sailor-profiles", "-o", "m"]))],
+        ("missing", ["profiles", "nowhere", "-o", "m"]), ("conflict", ["profiles", "sailor-profiles", "-o", "m"]),
+        ("empty-output", ["profiles", "other", "-o", ""]))],
     *[(f"profile export {n}", ["profile", "export", *a]) for n, a in (
         ("into-source", ["profiles", "-o", "profiles"]), ("into-file", ["profiles", "-o", "plan.json"]),
         ("network-only", ["ckpt/empty", "-o", "x"]), ("format", ["profiles", "-o", "x", "--format", "csv"]))],
@@ -829,6 +839,7 @@ EXPORT_CASES = [
     ("export into-checkpoint", ["export", "ckpt/garbage-rank", "--to-hf", "ckpt/garbage-rank/hf"]),
     ("export onto-parent", ["export", "ckpt/garbage-rank", "--to-hf", "ckpt"]),
     ("export to-file", ["export", "ckpt/garbage-rank", "--to-hf", "plan.json"]),
+    ("export to-empty", ["export", "ckpt/garbage-rank", "--to-hf", ""]),
     ("export occupied", ["export", "ckpt/garbage-rank", "--to-hf", "ckpt/hf-model"]),
     ("export dtype", ["export", "ckpt/garbage-rank", "--to-hf", "x", "--dtype", "int8"]),
     ("export tokenizer", ["export", "ckpt/garbage-rank", "--to-hf", "x", "--tokenizer", "nowhere"]),

@@ -75,7 +75,7 @@ def test_valid_launches_still_print(tmp_path):
         assert out.returncode == 0 and "-m sailor_ext.train --plan plan.json" in out.stdout, out.stderr
     out = launch(tmp_path, "--target", "megatron-lm", "--", "--train-iters", "3", "--use-distributed-optimizer")
     assert out.returncode == 0 and "--use-distributed-optimizer" in out.stdout, out.stderr
-    refused(launch(tmp_path, "--local", "--master-port", "0", plan=CPU), "--local needs the number of training steps")
+    refused(launch(tmp_path, "--local", "--master-port", "29511", plan=CPU), "--local needs the number of training steps")
 
 
 def test_local_refuses_a_busy_master_port(tmp_path):

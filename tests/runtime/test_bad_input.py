@@ -4,11 +4,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from _runtime_helpers import Ranks, plan_dict, run_plan
 
+ROOT = Path(__file__).resolve().parents[2]
 TINY_TWO_STAGES = plan_dict([((0, 2), [1]), ((3, 5), [1])], [(2, 2)])
 
 
@@ -54,6 +58,11 @@ def test_batch_flag_that_contradicts_the_plan(tmp_path):
     (["--loss-scale", "0"], "--loss-scale: must be a positive"), (["--bogus"], "unrecognized arguments: --bogus"),
     (["--load", ""], "--load: is empty"), (["--save", ""], "--save: is empty"),  # (taken as not given)
     (["--load-hf", ""], "--load-hf: is empty"), (["--model", ""], "--model: is empty"),
+    # contradictions Megatron's own checks refuse
+    (["--lr", "1e-4", "--min-lr", "1"], "--min-lr 1 is above --lr 0.0001"),
+    (["--lr-warmup-iters", "10", "--lr-decay-iters", "2", "--lr-decay-style", "linear"],
+     "--lr-warmup-iters 10 must be below --lr-decay-iters 2"),
+    (["--mock-data", "--data-path", "corpus"], "--mock-data and --data-path both choose the training data"),
 ])
 def test_a_bad_training_flag_is_one_line(capsys, flags, named):
     """Every number the runtime takes has its range; argparse's own mistakes are one line too."""
@@ -80,6 +89,8 @@ def test_a_uniform_plan_flag_next_to_a_plan_is_refused(tmp_path, capsys, flag):
     ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' must be an integer from 1"),
     ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK='3' must be an integer from 0 to 1"),  # waited forever
     ({"MASTER_PORT": "http"}, "MASTER_PORT='http' must be an integer from 1 to 65535"),
+    ({"LOCAL_WORLD_SIZE": "abc"}, "LOCAL_WORLD_SIZE='abc' must be an integer from 1 to 1"),
+    ({"GROUP_WORLD_SIZE": "abc"}, "GROUP_WORLD_SIZE='abc' must be an integer from 1 to 1"),
 ])
 def test_a_bad_launch_environment_is_one_line(capsys, monkeypatch, env, named):
     from sailor_ext.train import main
@@ -92,6 +103,17 @@ def test_a_bad_launch_environment_is_one_line(capsys, monkeypatch, env, named):
 
 
 ONE_RANK = plan_dict([((0, 5), [1])], [(2, 1)])
+
+
+def test_one_process_needs_no_rendezvous_address(tmp_path):
+    """`python -m sailor_ext.train` alone (no torchrun) trains: it ended in torch's traceback for MASTER_ADDR."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+                                                            "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    out = subprocess.run([sys.executable, "-m", "sailor_ext.train", "--model", "tiny", "--train-iters", "2",
+                          "--global-batch-size", "2", "--metrics-file", "m.jsonl"], cwd=tmp_path, timeout=120,
+                         env={**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert [json.loads(line)["step"] for line in (tmp_path / "m.jsonl").read_text().splitlines()] == [1, 2]
 
 
 @pytest.mark.parametrize("target, named", [
