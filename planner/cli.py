@@ -452,8 +452,8 @@ def _replay_parser(sub) -> None:
     p.add_argument("--model", required=True, type=flags.nonempty("a model"),
                    help="model preset, Sailor name or config.json")
     _seq_length_option(p, SEQ_DEFAULT)
-    p.add_argument("--gpu", default="A100-40", help="GPU type of JSON traces (default A100-40)")
-    p.add_argument("--zone", default="us-central1-a", help="zone of JSON traces (default us-central1-a)")
+    p.add_argument("--gpu", help="GPU type of JSON traces (default A100-40)")
+    p.add_argument("--zone", help="zone of JSON traces and of CSV columns without one (default us-central1-a)")
     p.add_argument("--global-batch", type=flags.batch, default=1024, metavar="SAMPLES",
                    help="samples per iteration (default 1024)")
     p.add_argument("--objective", default="throughput", choices=OBJECTIVES, help=OBJECTIVE_HELP)

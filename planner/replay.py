@@ -44,8 +44,9 @@ class Snapshot:
 MAX_SNAPSHOTS = 100_000
 
 
-def load_trace(path: str, gpu: str = "A100-40", zone: str = "us-central1-a", cluster=None) -> list[Snapshot]:
-    """Sailor's traces: CSV `,Timestamp,<GPU>_<zone>,...` or JSON `[{"Time": s, "GPUs": n}]`, every value checked."""
+def load_trace(path: str, gpu: str | None = None, zone: str | None = None, cluster=None) -> list[Snapshot]:
+    """Sailor's traces: CSV `,Timestamp,<GPU>_<zone>,...` or JSON `[{"Time": s, "GPUs": n}]` of `gpu` in `zone`
+    (default A100-40 in us-central1-a), every value checked."""
     from planner.specs.hardware import Cluster
 
     cluster = cluster or Cluster()
@@ -53,13 +54,16 @@ def load_trace(path: str, gpu: str = "A100-40", zone: str = "us-central1-a", clu
     text = read_text(path, "trace")
     snaps = []
     if Path(path).suffix == ".json":
-        gpu = cluster.gpu(gpu).name
-        zone = cluster.check_zone(zone, "--zone")
+        gpu = cluster.gpu(gpu or "A100-40").name
+        zone = cluster.check_zone(zone or "us-central1-a", "--zone")
         hint = 'a JSON trace is [{"Time": seconds, "GPUs": count}, ...]'
         for row in Doc(parse_json(text, where), where).items(1, MAX_SNAPSHOTS, hint):
             f = row.fields(("Time", "GPUs"), hint=hint)
             snaps.append(Snapshot(f["Time"].number(0, 1e12), (Pool(gpu, zone, f["GPUs"].int(0, MAX_COUNT)),)))
     else:
+        if gpu is not None:  # (it was ignored)
+            raise SailorError("--gpu is for JSON traces; a CSV trace names the GPU type of each column in its header: "
+                              "drop the flag")
         expected = "Sailor's CSV trace: a header ',Timestamp,GPU_zone,...' and one row per snapshot"
         reader = csv.reader(text.splitlines())
         rows = []  # (line, fields), so messages name the line an editor shows
@@ -81,8 +85,12 @@ def load_trace(path: str, gpu: str = "A100-40", zone: str = "us-central1-a", clu
         for name in header[2:]:
             g, _, z = name.partition("_")
             z = cluster.check_zone(z, f"{where}: column {short(name)}") if z else \
-                cluster.check_zone(zone, f"--zone (the zone of column {short(name)} of {where})")
+                cluster.check_zone("us-central1-a" if zone is None else zone,
+                                   f"--zone (the zone of column {short(name)} of {where})")
             cols.append((cluster.gpu(g).name, z))
+        if zone is not None and all("_" in name for name in header[2:]):  # (it was ignored)
+            raise SailorError(f"--zone is for JSON traces and CSV columns without one, and every column of {where} "
+                              "names its zone: drop the flag")
         if len(rows) > MAX_SNAPSHOTS:
             raise SailorError(f"{where} has {len(rows)} snapshots, more than the {MAX_SNAPSHOTS} a replay takes")
         t0 = last = None

@@ -89,6 +89,7 @@ PLAN_CMD = ["plan", "--model", "tiny", "--gpus", "CPU@local=2", "--global-batch"
 CLUSTER_CMD = ["plan", "--model", "tiny", "--global-batch", "8", "-o", "out.json", "--cluster"]
 REPLAY = ["replay", "--model", "tiny", "--gpu", "CPU", "--zone", "local", "--global-batch", "8", "--policies",
           "sailor"]
+REPLAY_CSV = ["replay", "trace.csv", "--model", "tiny", "--global-batch", "8", "--policies", "sailor"]  # (its own GPUs)
 RUN = ["run", "--model", "tiny", "--global-batch", "12", "--gpus", "CPU@local=6", "--gpus-per-node", "2", "--local"]
 TRAIN = ["--", "--train-iters", "5"]
 
@@ -653,7 +654,7 @@ FILE_KINDS = {  # file, command that reads it
     "hf-config": ("config.json", ["plan", "--model", "config.json", "--gpus", "CPU@local=2", "--global-batch", "8",
                                   "-o", "out.json"]),
     "trace-json": ("trace.json", ["replay", "trace.json", *REPLAY[1:]]),
-    "trace-csv": ("trace.csv", ["replay", "trace.csv", *REPLAY[1:]]),
+    "trace-csv": ("trace.csv", REPLAY_CSV),
     "profile-show": ("profiles/tiny/CPU/profile.json", ["profile", "show", "profiles"]),
 }
 WHOLE_FILE_CASES = [(kind, how) for kind in FILE_KINDS for how in CORRUPT
@@ -732,6 +733,8 @@ FLAG_CASES = [
         ("--policies", "bogus"), ("--policies", ""), ("--policies", "sailor,,static"), ("--policies", "sailor,sailor"),
         ("--gpu", "B300"), ("--zone", "mars-1"), ("--objective", "x"), ("--plot", "r.txt"))],
     ("replay missing-trace", ["replay", "missing.json", "--model", "tiny"]),
+    ("replay csv-with-gpu", ["replay", "trace.csv", *REPLAY[1:]]),  # (ignored: a CSV trace names its own)
+    ("replay csv-with-zone", [*REPLAY_CSV, "--zone", "local"]),
     ("replay trace-dir", ["replay", "profiles", "--model", "tiny"]),
     *[(f"launch --master-port={v}", ["launch", "plan.json", "--master-port", v])
       for v in ("70000", "-1", "x", "", "0")],
@@ -880,7 +883,7 @@ def test_suite_size():
     SIMULATE, ["simulate", "sailor_plan.json"], CLUSTER_CMD + ["cluster.yaml"], CLUSTER_CMD + ["cluster.json"],
     SIMULATE[:2] + ["--profiles", "sailor-profiles"], ["plan", "--model", "config.json", "--gpus", "CPU@local=2",
                                                         "--global-batch", "8", "-o", "out.json"],
-    ["replay", "trace.json", *REPLAY[1:]], ["replay", "trace.csv", *REPLAY[1:]], ["launch", "plan.json"],
+    ["replay", "trace.json", *REPLAY[1:]], REPLAY_CSV, ["launch", "plan.json"],
     ["profile", "show", "profiles"], ["profile", "show", "sailor-profiles"], ["list", "gpus"],
 ], ids=lambda a: " ".join(a[:3]))
 def test_the_valid_inputs_work(case, argv):
