@@ -29,9 +29,11 @@ def _inside(path: Path, directory: Path) -> bool:
         return False
 
 
-def check_output(path: str | Path, inputs: Iterable[str | Path | None] = (), what: str = "output") -> Path:
+def check_output(path: str | Path, inputs: Iterable[str | Path | None] = (), what: str = "output",
+                 replaced: bool = True) -> Path:
     """`path` as a place to write `what`: not an input (nor a file inside an input directory), not a
-    directory, in a directory that exists."""
+    directory, in a directory that exists. replaced: the output is renamed over `path` (atomic_path), so
+    `path` may not be a device, pipe or socket either: as root the rename put a file in /dev/null's place."""
     out = Path(path)
     for given in inputs:
         if given is None:
@@ -43,6 +45,9 @@ def check_output(path: str | Path, inputs: Iterable[str | Path | None] = (), wha
                               "elsewhere")
     if out.is_dir():
         raise SailorError(f"{what} {path} is a directory; give a file name")
+    if replaced and out.exists() and not out.is_file():
+        raise SailorError(f"{what} {path} is a device, pipe or socket, and writing it would put a file in its place; "
+                          "give a file name")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise SailorError(f"cannot write {what} {path}: directory {parent} does not exist; create it first")

@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -861,6 +862,17 @@ def test_flags(case, name, argv):
         shutil.copytree(case / "profiles", case / "merge-target")
         argv = ["profile", "merge", "profiles", "other", "-o", "merge-target"]
     check_refused(argv, case)
+
+
+@pytest.mark.parametrize("argv", [PLAN_CMD[:-1] + ["special"], ["launch", "plan.json", "-o", "special"],
+                                  RUN + ["--address-file", "special"] + TRAIN, RUN + ["--state", "special"] + TRAIN],
+                         ids=["plan -o", "launch -o", "run --address-file", "run --state"])
+def test_an_output_never_replaces_a_device_or_pipe(case, argv):
+    """An output is renamed over its path: as root, `sailor run --address-file /dev/full` put a file in the
+    device's place. (A pipe stands in for the device here.)"""
+    os.mkfifo(case / "special")
+    check_refused(argv, case)
+    assert stat.S_ISFIFO((case / "special").lstat().st_mode)
 
 
 @pytest.mark.parametrize("name, argv", EXPORT_CASES, ids=[c[0] for c in EXPORT_CASES])

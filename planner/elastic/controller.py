@@ -738,7 +738,7 @@ def _saved_padding(fs, root: str) -> int | None:
 
 
 def run(args) -> int:
-    from planner.outputs import check_output
+    from planner.outputs import check_output, write_output
     from planner.profiles.store import load_profiles
     from planner.search.goal import Goal
     from planner.specs.hardware import load_cluster, parse_gpus
@@ -758,8 +758,8 @@ def run(args) -> int:
         raise SailorError(f"no checkpoint in {args.load}: it is not a directory; give --load the --save directory of "
                           "a previous run")
     for flag, path in (("--events-file", args.events_file), ("--address-file", args.address_file)):
-        if path:
-            check_output(path, (args.cluster, args.load, args.nodes_file), flag)
+        if path:  # (events are appended: /dev/stdout will do)
+            check_output(path, (args.cluster, args.load, args.nodes_file), flag, replaced=flag == "--address-file")
     if not args.state.startswith("etcd://"):  # the journal is rewritten at start: never over an input or a user file
         from planner.elastic.state import check_journal
 
@@ -825,9 +825,7 @@ def run(args) -> int:
     controller.server.set(P.LIVENESS, json.dumps({"beat_s": args.heartbeat_s, "stall_s": args.worker_stall_s}))
     controller.server.set(P.JOB_ARGS, json.dumps(train_args))  # workers read it first, then the above
     if args.address_file:
-        tmp = Path(args.address_file + ".tmp")
-        tmp.write_text(f"{host}:{port}\n")
-        os.replace(tmp, args.address_file)
+        write_output(args.address_file, f"{host}:{port}\n", what="--address-file")
     seq_source = seq_length_reason(model, args.seq_length)
     controller.events.emit("job_start", f"store at {host}:{port}; join nodes with `sailor agent --store "
                            f"{host}:{port} --gpus TYPE@ZONE=N`; {model.name}, sequence length {model.seq_len} "
