@@ -789,6 +789,13 @@ RUN_CASES = [
     ("run train-model", RUN + TRAIN + ["--model", "opt-125m"]),
     ("run stray-arg", RUN + ["stray", "--", "--train-iters", "1"]),
     ("run missing-batch", ["run", "--model", "tiny", "--local", *TRAIN]),
+    # the job's own files never land on what it or its workers read or write
+    ("run events-file=model", ["run", "--model", "config.json", *RUN[3:], "--events-file", "config.json", *TRAIN]),
+    ("run address-file=save", RUN + ["--address-file", "ckpt-new", *TRAIN, "--save", "ckpt-new"]),
+    ("run events-file=metrics", RUN + ["--events-file", "m.jsonl", *TRAIN, "--metrics-file", "m.jsonl"]),
+    ("run events-file=address-file", RUN + ["--events-file", "x", "--address-file", "x"]),
+    ("run events-file-empty", RUN + ["--events-file", ""]), ("run address-file-empty", RUN + ["--address-file", ""]),
+    ("run nodes-file-and-command", RUN + ["--nodes-file", "plan.json", "--nodes-command", "true"]),
 ]
 RUN_CASES = [(n, a if "--" in a or "no-train" in n else a + TRAIN) for n, a in RUN_CASES]
 AGENT_CASES = [

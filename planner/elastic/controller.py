@@ -42,6 +42,7 @@ import os
 import queue
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -89,7 +90,7 @@ class EventLog:
     state (log/<n>), so a controller that takes over continues it."""
 
     def __init__(self, path: str | None, quiet: bool = False):
-        self.file = open(path, "a") if path else None
+        self.path, self.file = path, open(path, "a") if path else None
         self.quiet = quiet
         self.keep = None  # (key, value) -> None: the store, once it serves
         self.count = 0
@@ -97,8 +98,12 @@ class EventLog:
     def emit(self, event: str, message: str = "", **fields) -> None:
         record = {"t": time.time(), "event": event, **fields}
         if self.file:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
+            try:
+                self.file.write(json.dumps(record) + "\n")
+                self.file.flush()
+            except OSError as e:
+                raise SailorError(f"cannot write --events-file {self.path}: {e.strerror or e}; check its free space, "
+                                  "or give another file") from None
         if self.keep is not None:
             self.count += 1
             self.keep(f"log/{self.count:08d}", json.dumps(record))
@@ -249,9 +254,11 @@ class Controller:
             return
         if listed != self.provider_listed:
             missing = sorted(listed - set(self.nodes))
+            shown = ", ".join(missing[:SHOWN_IDS]) + (f" and {len(missing) - SHOWN_IDS} more"
+                                                       if len(missing) > SHOWN_IDS else "")
             self.events.emit("provider", f"provider lists {len(listed)} node(s)"
-                             + (f"; not joined yet: {', '.join(missing)}" if missing else ""),
-                             listed=sorted(listed))
+                             + (f"; not joined yet: {shown}" if missing else ""),
+                             **({"listed": sorted(listed)} if len(listed) <= SHOWN_IDS else {"count": len(listed)}))
             self.provider_listed = listed
         # a node is drained once two polls in a row miss it: one miss may be the hook's hiccup (a list read
         # while being rewritten, a cloud API answering with a partial page), and a drain cannot be undone
@@ -531,16 +538,36 @@ class Controller:
 
 
 def _read_provider(path: str | None, command: str | None) -> set[str]:
-    """Node ids the provider reports: one per line (or a JSON list). Raises OSError, SubprocessError or
-    ValueError (not UTF-8, bad JSON, an unparsable command) when the hook cannot be read."""
+    """Node ids the provider reports: one per line (or a JSON list of strings). Raises OSError, SubprocessError
+    or ValueError (not a regular file, not UTF-8, bad JSON, an unparsable command, too long) when the hook
+    cannot be read."""
     if path:
-        text = Path(path).read_text(encoding="utf-8")
+        if not stat.S_ISREG(os.stat(path).st_mode):  # (a pipe blocked the controller, /dev/zero filled memory)
+            raise ValueError("not a regular file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_PROVIDER_BYTES + 1)
     else:
-        text = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=10, check=True).stdout
-    text = text.strip()
+        data = subprocess.run(shlex.split(command), capture_output=True, timeout=10, check=True).stdout
+    if len(data) > MAX_PROVIDER_BYTES:
+        raise ValueError(f"longer than {MAX_PROVIDER_BYTES >> 20} MiB")
+    text = data.decode("utf-8").lstrip("\ufeff").strip()  # (an editor's byte-order mark)
     if text.startswith("["):
-        return {str(x) for x in json.loads(text)}
-    return {line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")}
+        try:
+            ids = json.loads(text)
+        except RecursionError:
+            raise ValueError("a JSON list nested too deeply") from None
+        if not isinstance(ids, list) or not all(isinstance(x, str) and x for x in ids):
+            raise ValueError("a JSON list that is not of node id strings")
+    else:
+        ids = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    if len(ids) > MAX_PROVIDER_IDS:
+        raise ValueError(f"more than {MAX_PROVIDER_IDS} node ids")
+    return set(ids)
+
+
+MAX_PROVIDER_BYTES = 64 << 20
+MAX_PROVIDER_IDS = 1 << 16  # nodes: beyond any job's
+SHOWN_IDS = 10  # node ids a message or an event names; the rest are counted
 
 
 def read_provider(path: str | None, command: str | None) -> set[str] | None:
@@ -557,7 +584,8 @@ def check_provider(path: str | None, command: str | None) -> None:
         _read_provider(path, command)
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         if isinstance(e, subprocess.CalledProcessError):
-            why = f"exit {e.returncode}" + (f": {e.stderr.strip().splitlines()[-1][:200]}" if e.stderr.strip() else "")
+            err = e.stderr.decode("utf-8", "replace").strip()
+            why = f"exit {e.returncode}" + (f": {err.splitlines()[-1][:200]}" if err else "")
         elif isinstance(e, UnicodeDecodeError):
             why = "not UTF-8 text"
         else:
@@ -591,8 +619,10 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
                    help="what each plan of the job optimizes (default throughput)")
     p.add_argument("--host", default="127.0.0.1", help="address to serve the job's store on (default 127.0.0.1)")
     p.add_argument("--port", type=flags.port, default=0, help="port of the job's store (default: any free port)")
-    p.add_argument("--address-file", help="write HOST:PORT of the store here once it serves")
-    p.add_argument("--events-file", help="append one JSON line per event (joins, losses, plans, timings)")
+    p.add_argument("--address-file", type=flags.nonempty("a file"),
+                   help="write HOST:PORT of the store here once it serves")
+    p.add_argument("--events-file", type=flags.nonempty("a file"),
+                   help="append one JSON line per event (joins, losses, plans, timings)")
     p.add_argument("--heartbeat-s", type=flags.number(above=0.0, hi=3600.0), default=0.5, metavar="SECONDS",
                    help="agents' heartbeat period (default 0.5)")
     p.add_argument("--heartbeat-misses", type=flags.integer(1, 10**6), default=4, metavar="N",
@@ -757,9 +787,18 @@ def run(args) -> int:
     if args.load and "://" not in args.load and not Path(args.load).is_dir():
         raise SailorError(f"no checkpoint in {args.load}: it is not a directory; give --load the --save directory of "
                           "a previous run")
+    from sailor_ext.train import check_train_args, input_paths  # torch-free: argument parsing only
+
+    reads = (args.cluster, args.load, args.nodes_file, *input_paths(check_train_args(train_args)),
+             args.model if Path(args.model).is_file() else None)  # (what the job and its workers read or write)
     for flag, path in (("--events-file", args.events_file), ("--address-file", args.address_file)):
         if path:  # (events are appended: /dev/stdout will do)
-            check_output(path, (args.cluster, args.load, args.nodes_file), flag, replaced=flag == "--address-file")
+            check_output(path, reads, flag, replaced=flag == "--address-file")
+    if args.events_file and args.address_file and Path(args.events_file).resolve() == \
+            Path(args.address_file).resolve():
+        raise SailorError("--events-file and --address-file name the same file; give each its own")
+    if args.nodes_file and args.nodes_command:
+        raise SailorError("give the provider hook as --nodes-file or as --nodes-command, not both")
     if not args.state.startswith("etcd://"):  # the journal is rewritten at start: never over an input or a user file
         from planner.elastic.state import check_journal
 

@@ -3,6 +3,7 @@ verification, the reshard schedule, node-to-rank assignment, the join policy."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ import pytest
 from planner.elastic import protocol as P
 from planner.elastic.replan import Replanner, assign, pays_off
 from planner.elastic.store import StoreClient, StoreServer, StoreTimeout
+from planner.errors import SailorError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -325,6 +327,25 @@ def test_provider_list_file_and_command(tmp_path):
     f.write_bytes(b"\xff\x00\xff")
     assert read_provider(str(f), None) is None  # not UTF-8 (now): the same, not a crash of the controller
     assert read_provider(None, "printf '\\377'") is None and read_provider(None, "'unbalanced") is None
+    f.write_text("\ufeffnode0\n")  # an editor's byte-order mark: not part of the first id
+    assert read_provider(str(f), None) == {"node0"}
+
+
+@pytest.mark.parametrize("content, why", [
+    ("[" * 200_000, "nested too deeply"), ('[{"a": 1}, null]', "not of node id strings"), ("[NaN]", "not of node id"),
+    ("\n".join(f"n{i}" for i in range(70_000)), "more than 65536 node ids"), (None, "not a regular file"),
+])
+def test_a_provider_list_that_cannot_be_one_is_refused_at_start(tmp_path, content, why):
+    """A deep JSON list ended in 'internal error: RecursionError'; a pipe blocked the controller for good."""
+    from planner.elastic.controller import check_provider
+
+    f = tmp_path / "nodes"
+    if content is None:
+        os.mkfifo(f)
+    else:
+        f.write_text(content)
+    with pytest.raises(SailorError, match=f"--nodes-file {f} cannot be read at start \\(.*{why}"):
+        check_provider(str(f), None)
 
 
 
