@@ -58,8 +58,9 @@ def _set_parent_death_signal() -> None:
 class Agent:
     def __init__(self, store: str, info: P.NodeInfo, heartbeat_s: float = 0.5,
                  detach_workers: bool = False, max_restarts: int = 3, python: str = sys.executable,
-                 controller_wait_s: float = 0.0, node_dir: str | None = None):
+                 controller_wait_s: float = 0.0, node_dir: str | None = None, cluster: str | None = None):
         self.store, self.info, self.heartbeat_s = store, info, heartbeat_s
+        self.cluster = cluster  # this node's cluster file (GPU types not in the catalog): its workers read it too
         self.node_dir = node_dir  # served to the other nodes: checkpoints saved to node:NAME (files.py)
         self.controller_wait_s = controller_wait_s
         self.detach, self.max_restarts, self.python = detach_workers, max_restarts, python
@@ -75,6 +76,8 @@ class Agent:
         env = dict(os.environ)
         if self.node_dir:
             env["SAILOR_NODE_DIR"] = self.node_dir
+        if self.cluster:
+            env["SAILOR_CLUSTER"] = self.cluster
         if self.info.gpu == "CPU":
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, self.info.gpus))))
         if self.detach:
@@ -205,7 +208,8 @@ def run(args) -> int:
             raise SailorError(f"--node-dir {args.node_dir}: not writable; give a directory on this node's disk")
     try:
         return Agent(args.store, info, args.heartbeat_s, args.detach_workers, args.max_restarts,
-                     controller_wait_s=args.controller_wait_s, node_dir=node_dir).run()
+                     controller_wait_s=args.controller_wait_s, node_dir=node_dir,
+                     cluster=args.cluster and os.path.abspath(args.cluster)).run()
     except StoreClosed as e:
         raise SailorError(f"{e}; is `sailor run` running? (--store {args.store})") from None
 

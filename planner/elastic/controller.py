@@ -481,6 +481,11 @@ class Controller:
                     raise SailorError(f"no plan could run for {self.s.wait_s:g} s ({self._presence()}); add nodes "
                                       "and resume with --load SAVE_DIR")
                 time.sleep(self.s.poll_s)
+        except SailorError:
+            if not getattr(self.state, "lost", None):  # the job ends: the agents stop their workers once they read it
+                self.server.set(P.JOB_DONE, "1")
+                self._await_agents(10.0)
+            raise
         finally:
             if not getattr(self.state, "lost", None):
                 self.server.set(P.JOB_DONE, "1")
@@ -500,8 +505,13 @@ class Controller:
         self.server.set(P.JOB_DONE, "1")
         self.events.emit("finished", f"training finished in epoch {e.number} at step "
                          f"{self.server.get(P.finished_key(e.number)).decode()}", epoch=e.number)
-        # keep the store up until every agent has read job/done and left (bounded)
-        deadline = time.monotonic() + 30.0
+        self._await_agents(30.0)
+        return 0
+
+    def _await_agents(self, limit_s: float) -> None:
+        """Keep the store up until every agent has read job/done and left, for at most `limit_s`: an agent
+        that finds no store reconnects, with its workers, for as long as --controller-wait-s allows."""
+        deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             while not self.disconnects.empty():
                 who, _ = self.disconnects.get_nowait()
@@ -511,7 +521,6 @@ class Controller:
             if all(n.lost for n in self.nodes.values()) and all(a.poll() is not None for a in self.local_agents):
                 break
             time.sleep(0.05)
-        return 0
 
     def start_local_agents(self, nodes: list[tuple[str, str, int]], heartbeat_s: float, cluster: str | None,
                            store: str, node_dirs: str | None = None) -> None:

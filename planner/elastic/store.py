@@ -35,6 +35,9 @@ from planner.errors import SailorError
 SET, GET, ADD, CAS, CHECK, WAIT, DELETE, NUM_KEYS, KEYS, HELLO, PING = range(1, 12)
 OK, TIMEOUT, MISSING, ERROR = range(4)
 _U32 = struct.Struct("!I")
+# A frame's largest length (bytes): far beyond any key, plan or event. A port that speaks another protocol
+# fails here: an ASCII greeting's first 4 bytes read as 512 MiB or more ("SSH-" as 1.4 GB, then waited for).
+MAX_FRAME = 256 << 20
 FOREVER = -1.0
 
 
@@ -64,6 +67,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 def _recv_frame(sock: socket.socket) -> tuple[int, list[bytes]]:
     (length,) = _U32.unpack(_recv_exact(sock, 4))
+    if not 1 <= length <= MAX_FRAME:
+        raise StoreClosed(f"a frame of {length} bytes: not the protocol of a sailor job's store")
     body = _recv_exact(sock, length)
     code, fields, i = body[0], [], 1
     while i < len(body):
@@ -93,6 +98,23 @@ class KVState:
         self.cond = threading.Condition()
         self.on_disconnect = on_disconnect
         self.durable = durable  # state.Journal or etcd.EtcdState: every write goes there too
+        self.held: dict[str, int] = {}  # identity -> its open connections
+
+    def hold(self, identity: str) -> None:
+        with self.cond:
+            self.held[identity] = self.held.get(identity, 0) + 1
+
+    def release(self, identity: str) -> bool:
+        """A connection of `identity` closed; True if it was the last. A process dies with all its
+        connections, while a second process that took the same identity (a node id already in the job,
+        refused) or a reconnection that beat the old socket's close leaves one open: not a loss."""
+        with self.cond:
+            left = self.held.get(identity, 0) - 1
+            if left > 0:
+                self.held[identity] = left
+                return False
+            self.held.pop(identity, None)
+            return True
 
     def write(self, key: bytes, value: bytes | None) -> Callable[[], None]:
         """Apply a write (value None: delete); call with `cond` held. Returns what to call, without `cond`,
@@ -127,12 +149,16 @@ class _Handler(socketserver.BaseRequestHandler):
             while True:
                 op, f = _recv_frame(sock)
                 sock.sendall(self._serve(state, op, f))
-                if op == HELLO:
-                    identity = f[0].decode()
+                if op == HELLO and f and f[0].decode(errors="replace") != identity:
+                    if identity:
+                        state.release(identity)
+                    identity = f[0].decode(errors="replace")
+                    state.hold(identity)
         except (StoreClosed, ConnectionError, OSError, SailorError):
             pass  # SailorError: the state refused the write (this controller was deposed)
         finally:
-            if identity and state.on_disconnect and not getattr(self.server, "closing", False):
+            if identity and state.release(identity) and state.on_disconnect and \
+                    not getattr(self.server, "closing", False):
                 state.on_disconnect(identity)
 
     @staticmethod
@@ -276,14 +302,21 @@ class StoreClient:
                     raise StoreClosed(f"cannot reach the job's store{where} ({e})") from None
                 time.sleep(0.05)
         self._lock = threading.Lock()
-        if identity:
-            self._call(HELLO, identity)
 
-    @staticmethod
-    def _connect(host: str, port: int, timeout: float) -> socket.socket:
+    def _connect(self, host: str, port: int, timeout: float) -> socket.socket:
+        """A connection that has introduced itself (hello with the identity, else a ping) and been answered
+        within `timeout`: a port that is not a sailor job's store fails here, where it hung the caller."""
         sock = socket.create_connection((host, port), timeout=timeout)
-        sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(_pack(HELLO, [_b(self.identity)]) if self.identity else _pack(PING, ()))
+            status, _ = _recv_frame(sock)
+            if status != OK:
+                raise StoreClosed(f"status {status} to a greeting: not a sailor job's store")
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
         return sock
 
     def _reconnect(self, why: OSError) -> None:
@@ -299,9 +332,6 @@ class StoreClient:
             try:
                 self.host, self.port = self.locate()
                 sock = self._connect(self.host, self.port, 2.0)
-                if self.identity:
-                    sock.sendall(_pack(HELLO, [_b(self.identity)]))
-                    _recv_frame(sock)
             except OSError:
                 continue
             self.sock = sock
@@ -339,9 +369,6 @@ class StoreClient:
                 self.close()
                 self.host, self.port = self.locate()
                 sock = self._connect(self.host, self.port, timeout)
-                if self.identity:
-                    sock.sendall(_pack(HELLO, [_b(self.identity)]))
-                    _recv_frame(sock)
             except OSError:
                 return False
             self.sock = sock

@@ -168,6 +168,12 @@ class Beat:
         self.progress_at = now
 
     def _run(self) -> None:
+        try:
+            self._beat()
+        except StoreClosed as e:  # the controller is gone for good: the agent stops the worker (--controller-wait-s)
+            log(f"heartbeat stopped: {e}")
+
+    def _beat(self) -> None:
         beats = 0
         while True:
             beats += 1
@@ -291,7 +297,7 @@ class Worker:
         try:
             plan = plan_from_dict(a.plan)
             model = plan_model(plan, args.model, args.seq_length)
-            cluster = load_cluster(args.cluster)
+            cluster = load_cluster(args.cluster or os.environ.get("SAILOR_CLUSTER"))  # (the agent's --cluster)
             cluster = replace(cluster, gpus={**cluster.gpus, **{
                 g: replace(cluster.gpu(g), gpus_per_node=n) for g, n in a.gpus_per_node.items()}})
             layout = rank_layout(plan, cluster)

@@ -9,11 +9,12 @@ folded in, an orphaned worker does not keep the job from recovering.
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from _elastic_helpers import GLOBAL_BATCH, Job
+from _elastic_helpers import GLOBAL_BATCH, PYTHON, Job, env
 
 pytestmark = pytest.mark.slow
 
@@ -237,3 +238,21 @@ def test_a_config_json_model_reaches_the_workers_in_the_plan(tmp_path):
     start = job.events("job_start")[0]
     assert (start["model"], start["seq_length"]) == ("org/tiny-llama", 32) and "--model" not in start["train_args"]
     assert [m["tokens"] for m in job.metrics()] == [4 * 32] * 3
+
+
+@pytest.mark.timeout(180)
+def test_a_gpu_type_of_the_cluster_file_reaches_the_workers(tmp_path):
+    """`sailor run --local --cluster FILE` with a GPU type the catalog lacks: the controller planned for it
+    and the agents joined, then every worker failed with 'unknown GPU type' (the agent's --cluster now
+    reaches its workers)."""
+    import json
+
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({"gpus": {"MYGPU": {
+        "memory_gb": 48, "fp32_tflops": 80, "bf16_tflops": 300, "hbm_gbps": 1000, "intra_node_gbps": 100,
+        "gpus_per_node": 2, "node_nic_gbps": 10, "price_per_hour": 1.5, "spot_price_per_hour": 0.5}},
+        "zones": {"dc-1": {"region": "dc"}}}))
+    out = subprocess.run([PYTHON, "-m", "planner.cli", "run", "--model", "tiny", "--global-batch", "4", "--gpus",
+                          "MYGPU@dc-1=2", "--local", "--cluster", str(cluster), "--", "--train-iters", "2"],
+                         cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=170)
+    assert out.returncode == 0 and "training finished" in out.stderr, out.stderr[-3000:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ import pytest
 
 from planner.elastic import protocol as P
 from planner.elastic.replan import Replanner, assign, pays_off
-from planner.elastic.store import StoreClient, StoreServer, StoreTimeout
+from planner.elastic.store import StoreClient, StoreClosed, StoreServer, StoreTimeout
 from planner.errors import SailorError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +64,59 @@ def test_store_reports_a_dropped_connection_at_once():
         assert gone and gone[0][0] == "agent/n1" and gone[0][1] - killed < 0.5
     finally:
         server.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_second_connection_with_the_same_identity_is_no_loss():
+    """A second agent with a node id already in the job is refused and exits: the node whose id it took was
+    reported lost and fenced. A loss is when the identity's last connection closes."""
+    gone = []
+    server = StoreServer(on_disconnect=gone.append)
+    host, port = server.address
+    first, second = StoreClient(host, port, "agent/n1"), StoreClient(host, port, "agent/n1")
+    try:
+        second.close()
+        time.sleep(0.3)
+        assert gone == [] and first.add("k", 1) == 1
+        first.close()
+        deadline = time.monotonic() + 5
+        while not gone and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert gone == ["agent/n1"]
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("greeting", [b"SSH-2.0-OpenSSH_9.6\r\n", b"", None],
+                         ids=["another protocol", "closes at once", "never answers"])
+def test_a_port_that_is_not_a_store_fails_at_connect(greeting):
+    """`sailor agent --store` at any other service hung for good: a 4-byte 'length' of 1.4 GB was waited for."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if greeting is not None:
+                conn.sendall(greeting)
+                if not greeting:
+                    conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        start = time.monotonic()
+        with pytest.raises(StoreClosed, match="cannot reach the job's store"):
+            StoreClient("127.0.0.1", listener.getsockname()[1], "agent/n1", connect_timeout=1.0)
+        assert time.monotonic() - start < 10
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
 
 
 def test_planner_side_never_imports_torch():
