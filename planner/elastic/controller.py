@@ -546,6 +546,11 @@ class Controller:
                 a.kill()
 
 
+MAX_PROVIDER_BYTES = 64 << 20
+MAX_PROVIDER_IDS = 1 << 16  # nodes: beyond any job's
+SHOWN_IDS = 10  # node ids a message or an event names; the rest are counted
+
+
 def _read_provider(path: str | None, command: str | None) -> set[str]:
     """Node ids the provider reports: one per line (or a JSON list of strings). Raises OSError, SubprocessError
     or ValueError (not a regular file, not UTF-8, bad JSON, an unparsable command, too long) when the hook
@@ -572,11 +577,6 @@ def _read_provider(path: str | None, command: str | None) -> set[str]:
     if len(ids) > MAX_PROVIDER_IDS:
         raise ValueError(f"more than {MAX_PROVIDER_IDS} node ids")
     return set(ids)
-
-
-MAX_PROVIDER_BYTES = 64 << 20
-MAX_PROVIDER_IDS = 1 << 16  # nodes: beyond any job's
-SHOWN_IDS = 10  # node ids a message or an event names; the rest are counted
 
 
 def read_provider(path: str | None, command: str | None) -> set[str] | None:
