@@ -305,8 +305,6 @@ def run(args) -> int:
     _check_master_addr(args)
     if args.output == "":
         raise SailorError("-o '' is empty; give a file name, or leave -o out to print")
-    if args.output:  # issue 18: never over the plan or cluster file it is made from
-        check_output(args.output, (args.plan, args.cluster), "launch file (-o)")
     plan = load_plan(args.plan)
     train_args = launch_flags(plan.precision, train_args)  # the runtime trains in the plan's precision
     if plan.distributed_optimizer and DISTRIBUTED_OPTIMIZER not in train_args:
@@ -327,7 +325,7 @@ def run(args) -> int:
     # (megatron-lm takes a subset of these options, so its values get the runtime's ranges too)
     inputs = (args.plan, args.cluster, *_check_train_args(["--plan", args.plan, *rank_args], args.local, plan,
                                                          cluster))
-    if args.output:  # nor over a file the ranks read or write (data, checkpoints, metrics)
+    if args.output:  # issue 18: never over the plan, the cluster file, or what the ranks read or write
         check_output(args.output, inputs, "launch file (-o)")
     if args.local:
         _check_port_free(args.master_port)

@@ -8,6 +8,7 @@ launched, the cluster file, a config.json) is refused before anything runs.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -67,6 +68,16 @@ def atomic_path(path: str | Path, inputs: Iterable[str | Path | None] = (), what
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def append_record(file, record: dict, what: str, hint: str) -> None:
+    """One JSON line appended to an open file and flushed (metrics, events): a full disk or a failing device
+    is one line naming `what`, not an OSError from deep inside a run."""
+    try:
+        file.write(json.dumps(record) + "\n")
+        file.flush()
+    except OSError as e:
+        raise SailorError(f"cannot write {what} ({e.strerror or e}); {hint}") from None
 
 
 def write_output(path: str | Path, content: str | bytes, inputs: Iterable[str | Path | None] = (),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
 import math
 import os
 import sys
@@ -27,6 +26,7 @@ import torch.distributed as dist
 
 from planner.errors import SailorError
 from planner.launch import Layout
+from planner.outputs import append_record
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
 from sailor_ext import checkpoint, compat, devices
@@ -159,12 +159,8 @@ class MetricsWriter:
 
     def write(self, record: dict) -> None:
         if self.file:
-            try:
-                self.file.write(json.dumps(record) + "\n")
-                self.file.flush()
-            except OSError as e:
-                raise SailorError(f"cannot write --metrics-file {self.path} ({e.strerror}); free space or give "
-                                  "another file, then resume with --load") from None
+            append_record(self.file, record, f"--metrics-file {self.path}",
+                          "free space or give another file, then resume with --load")
 
 
 VALIDATION_PROGRESS_S = 10.0  # a validation that takes longer prints a progress line this often

@@ -834,8 +834,7 @@ PROFILE_CASES_FLAGS = [
                                                                                   "-o", "other"]),
         ("into-file", ["profiles", "other", "-o", "plan.json"]), ("prefer", ["profiles", "other", "-o", "m",
                                                                               "--prefer", "x"]),
-        ("missing", ["profiles", "nowhere", "-o", "m"]), ("conflict", ["profiles", "sailor-profiles", "-o", "m"]),
-        ("empty-output", ["profiles", "other", "-o", ""]))],
+        ("missing", ["profiles", "nowhere", "-o", "m"]), ("conflict", ["profiles", "sailor-profiles", "-o", "m"]))],
     *[(f"profile export {n}", ["profile", "export", *a]) for n, a in (
         ("into-source", ["profiles", "-o", "profiles"]), ("into-file", ["profiles", "-o", "plan.json"]),
         ("network-only", ["ckpt/empty", "-o", "x"]), ("format", ["profiles", "-o", "x", "--format", "csv"]))],
@@ -850,7 +849,6 @@ EXPORT_CASES = [
     ("export into-checkpoint", ["export", "ckpt/garbage-rank", "--to-hf", "ckpt/garbage-rank/hf"]),
     ("export onto-parent", ["export", "ckpt/garbage-rank", "--to-hf", "ckpt"]),
     ("export to-file", ["export", "ckpt/garbage-rank", "--to-hf", "plan.json"]),
-    ("export to-empty", ["export", "ckpt/garbage-rank", "--to-hf", ""]),
     ("export occupied", ["export", "ckpt/garbage-rank", "--to-hf", "ckpt/hf-model"]),
     ("export dtype", ["export", "ckpt/garbage-rank", "--to-hf", "x", "--dtype", "int8"]),
     ("export tokenizer", ["export", "ckpt/garbage-rank", "--to-hf", "x", "--tokenizer", "nowhere"]),
@@ -880,6 +878,14 @@ def test_an_output_never_replaces_a_device_or_pipe(case, argv):
     os.mkfifo(case / "special")
     check_refused(argv, case)
     assert stat.S_ISFIFO((case / "special").lstat().st_mode)
+
+
+@pytest.mark.parametrize("argv", [["export", "ckpt/garbage-rank", "--to-hf", ""],
+                                  ["profile", "merge", "profiles", "other", "-o", ""]], ids=["export", "profile merge"])
+def test_an_empty_output_directory_is_refused_as_empty(case, argv):
+    """'' was the current directory: export wrote the model there, merge the profiles."""
+    check_refused(argv, case)
+    assert "is empty; give a directory" in invoke(argv)[2]
 
 
 @pytest.mark.parametrize("name, argv", EXPORT_CASES, ids=[c[0] for c in EXPORT_CASES])

@@ -55,6 +55,7 @@ from planner.elastic.replan import Proposal, Replanner, pays_off
 from planner.elastic.store import StoreServer
 from planner.errors import SailorError
 from planner.launch import DISTRIBUTED_OPTIMIZER
+from planner.outputs import append_record
 
 FORBIDDEN_TRAIN_ARGS = ("--plan", "--global-batch-size", "--micro-batch-size", "--tensor-model-parallel-size",
                         "--pipeline-model-parallel-size")
@@ -98,12 +99,7 @@ class EventLog:
     def emit(self, event: str, message: str = "", **fields) -> None:
         record = {"t": time.time(), "event": event, **fields}
         if self.file:
-            try:
-                self.file.write(json.dumps(record) + "\n")
-                self.file.flush()
-            except OSError as e:
-                raise SailorError(f"cannot write --events-file {self.path}: {e.strerror or e}; check its free space, "
-                                  "or give another file") from None
+            append_record(self.file, record, f"--events-file {self.path}", "free space or give another file")
         if self.keep is not None:
             self.count += 1
             self.keep(f"log/{self.count:08d}", json.dumps(record))
