@@ -40,9 +40,7 @@ import json
 import math
 import os
 import queue
-import shlex
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -51,12 +49,15 @@ from pathlib import Path
 
 from planner import flags
 from planner.elastic import protocol as P
+from planner.elastic.provider import Answer, ProviderWatch, check_provider, describe
 from planner.elastic.replan import Proposal, Replanner, pays_off
 from planner.elastic.store import StoreServer
 from planner.errors import SailorError
 from planner.launch import DISTRIBUTED_OPTIMIZER
 from planner.outputs import append_record
 
+REMOVED = "removed by the provider"  # why a drained node is lost
+SHOWN_IDS = 10  # node ids a message or an event names; the rest are counted
 FORBIDDEN_TRAIN_ARGS = ("--plan", "--global-batch-size", "--micro-batch-size", "--tensor-model-parallel-size",
                         "--pipeline-model-parallel-size")
 
@@ -145,8 +146,11 @@ class Controller:
         self.last_change = time.monotonic()
         self.evaluated_at = -1.0  # membership time the join policy last looked at
         self.measured_reconfigure_s: float | None = None
-        self.provider_listed: set[str] | None = None
-        self.provider_checked = 0.0
+        self.provider = ProviderWatch(settings.provider_file, settings.provider_command,
+                                      settings.provider_interval_s) \
+            if settings.provider_file or settings.provider_command else None  # asked once run() starts
+        self.provider_listed: frozenset[str] | None = None
+        self.provider_failing = False  # the hook's last poll could not be read
         self.provider_missed: set[str] = set()  # live nodes the last poll of the provider did not list
         self.local_agents: list[subprocess.Popen] = []
         self.waiting_logged = False
@@ -215,7 +219,7 @@ class Controller:
                 self._changed()
                 self.events.emit("node_ready", f"node {node.info.id}: {node.info.gpus} worker(s) ready",
                                  node=node.info.id)
-        self._poll_provider(now)
+        self._poll_provider()
 
     def _watch_workers(self, node: NodeState, now: float, ttl: float, patient: bool) -> None:
         """A worker whose own heartbeat stops (a frozen process: SIGSTOP, a stuck VM page, a debugger)
@@ -240,22 +244,29 @@ class Controller:
                                  f"for {now - seen[2]:.1f} s; its agent restarts it", node=node.info.id, index=i,
                                  pid=int(pid), t_detect=time.time())
 
-    def _poll_provider(self, now: float) -> None:
-        if not (self.s.provider_file or self.s.provider_command) or now - self.provider_checked < \
-                self.s.provider_interval_s:
+    def _poll_provider(self) -> None:
+        answer = self.provider.take() if self.provider is not None else None
+        if answer is not None:
+            self._apply_provider(answer)
+
+    def _apply_provider(self, answer: Answer) -> None:
+        """One poll of the provider hook: drain the nodes it stopped listing."""
+        hook = describe(self.s.provider_file, self.s.provider_command)
+        if answer.ids is None:  # the last list stands; said once per spell of failures
+            if not self.provider_failing:
+                self.provider_failing = True
+                self.events.emit("provider_error", f"{hook} cannot be read ({answer.why}); its last list stands "
+                                 "until it can", reason=answer.why)
             return
-        self.provider_checked = now
-        listed = read_provider(self.s.provider_file, self.s.provider_command)
-        if listed is None:
-            return
-        if listed != self.provider_listed:
+        listed = answer.ids
+        if listed != self.provider_listed or self.provider_failing:
             missing = sorted(listed - set(self.nodes))
             shown = ", ".join(missing[:SHOWN_IDS]) + (f" and {len(missing) - SHOWN_IDS} more"
                                                        if len(missing) > SHOWN_IDS else "")
             self.events.emit("provider", f"provider lists {len(listed)} node(s)"
                              + (f"; not joined yet: {shown}" if missing else ""),
                              **({"listed": sorted(listed)} if len(listed) <= SHOWN_IDS else {"count": len(listed)}))
-            self.provider_listed = listed
+            self.provider_listed, self.provider_failing = listed, False
         # a node is drained once two polls in a row miss it: one miss may be the hook's hiccup (a list read
         # while being rewritten, a cloud API answering with a partial page), and a drain cannot be undone
         missed = {node.info.id for node in self.nodes.values()
@@ -264,7 +275,7 @@ class Controller:
             node = self.nodes[node_id]
             node.leaving = True
             self._changed()
-            self.events.emit("node_leaving", f"node {node_id} is no longer listed by the provider; "
+            self.events.emit("node_leaving", f"node {node_id} is no longer listed by the provider ({hook}); "
                              "draining it out", node=node_id)
         self.provider_missed = missed
 
@@ -326,7 +337,7 @@ class Controller:
             self.failure_epochs = 0  # it made progress
             for node in self.nodes.values():  # nodes drained out are fenced once the next plan runs
                 if node.leaving and not node.lost:
-                    self._lose(node, "removed by the provider", time.time())
+                    self._lose(node, REMOVED, time.time())
         if (raw := self.server.get(f"progress/{e.number}")) is not None:
             e.progress = int(raw)
         for key in self.server.keys(f"failed/{e.number}/"):
@@ -462,6 +473,8 @@ class Controller:
 
     def run(self) -> int:
         deadline = time.monotonic() + self.s.wait_s
+        if self.provider is not None:
+            self.provider.start()
         try:
             while True:
                 if getattr(self.state, "lost", None):
@@ -483,6 +496,8 @@ class Controller:
                 self._await_agents(10.0)
             raise
         finally:
+            if self.provider is not None:
+                self.provider.close()
             if not getattr(self.state, "lost", None):
                 self.server.set(P.JOB_DONE, "1")
             self._stop_local_agents()
@@ -491,10 +506,14 @@ class Controller:
         """The nodes present, and those that joined but whose workers never became ready (a slow or
         overloaded machine, workers that fail to start): "none" alone would hide them."""
         ready = [n.id for n in self.usable()]
-        unready = [n.info.id for n in self.nodes.values() if not n.lost and not n.ready]
-        return f"nodes present: {', '.join(ready) or 'none'}" + (
-            f"; joined but their workers not ready: {', '.join(unready[:8])}"
-            + (f" and {len(unready) - 8} more" if len(unready) > 8 else "") if unready else "")
+        unready = [n.info.id for n in self.nodes.values() if not n.lost and not n.ready and not n.leaving]
+        drained = [n.info.id for n in self.nodes.values() if n.leaving or n.lost == REMOVED]
+        hook = describe(self.s.provider_file, self.s.provider_command)
+        return f"nodes present: {', '.join(ready) or 'none'}" + "".join(
+            f"; {what}: {', '.join(ids[:SHOWN_IDS])}" + (f" and {len(ids) - SHOWN_IDS} more"
+                                                         if len(ids) > SHOWN_IDS else "")
+            for what, ids in (("joined but their workers not ready", unready),
+                              (f"drained, as {hook} does not list them", drained)) if ids)
 
     def _finish(self) -> int:
         e = self.epoch
@@ -540,64 +559,6 @@ class Controller:
                 a.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 a.kill()
-
-
-MAX_PROVIDER_BYTES = 64 << 20
-MAX_PROVIDER_IDS = 1 << 16  # nodes: beyond any job's
-SHOWN_IDS = 10  # node ids a message or an event names; the rest are counted
-
-
-def _read_provider(path: str | None, command: str | None) -> set[str]:
-    """Node ids the provider reports: one per line (or a JSON list of strings). Raises OSError, SubprocessError
-    or ValueError (not a regular file, not UTF-8, bad JSON, an unparsable command, too long) when the hook
-    cannot be read."""
-    if path:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # (a pipe blocked the controller, /dev/zero filled memory)
-            raise ValueError("not a regular file")
-        with open(path, "rb") as f:
-            data = f.read(MAX_PROVIDER_BYTES + 1)
-    else:
-        data = subprocess.run(shlex.split(command), capture_output=True, timeout=10, check=True).stdout
-    if len(data) > MAX_PROVIDER_BYTES:
-        raise ValueError(f"longer than {MAX_PROVIDER_BYTES >> 20} MiB")
-    text = data.decode("utf-8").lstrip("\ufeff").strip()  # (an editor's byte-order mark)
-    if text.startswith("["):
-        try:
-            ids = json.loads(text)
-        except RecursionError:
-            raise ValueError("a JSON list nested too deeply") from None
-        if not isinstance(ids, list) or not all(isinstance(x, str) and x for x in ids):
-            raise ValueError("a JSON list that is not of node id strings")
-    else:
-        ids = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
-    if len(ids) > MAX_PROVIDER_IDS:
-        raise ValueError(f"more than {MAX_PROVIDER_IDS} node ids")
-    return set(ids)
-
-
-def read_provider(path: str | None, command: str | None) -> set[str] | None:
-    """Node ids the provider reports; None if it cannot be read now (the last list stands)."""
-    try:
-        return _read_provider(path, command)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-
-
-def check_provider(path: str | None, command: str | None) -> None:
-    """Read the hook once before the job starts: a typo in it would silently never notice a node's loss."""
-    try:
-        _read_provider(path, command)
-    except (OSError, subprocess.SubprocessError, ValueError) as e:
-        if isinstance(e, subprocess.CalledProcessError):
-            err = e.stderr.decode("utf-8", "replace").strip()
-            why = f"exit {e.returncode}" + (f": {err.splitlines()[-1][:200]}" if err else "")
-        elif isinstance(e, UnicodeDecodeError):
-            why = "not UTF-8 text"
-        else:
-            why = getattr(e, "strerror", None) or str(e)
-        hook = f"--nodes-file {path}" if path else f"--nodes-command {command!r}"
-        raise SailorError(f"{hook} cannot be read at start ({why}); it must list the ids of the nodes that exist, "
-                          "one per line or as a JSON list") from None
 
 
 # -- the command ------------------------------------------------------------------------
@@ -794,7 +755,8 @@ def run(args) -> int:
                           "a previous run")
     from sailor_ext.train import check_train_args, input_paths  # torch-free: argument parsing only
 
-    reads = (args.cluster, args.load, args.nodes_file, *input_paths(check_train_args(train_args)),
+    parsed = check_train_args(train_args)
+    reads = (args.cluster, args.load, args.nodes_file, *input_paths(parsed),
              args.model if Path(args.model).is_file() else None)  # (what the job and its workers read or write)
     for flag, path in (("--events-file", args.events_file), ("--address-file", args.address_file)):
         if path:  # (events are appended: /dev/stdout will do)
@@ -876,6 +838,10 @@ def run(args) -> int:
                            f"({seq_source})", store=f"{host}:{port}", train_args=train_args,
                            padded_vocab=padded_vocab, model=model.name, seq_length=model.seq_len,
                            seq_length_source=seq_source)
+    if not parsed.save_interval and not adopted:
+        controller.events.emit("warning", "no --save-interval: a node lost mid-epoch sends the job back to step 0 (or "
+                               "to its last reconfiguration); give -- --save-interval N to keep a snapshot in memory "
+                               "every N steps (and --save DIR to write them to disk)", reason="no snapshots")
     if nodes and not adopted:
         store = args.state if args.state.startswith("etcd://") else f"{host}:{port}"
         controller.start_local_agents(nodes, args.heartbeat_s, args.cluster, store, args.node_dirs)

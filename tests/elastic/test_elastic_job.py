@@ -91,6 +91,7 @@ def test_node_death_survivors_replan_and_resume(tmp_path):
         job.close()
     lost = job.events("node_lost")
     assert [e["node"] for e in lost] == [head] and lost[0]["t_detect"] - t_kill < 1.0
+    assert job.events("warning") == []  # (it snapshots every INTERVAL steps)
     plan, start = recovery(job)
     assert head not in plan["nodes"] and plan["world"] in (2, 4) and plan["reason"] == "recover"
     last_logged = max(m["step"] for m in by_epoch(job.metrics(), 1))
@@ -218,6 +219,8 @@ def test_a_checkpoint_of_another_model_ends_the_job_in_one_line(tmp_path):
     assert code == 2 and len(errors) == 1, job.log()
     assert "has no tensor layers.0" in errors[0] and "saved for another model" in errors[0]
     assert job.metrics() == [] and sorted(p.name for p in other.iterdir()) == ["iter_0000005", "latest"]
+    # (no --save-interval: the job said at start that a lost node would send it back to step 0)
+    assert [e["reason"] for e in job.events("warning")] == ["no snapshots"]
 
 
 @pytest.mark.timeout(180)

@@ -369,20 +369,24 @@ def test_assignment_round_trips_through_json():
 
 
 def test_provider_list_file_and_command(tmp_path):
-    from planner.elastic.controller import read_provider
+    from planner.elastic.provider import Answer, ask
+
+    def ids(path, command=None):
+        return ask(path, command).ids
 
     f = tmp_path / "nodes"
     f.write_text("# the VMs that exist\na\nb\n\n")
-    assert read_provider(str(f), None) == {"a", "b"}
+    assert ids(str(f)) == {"a", "b"}
     f.write_text(json.dumps(["x", "y"]))
-    assert read_provider(str(f), None) == {"x", "y"}
-    assert read_provider(None, "printf 'n1\\nn2\\n'") == {"n1", "n2"}
-    assert read_provider(str(tmp_path / "missing"), None) is None  # unreadable now: keep the last list
+    assert ids(str(f)) == {"x", "y"}
+    assert ids(None, "printf 'n1\\nn2\\n'") == {"n1", "n2"}
+    assert ask(str(tmp_path / "missing"), None) == Answer(None, "No such file or directory")  # the last list stands
     f.write_bytes(b"\xff\x00\xff")
-    assert read_provider(str(f), None) is None  # not UTF-8 (now): the same, not a crash of the controller
-    assert read_provider(None, "printf '\\377'") is None and read_provider(None, "'unbalanced") is None
+    assert ask(str(f), None).why == "not UTF-8 text"  # (now): not a crash of the controller
+    assert ids(None, "printf '\\377'") is None and ids(None, "'unbalanced") is None
+    assert ask(None, "sh -c 'echo quota exceeded >&2; exit 3'").why == "exit 3: quota exceeded"
     f.write_text("\ufeffnode0\n")  # an editor's byte-order mark: not part of the first id
-    assert read_provider(str(f), None) == {"node0"}
+    assert ids(str(f)) == {"node0"}
 
 
 @pytest.mark.parametrize("content, why", [
@@ -391,7 +395,7 @@ def test_provider_list_file_and_command(tmp_path):
 ])
 def test_a_provider_list_that_cannot_be_one_is_refused_at_start(tmp_path, content, why):
     """A deep JSON list ended in 'internal error: RecursionError'; a pipe blocked the controller for good."""
-    from planner.elastic.controller import check_provider
+    from planner.elastic.provider import check_provider
 
     f = tmp_path / "nodes"
     if content is None:
@@ -403,27 +407,38 @@ def test_a_provider_list_that_cannot_be_one_is_refused_at_start(tmp_path, conten
 
 
 
+class Events:
+    """The controller's event log, kept for the test to read."""
+
+    def __init__(self):
+        self.records, self.keep, self.count = [], None, 0
+
+    def emit(self, event: str, message: str = "", **fields) -> None:
+        self.records.append({"event": event, "message": message, **fields})
+
+    def named(self, event: str) -> list[dict]:
+        return [r for r in self.records if r["event"] == event]
+
+
 def test_provider_drains_a_node_only_when_two_polls_in_a_row_miss_it(tmp_path):
     """One poll that misses a node (a list read while half-written, a cloud API's short page) must not
     drain it: a drain cannot be undone. Two polls in a row that miss it do; an unreadable poll changes
-    nothing."""
-    from planner.elastic.controller import Controller, EventLog, NodeState, Settings
+    nothing, and is reported once per spell of failures."""
+    from planner.elastic.controller import Controller, NodeState, Settings
+    from planner.elastic.provider import ask
 
     nodes = tmp_path / "nodes"
-    controller = Controller(Settings([], 1, provider_file=str(nodes), provider_interval_s=1.0), None,
-                            EventLog(None, quiet=True))
+    events = Events()
+    controller = Controller(Settings([], 1, provider_file=str(nodes), provider_interval_s=1.0), None, events)
     for i in range(3):
         controller.nodes[f"node{i}"] = NodeState(P.NodeInfo(f"node{i}", "CPU", "local", 8), 0.0)
-    now = 10.0
 
     def poll(text: str | None) -> list[str]:
-        nonlocal now
         if text is None:
             nodes.unlink(missing_ok=True)
         else:
             nodes.write_text(text)
-        now += 1.0
-        controller._poll_provider(now)
+        controller._apply_provider(ask(str(nodes), None))
         return [n for n, state in controller.nodes.items() if state.leaving]
 
     try:
@@ -431,24 +446,52 @@ def test_provider_drains_a_node_only_when_two_polls_in_a_row_miss_it(tmp_path):
         assert poll("node0\nnode1\nnode2\n") == []  # back: the miss is forgotten
         assert poll("") == []  # an empty list, once
         assert poll("node0\nnode2\n") == ["node1"]  # node1 missed twice in a row
-        assert poll(None) == ["node1"]  # unreadable: the last list stands
+        assert poll(None) == ["node1"] and poll(None) == ["node1"]  # unreadable: the last list stands
+        assert [e["reason"] for e in events.named("provider_error")] == ["No such file or directory"]
         assert poll("node2\n") == ["node1"]
-        controller._poll_provider(now + 0.5)  # within --nodes-interval-s: not asked again
+        assert events.named("provider")[-1]["listed"] == ["node2"]
         assert poll("node2\n") == ["node0", "node1"]
+        assert [e["node"] for e in events.named("node_leaving")] == ["node1", "node0"]
     finally:
         controller.server.close()
 
-@pytest.mark.parametrize("hook, fragment", [
-    (["--nodes-file", "binary"], "--nodes-file binary cannot be read at start (not UTF-8 text)"),
-    (["--nodes-file", "missing"], "--nodes-file missing cannot be read at start (No such file or directory)"),
-    (["--nodes-command", "/no/such/cmd"], "--nodes-command '/no/such/cmd' cannot be read at start (No such file"),
-    (["--nodes-command", "sh -c 'echo oops >&2; exit 3'"], "cannot be read at start (exit 3: oops)"),
-])
-def test_a_provider_hook_that_cannot_be_read_at_start_is_one_line(tmp_path, hook, fragment):
-    """A typo in the hook would otherwise go unnoticed (no node's loss ever seen through it)."""
-    (tmp_path / "binary").write_bytes(b"\xff\x00\xff")
-    out = _sailor_run(tmp_path, *hook, "--wait-s", "1", "--", "--train-iters", "1")
-    _one_error(out, fragment)
+
+def test_provider_events_name_ten_missing_ids_and_count_the_rest():
+    """3 M ids once made a 37 MB line on stderr and 44 MB in the events file and the journal."""
+    from planner.elastic.controller import Controller, Settings
+    from planner.elastic.provider import Answer
+
+    events = Events()
+    controller = Controller(Settings([], 1, provider_command="list-vms"), None, events)
+    try:
+        controller._apply_provider(Answer(frozenset(f"vm{i:02d}" for i in range(25))))
+    finally:
+        controller.server.close()
+    (event,) = events.named("provider")
+    assert event["message"].endswith("not joined yet: vm00, vm01, vm02, vm03, vm04, vm05, vm06, vm07, vm08, vm09 "
+                                     "and 15 more")
+    assert event["count"] == 25 and "listed" not in event
+
+
+@pytest.mark.timeout(30)
+def test_a_provider_hook_that_hangs_does_not_stall_the_controller(tmp_path):
+    """The hook was asked on the controller's loop: a cloud API that hung held off the detection of
+    lost nodes for up to 10 s per poll. It is asked on a thread of its own; the loop takes answers."""
+    from planner.elastic.provider import ProviderWatch
+
+    gate = tmp_path / "gate"
+    watch = ProviderWatch(None, f"sh -c 'while [ ! -e {gate} ]; do sleep 0.05; done; echo node0'", 0.01)
+    watch.start()
+    try:
+        t0 = time.monotonic()
+        assert watch.take() is None and time.monotonic() - t0 < 0.1  # the hook is still asking: no wait
+        gate.touch()
+        deadline = time.monotonic() + 10
+        while (answer := watch.take()) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert answer is not None and answer.ids == {"node0"}
+    finally:
+        watch.close()
 
 
 # -- sailor run: the workers' arguments ---------------------------------------------------------
@@ -547,6 +590,71 @@ def test_the_journal_refuses_a_file_it_did_not_write(tmp_path):
     assert old.read_bytes().startswith(MAGIC)
 
 
+@pytest.mark.timeout(30)
+def test_a_worker_heartbeat_ends_in_one_line_when_the_store_is_gone(capfd):
+    """The heartbeat thread printed a traceback when the controller was gone for good; the agent
+    stops the worker then, so one line is all there is to say."""
+    from sailor_ext.elastic.worker import Beat
+
+    server = StoreServer()
+    client = StoreClient(*server.address)  # no way to find the store again: a drop is final
+    try:
+        Beat(client, "node0", 0)
+        deadline = time.monotonic() + 5
+        while server.get(P.worker_beat_key("node0", 0)) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        client.sock.shutdown(socket.SHUT_RDWR)
+        beat = next(t for t in threading.enumerate() if t.name == "beat")
+        beat.join(5)
+        assert not beat.is_alive()
+    finally:
+        server.close()
+    err = capfd.readouterr().err
+    assert err.count("sailor: heartbeat stopped: lost the job's store") == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.timeout(30)
+def test_a_job_that_ends_in_an_error_tells_its_agents(tmp_path):
+    """An agent learns that the job is over from job/done; a job that ended in an error did not set it,
+    and its agents reconnected, with their workers, for as long as --controller-wait-s allowed."""
+    from planner.elastic.controller import Controller, EventLog, NodeState, Settings
+
+    controller = Controller(Settings([], 1, wait_s=0.0), None, EventLog(None, quiet=True))
+    agent = StoreClient(*controller.address, identity=P.agent_identity("node0"))
+    controller.nodes["node0"] = NodeState(P.NodeInfo("node0", "CPU", "local", 8), 0.0,
+                                          beat_at=time.monotonic() + 1e6)
+    told = []
+
+    def agent_loop():
+        agent.wait([P.JOB_DONE], 10.0)
+        told.append(time.monotonic())
+        agent.close()  # the agent stops its workers and leaves
+
+    thread = threading.Thread(target=agent_loop, daemon=True)
+    thread.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SailorError, match="no plan could run"):
+            controller.run()
+        ended = time.monotonic()
+    finally:
+        controller.server.close()
+    thread.join(1)
+    assert told and ended - t0 < 5.0, "the controller waits for its agents to leave, not for 10 s"
+    assert told[0] <= ended
+
+
+def test_an_events_file_that_cannot_be_written_names_itself():
+    from planner.elastic.controller import EventLog
+
+    if not Path("/dev/full").is_char_device():
+        pytest.skip("needs /dev/full")
+    log = EventLog("/dev/full", quiet=True)
+    with pytest.raises(SailorError, match=r"^cannot write --events-file /dev/full \(No space left on device\); "
+                                          r"free space or give another file$"):
+        log.emit("job_start")
+
+
 # -- sailor run --local: the size of the job on one machine ------------------------------------
 def test_local_refuses_more_workers_than_the_machine_can_take(tmp_path):
     import os
@@ -566,9 +674,30 @@ def test_waiting_out_names_nodes_that_joined_but_are_not_ready():
     far = time.monotonic() + 1e6  # no heartbeat is missed
     for i in range(3):
         controller.nodes[f"node{i}"] = NodeState(P.NodeInfo(f"node{i}", "CPU", "local", 8), 0.0, beat_at=far)
+    controller._await_agents = lambda limit_s: None  # (no agent is connected to wait for)
     try:
         with pytest.raises(SailorError, match=r"nodes present: none; joined but their workers not ready: node0, "
                                               r"node1, node2\)"):
+            controller.run()
+    finally:
+        controller.server.close()
+
+
+def test_waiting_out_names_the_nodes_the_provider_drained(tmp_path):
+    """A provider list that names none of the nodes (an empty file, the cloud's ids in another form)
+    drains every node that joins; after --wait-s the job ended with "nodes present: none" alone."""
+    from planner.elastic.controller import Controller, EventLog, NodeState, Settings
+
+    controller = Controller(Settings([], 1, wait_s=0.0, provider_file="vms.txt"), None, EventLog(None, quiet=True))
+    far = time.monotonic() + 1e6
+    for i in range(2):
+        controller.nodes[f"node{i}"] = NodeState(P.NodeInfo(f"node{i}", "CPU", "local", 8), 0.0, beat_at=far,
+                                                 ready=True, leaving=True)
+    controller.provider = None  # (the list is not read here: the nodes are marked drained above)
+    controller._await_agents = lambda limit_s: None  # (no agent is connected to wait for)
+    try:
+        with pytest.raises(SailorError, match=r"nodes present: none; drained, as --nodes-file vms.txt does not "
+                                              r"list them: node0, node1\)"):
             controller.run()
     finally:
         controller.server.close()
