@@ -389,6 +389,16 @@ def test_provider_list_file_and_command(tmp_path):
     assert ids(str(f)) == {"node0"}
 
 
+def test_a_provider_command_that_hangs_is_cut_off_and_named(monkeypatch):
+    """It printed subprocess's own "Command '[...]' timed out after 10 seconds"."""
+    from planner.elastic import provider
+
+    monkeypatch.setattr(provider, "COMMAND_TIMEOUT_S", 0.2)
+    with pytest.raises(SailorError, match=r"^--nodes-command 'sleep 5' cannot be read at start \(no answer within "
+                                          r"0.2 s\); it must list"):
+        provider.check_provider(None, "sleep 5")
+
+
 @pytest.mark.parametrize("content, why", [
     ("[" * 200_000, "nested too deeply"), ('[{"a": 1}, null]', "not of node id strings"), ("[NaN]", "not of node id"),
     ("\n".join(f"n{i}" for i in range(70_000)), "more than 65536 node ids"), (None, "not a regular file"),
