@@ -8,7 +8,10 @@ sharding.py): chunk c of a sharded weight is all-reduced among the ranks that
 hold it, one per replica. A tensor every TP rank holds whole carries the same
 gradient on each of its replica's tp ranks, so each copy is scaled by 1/tp
 before the all-reduce over the whole stage: every replica contributes once
-(tp is a power of two, so the scaling is exact).
+(tp is a power of two, so the scaling is exact). The per-head q/k norms of
+Qwen3 are held whole but each TP rank's gradient covers only its own heads
+(ParamShard.partial_grad): those copies are summed unscaled, which adds the
+TP ranks' parts and then the replicas.
 
 The gradients are those of the fp32 main parameters (precision.py): the
 model's own parameters in fp32 runs; with bf16/fp16 the fp32 main gradients
@@ -78,7 +81,7 @@ class Item:
 
     name: str  # local (main) parameter name
     chunk: Chunk
-    scale: float  # 1/tp for a tensor every TP rank holds whole, else 1
+    scale: float  # 1/tp for a tensor every TP rank holds whole (and whose gradient each has whole), else 1
     key: tuple[int, int]  # (parameter's position in backward order, chunk): alike on every holder
     numel: int
 
@@ -93,7 +96,7 @@ def bucket_items(shards: dict[str, ParamShard], topology: Topology) -> list[Item
     Backward order is the reverse of `shards`' order, the model's registration order, which every
     rank of a stage shares."""
     position = {name: i for i, name in enumerate(reversed(list(shards)))}
-    return [Item(ch.param_name, ch, 1.0 / ch.shard.tp if ch.shard.dim is None else 1.0,
+    return [Item(ch.param_name, ch, 1.0 / ch.shard.tp if ch.shard.dim is None and not ch.shard.partial_grad else 1.0,
                  (position[ch.param_name], ch.chunk), math.prod(ch.shard.local_shape) // len(ch.shard.local_chunks))
             for ch in chunks_of(shards, topology) if len(ch.owners) > 1]
 

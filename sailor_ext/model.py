@@ -11,7 +11,7 @@ them in `loss.py`).
 Every choice between families is a ModelSpec field, read here and nowhere
 else: the norm (LayerNorm or RMSNorm), pre- or post-norm blocks, the MLP
 (GELU, tanh-GELU, ReLU, or SwiGLU with fc1 = [gate; up]), which linears have
-biases, grouped-query attention, rotary positions (megatron's
+biases, grouped-query attention, per-head q/k norms, rotary positions (megatron's
 apply_rotary_pos_emb, frequencies from sailor_ext.attention), the attention
 scale and per-block attention windows. A block is megatron's `SelfAttention`
 and `MLP` with their column/row-parallel linears, wired as a residual block
@@ -149,6 +149,7 @@ def transformer_config(model: ModelSpec, tp: int, fusion: KernelFusion = KernelF
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
+        qk_layernorm=model.qk_norm,
     )
     config.sailor_rope_fusion = fusion.rope  # read by _rotary below (megatron's own flag wants Transformer Engine)
     return config
@@ -174,7 +175,7 @@ mcore_attention.apply_rotary_pos_emb = _rotary  # SelfAttention looks the name u
 @functools.cache
 def with_bias(linear: type, bias: bool) -> type:
     """`linear` with its bias fixed, whatever the config says (megatron ties
-    every linear's bias to add_bias_linear; GPT-Neo, Qwen2 and LLaMA's
+    every linear's bias to add_bias_linear; GPT-Neo, Qwen2/3 and LLaMA's
     attention_bias need them one by one)."""
 
     def __init__(self, *args, **kwargs):
@@ -188,6 +189,22 @@ def norm(model: ModelSpec, width: int) -> nn.Module:
     if model.rms_norm:
         return nn.RMSNorm(width, eps=model.norm_eps)
     return nn.LayerNorm(width, eps=model.norm_eps)
+
+
+class HeadRMSNorm(nn.RMSNorm):
+    """The per-head q (k) norm of a model with qk_norm, built as megatron's SelfAttention builds its
+    q_layernorm (hidden_size=head_dim, config, eps). Each TP rank normalises only its own heads
+    with the one shared weight, so its gradient is partial (ParamShard.partial_grad)."""
+
+    def __init__(self, hidden_size: int, config: TransformerConfig, eps: float):
+        super().__init__(hidden_size, eps=eps)
+
+
+class HeadLayerNorm(nn.LayerNorm):
+    """HeadRMSNorm for a model whose norms are LayerNorms."""
+
+    def __init__(self, hidden_size: int, config: TransformerConfig, eps: float):
+        super().__init__(hidden_size, eps=eps)
 
 
 class Embedding(nn.Module):
@@ -226,9 +243,11 @@ class Block(nn.Module):
         model = spec.model
         self.post_norm = model.post_norm
         self.input_layernorm = norm(model, model.hidden)
+        head_norm = HeadRMSNorm if model.rms_norm else HeadLayerNorm
         attention = SelfAttentionSubmodules(
             linear_qkv=with_bias(ColumnParallelLinear, model.qkv_bias), core_attention=FusedCoreAttention,
-            linear_proj=with_bias(RowParallelLinear, model.out_bias))
+            linear_proj=with_bias(RowParallelLinear, model.out_bias),
+            q_layernorm=head_norm if model.qk_norm else None, k_layernorm=head_norm if model.qk_norm else None)
         self.self_attention = SelfAttention(config, attention, layer_number, attn_mask_type=AttnMaskType.causal,
                                             pg_collection=pg)
         self.pre_mlp_layernorm = norm(model, model.hidden)
@@ -383,8 +402,9 @@ class StageModel(nn.Module):
                     # logical tensor is [2, ffn, ...] split along dim 1
                     shape = [2, shape[0] // 2, *shape[1:]]
                     dim = 1
+                partial = module_name.endswith(("self_attention.q_layernorm", "self_attention.k_layernorm"))
                 out[name] = ParamShard(logical, tuple(shape), dim, spec.tp, spec.tp_rank,
-                                       chunks if dim is not None else 1, stages)
+                                       chunks if dim is not None else 1, stages, partial_grad=partial)
         return out
 
 

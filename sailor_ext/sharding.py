@@ -38,6 +38,9 @@ class ParamShard:
     tp_rank: int
     num_chunks: int  # finest common chunking over all holders (1 when whole)
     stages: tuple[int, ...]  # stages holding the logical tensor (two for tied embeddings)
+    # held whole, but each TP rank's gradient covers only its own heads (per-head q/k norms): the
+    # replica's gradient is the sum over its TP ranks, not any one rank's copy
+    partial_grad: bool = False
 
     @property
     def local_shape(self) -> tuple[int, ...]:

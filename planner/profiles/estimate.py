@@ -147,6 +147,8 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
                        output q/t (also the projection's input)
         MLP            the first linear's output f_in/t and the activation's output f/t
                        (a fused SwiGLU recomputes the rest)
+        q/k norms      (Qwen3) their inputs and normalised values, 2(q + kv)/t (counted, not
+                       measured)
 
     The fused attention keeps no probabilities: one log-sum-exp per head and token (not counted,
     1/s of them). Measured on one H100 (bf16, bench/results/h100-2026-11-28): OPT-350m and
@@ -156,6 +158,8 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
         return model.activation_floats(layer, tp)
     norms = 2 * (3 if model.rms_norm else 2) * model.hidden
     attention = (model.q_dim + 2 * model.kv_dim) + model.q_dim
+    if model.qk_norm:  # the q and k norms' inputs and normalised values (rotary keeps none of its input)
+        attention += 2 * (model.q_dim + model.kv_dim)
     return norms + (attention + model._mlp_in() + model.ffn_hidden) / tp
 
 

@@ -37,6 +37,7 @@ operands of the linear layers:
   embedding  fwd: word gather 2h, position gather 2h + add 3h, [b,s,h] -> [s,b,h] copy 2h
              (+ 2h zeroing other ranks' tokens at TP > 1); bwd: scatter-adds 4h (+ 2h positions)
   RMSNorm    unfused in Megatron-DeepSpeed (pow, mean, rsqrt, two multiplies): 7h fwd, 14h bwd
+  q/k norms  (Qwen3) two more norms over q and k: 7(q+kv)/t fwd, 14(q+kv)/t bwd as RMSNorms
 
 plus, once per microbatch, every weight read (fwd), and read with its
 gradient accumulated (bwd): params/t x dtype bytes [B] (x2 backward).
@@ -119,6 +120,9 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
                + (5 if gated else 3) * f / t + 2 * q / t + rope)
         k_f = 14 + (0 if fused else 1) + 2 * (norm_kf - 1) + (0 if model.learned_positions else 6) + 2 * gated
         k_b = 30 + (0 if fused else 3) + 2 * (norm_kb - 2) + (0 if model.learned_positions else 12) + 4 * gated
+        if model.qk_norm:  # two more norms, over q and k (q + kv values per token, split over TP)
+            fwd, bwd = fwd + norm_f * (q + kv) / t, bwd + norm_b * (q + kv) / t
+            k_f, k_b = k_f + 2 * norm_kf, k_b + 2 * norm_kb
         flops = n * model.forward_flops(layer) / t
         bwd_flops = 2 * flops
         if attention == "sdpa":

@@ -82,6 +82,7 @@ class ModelSpec:
     rope_theta: float = 10000.0
     rope_scaling: tuple[tuple[str, float | str], ...] = ()  # e.g. (("type", "llama3"), ("factor", 8.0), ...)
     pad_token: int = -1  # the token whose embedding row gets no gradient (Hugging Face's padding_idx); -1: none
+    qk_norm: bool = False  # an RMSNorm over each head's q and k, before rotary positions (Qwen3)
     hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
@@ -225,6 +226,8 @@ class ModelSpec:
             return int(vocab * self.word_dim) + own_norm + projection
         # transformer block
         sharded, replicated = self._block_matmul_weights(), 2 * self._norm_params()
+        if self.qk_norm:
+            replicated += 2 * self._norm_params() // self.hidden * self.head_dim  # each shared by all heads
         if self.qkv_bias:
             sharded += self.q_dim + 2 * self.kv_dim  # column-parallel
         if self.mlp_bias:
@@ -242,9 +245,10 @@ class ModelSpec:
 
         Block: 3h replicated (norm inputs, residual) + (q,k,v + context + MLP
         intermediate)/tp + heads*seq/tp (softmax probabilities; no flash
-        attention). This reproduces Sailor's measured llm_info for OPT-350 at
-        TP 1, 2, 4 and 8. Head: the logits and their softmax, 2*V/tp, plus the
-        final norm's input. A projection keeps its input too (word_dim).
+        attention), + (q + k)/tp with per-head q/k norms (their inputs). This
+        reproduces Sailor's measured llm_info for OPT-350 at TP 1, 2, 4 and 8.
+        Head: the logits and their softmax, 2*V/tp, plus the final norm's
+        input. A projection keeps its input too (word_dim).
         """
         h, kind = self.hidden, self.kind(layer)
         extra = self.word_dim if self.projected else 0
@@ -255,6 +259,8 @@ class ModelSpec:
         if kind == HEAD:
             return 2.0 * self.padded_vocab(tp) / tp + 1.25 * h + extra
         sharded = (self.q_dim + 2 * self.kv_dim) + self.q_dim + self._mlp_in() + self.heads * self.seq_len
+        if self.qk_norm:
+            sharded += self.q_dim + self.kv_dim  # the q and k norms' inputs
         return 3.0 * h + sharded / tp
 
     def output_floats(self, layer: int) -> int:

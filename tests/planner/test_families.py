@@ -38,6 +38,11 @@ PUBLISHED = {
                     "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
                     "max_position_embeddings": 131072, "rope_theta": 1000000.0, "tie_word_embeddings": True},
                    494_032_768),
+    # published as 0.6 B, 0.44 B of them outside the embedding
+    "Qwen3-0.6B": ({"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                    "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                    "tie_word_embeddings": True}, 596_049_920),
 }
 
 
@@ -71,6 +76,14 @@ def test_architecture_details(tmp_path):
     assert qwen.qkv_bias and not qwen.out_bias and qwen.num_query_groups == 2 and qwen.windows == ()
     mistral = get_model(str(_write(tmp_path, PUBLISHED["Mistral-7B"][0])))
     assert mistral.windows == (4096,) * 32
+    qwen3 = get_model(str(_write(tmp_path, PUBLISHED["Qwen3-0.6B"][0])))
+    assert qwen3.qk_norm and not qwen3.qkv_bias and not qwen3.out_bias and qwen3.q_dim == 2048
+    assert qwen3.total_params(padded=False) - 151936 * 1024 == 440_467_456
+    # transformers' default head dimension for qwen3 is 128, whatever hidden_size / num_attention_heads is
+    no_head_dim = {k: v for k, v in PUBLISHED["Qwen3-0.6B"][0].items() if k != "head_dim"}
+    assert get_model(str(_write(tmp_path, {**no_head_dim, "hidden_size": 512}))).head_dim == 128
+    windowed = {**no_head_dim, "use_sliding_window": True, "sliding_window": 512, "max_window_layers": 26}
+    assert get_model(str(_write(tmp_path, windowed))).windows == (0,) * 26 + (512,) * 2
 
 
 def test_sequence_length_default_and_limit(tmp_path):

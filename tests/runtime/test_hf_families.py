@@ -7,7 +7,8 @@ heterogeneous plan: 2 stages, TP 2 on the first, 2 replicas with unequal
 microbatch sizes and counts (6 processes). We check, in fp32:
 
   * the loss of every step equals transformers' loss on the same global batch
-    (rel 1e-5; step 1 is the loaded weights themselves);
+    (rel 1e-5; step 1 is the loaded weights themselves), and so does the
+    gradient norm before clipping;
   * after 3 AdamW steps, `sailor export --to-hf` writes weights equal to the
     transformers model trained the same 3 steps with torch's AdamW: every
     tensor within rel 1e-4 (norm of the difference over the norm of the
@@ -15,7 +16,7 @@ microbatch sizes and counts (6 processes). We check, in fp32:
     ADAM_EPS for why single elements may move by rounding), and the exported
     directory loads with `from_pretrained` and gives the same logits.
 
-The sequence (32) is longer than the sliding windows (8) of Mistral and
+The sequence (32) is longer than the sliding windows (8) of Mistral, Qwen3 and
 GPT-Neo, and longer than LLaMA-3.1's original context in its rope scaling
 (16), so those paths are exercised; the vocabulary (300) is not a multiple of
 128, so the padding is exercised too.
@@ -58,6 +59,9 @@ def _small(kind: str):
         return transformers.MistralConfig(**llama, sliding_window=8)
     if kind == "qwen2":
         return transformers.Qwen2Config(**llama, tie_word_embeddings=True)
+    if kind == "qwen3":  # per-head q/k norms; a head wider than hidden / heads; the second block windowed
+        return transformers.Qwen3Config(**llama, head_dim=24, use_sliding_window=True, sliding_window=8,
+                                        max_window_layers=1)
     opt = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96, **common)
     if kind == "opt":
         return transformers.OPTConfig(**opt)
@@ -71,7 +75,7 @@ def _small(kind: str):
     raise ValueError(kind)
 
 
-FAMILIES = ("llama", "mistral", "qwen2", "opt", "opt-350m", "gpt2", "gpt_neo")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "opt", "opt-350m", "gpt2", "gpt_neo")
 
 
 def _hf_model(kind: str, directory):
@@ -97,21 +101,22 @@ def _hf_loss(model, tokens: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1))
 
 
-def _hf_train(model) -> list[float]:
-    """STEPS AdamW steps as our runtime takes them (no decay on biases and norms, global-norm clip)."""
+def _hf_train(model) -> tuple[list[float], list[float]]:
+    """STEPS AdamW steps as our runtime takes them (no decay on biases and norms, global-norm clip):
+    the loss and the gradient norm before clipping of each."""
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() > 1], "weight_decay": WEIGHT_DECAY},
               {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=ADAM_EPS)
-    losses = []
+    losses, norms = [], []
     for step in range(STEPS):
         loss = _hf_loss(model, _batch(step))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        norms.append(torch.nn.utils.clip_grad_norm_(params, CLIP).item())
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses
+    return losses, norms
 
 
 def _plan(model_dir, num_layers: int) -> dict:
@@ -135,8 +140,10 @@ def test_family_trains_like_transformers(kind, tmp_path):
                     str(BETAS[1]), "--adam-eps", str(ADAM_EPS), "--weight-decay", str(WEIGHT_DECAY), "--clip-grad",
                     str(CLIP), "--save", "ckpt", "--dist-timeout", "60"])
     assert_ok(run)
-    expected = _hf_train(reference)
-    assert [m["loss"] for m in run.metrics] == pytest.approx(expected, rel=1e-5)
+    losses, norms = _hf_train(reference)
+    assert [m["loss"] for m in run.metrics] == pytest.approx(losses, rel=1e-5)
+    # (Adam hides a gradient off by a constant factor from the weights; the norm does not)
+    assert [m["grad_norm"] for m in run.metrics] == pytest.approx(norms, rel=1e-5)
 
     out = tmp_path / "exported"
     done = subprocess.run([sys.executable, "-m", "planner.cli", "export", str(tmp_path / "run" / "ckpt"),

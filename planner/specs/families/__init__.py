@@ -1,6 +1,6 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
-One module per family (llama.py covers LLaMA, Mistral and Qwen2; opt.py,
+One module per family (llama.py covers LLaMA, Mistral, Qwen2 and Qwen3; opt.py,
 gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
@@ -204,4 +204,5 @@ def to_hf_config(spec: ModelSpec) -> dict:
 
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM",
                   "opt": "OPTForCausalLM", "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM"}

@@ -1,9 +1,12 @@
-"""LLaMA, Mistral and Qwen2: RMSNorm, SwiGLU, rotary positions, grouped-query attention.
+"""LLaMA, Mistral, Qwen2 and Qwen3: RMSNorm, SwiGLU, rotary positions, grouped-query attention.
 
 Differences inside the family are config fields: Qwen2 has q/k/v biases,
-Mistral and Qwen2 may use sliding-window attention (per layer through
-`layer_types`), LLaMA 3.1 scales its rotary frequencies (`rope_scaling`
-type llama3), small models tie the head to the embedding.
+Qwen3 normalises each head's q and k (an RMSNorm over the head dimension,
+before the rotary positions) and sets the head dimension itself (128 unless
+its config says otherwise), Mistral, Qwen2 and Qwen3 may use sliding-window
+attention (per layer through `layer_types`), LLaMA 3.1 scales its rotary
+frequencies (`rope_scaling` type llama3), small models tie the head to the
+embedding.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRu
 from planner.specs.model import MAX_BLOCKS, ModelSpec
 
 ROPE_TYPES = ("default", "llama3", "linear")
+QWEN3_HEAD_DIM = 128  # transformers' Qwen3Config default, whatever hidden_size / num_attention_heads is
 _ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
               "linear": ("factor",), "default": ()}
 
@@ -49,7 +53,7 @@ def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
     """Sliding-window width per block (0: full attention)."""
     window = cfg.cfg.get("sliding_window")
     layer_types = cfg.cfg.get("layer_types")
-    if model_type == "qwen2" and layer_types is None:
+    if model_type in ("qwen2", "qwen3") and layer_types is None:
         if not cfg.bool("use_sliding_window", False):
             return ()
         first = cfg.int("max_window_layers", blocks)
@@ -72,7 +76,7 @@ def from_hf(cfg, model_type: str) -> dict:
     hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
     kv_heads = cfg.int("num_key_value_heads", heads)
     blocks = cfg.int("num_hidden_layers", hi=MAX_BLOCKS)  # before it sizes the per-layer lists
-    head_dim = cfg.int("head_dim", hidden // heads if heads else 1)
+    head_dim = cfg.int("head_dim", QWEN3_HEAD_DIM if model_type == "qwen3" else hidden // heads if heads else 1)
     attention_bias = cfg.bool("attention_bias", False)
     theta, scaling = _rope(cfg)
     return dict(
@@ -85,12 +89,16 @@ def from_hf(cfg, model_type: str) -> dict:
         head_dim_override=head_dim if head_dim * heads != hidden else 0,
         activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("rms_norm_eps", 1e-6),
         windows=_windows(cfg, model_type, blocks), rope_theta=theta, rope_scaling=scaling,
-        pad_token=cfg.pad_token(None),
+        pad_token=cfg.pad_token(None), qk_norm=model_type == "qwen3",
     )
 
 
 def to_hf(spec: ModelSpec) -> dict:
-    model_type = spec.hf_model_type or ("qwen2" if spec.qkv_bias and not spec.out_bias else "llama")
+    model_type = spec.hf_model_type or ("qwen3" if spec.qk_norm else "qwen2" if spec.qkv_bias and not spec.out_bias
+                                        else "llama")
+    if spec.qk_norm != (model_type == "qwen3"):
+        raise SailorError(f"{spec.name}: {model_type}'s config cannot express per-head q/k norms "
+                          f"{'with' if spec.qk_norm else 'without'} them; only qwen3 has them")
     rope = {"rope_type": "default", "rope_theta": spec.rope_theta}
     scaling = dict(spec.rope_scaling)
     if scaling:
@@ -106,6 +114,8 @@ def to_hf(spec: ModelSpec) -> dict:
     }
     if model_type == "llama":
         cfg.update(attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
+    if model_type == "qwen3":
+        cfg.update(attention_bias=spec.qkv_bias)
     windows = {w for w in spec.windows if w}
     if windows:
         if len(windows) > 1:
@@ -113,9 +123,9 @@ def to_hf(spec: ModelSpec) -> dict:
                               f"{model_type}'s config cannot express")
         cfg["sliding_window"] = windows.pop()
         cfg["layer_types"] = ["sliding_attention" if w else "full_attention" for w in spec.windows]
-        if model_type == "qwen2":
+        if model_type in ("qwen2", "qwen3"):
             cfg["use_sliding_window"] = True
-    elif model_type in ("mistral", "qwen2"):
+    elif model_type in ("mistral", "qwen2", "qwen3"):
         cfg["sliding_window"] = None
     return cfg
 
@@ -129,6 +139,8 @@ WEIGHTS = WeightMap(
                    "qkv"),
         WeightRule("self_attention.linear_qkv.bias", tuple(_LAYER + f"self_attn.{x}_proj.bias" for x in "qkv"),
                    "qkv"),
+        WeightRule("self_attention.q_layernorm.weight", (_LAYER + "self_attn.q_norm.weight",)),
+        WeightRule("self_attention.k_layernorm.weight", (_LAYER + "self_attn.k_norm.weight",)),
         WeightRule("self_attention.linear_proj.weight", (_LAYER + "self_attn.o_proj.weight",)),
         WeightRule("self_attention.linear_proj.bias", (_LAYER + "self_attn.o_proj.bias",)),
         WeightRule("pre_mlp_layernorm.weight", (_LAYER + "post_attention_layernorm.weight",)),
@@ -142,4 +154,4 @@ WEIGHTS = WeightMap(
     head=(WeightRule("output_layer.weight", ("lm_head.weight",), "vocab"),),
 )
 
-FAMILY = Family("llama", ("llama", "mistral", "qwen2"), from_hf, to_hf, WEIGHTS)
+FAMILY = Family("llama", ("llama", "mistral", "qwen2", "qwen3"), from_hf, to_hf, WEIGHTS)
