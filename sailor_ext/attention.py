@@ -52,14 +52,16 @@ def window_mask(seq_len: int, window: int, device: torch.device) -> torch.Tensor
 
 
 def inverse_frequencies(model: ModelSpec) -> torch.Tensor:
-    """RoPE's inverse frequencies per pair of head dimensions [head_dim / 2], fp32.
+    """RoPE's inverse frequencies per pair of rotated head dimensions [rotary_dim / 2], fp32.
 
-    inv_freq_i = theta^(-2i/d). LLaMA 3.1's scaling (rope type llama3) keeps
-    wavelengths shorter than original_context/high_freq_factor, divides those
-    longer than original_context/low_freq_factor by `factor`, and interpolates
-    smoothly in between; linear scaling divides all by `factor`.
+    inv_freq_i = theta^(-2i/d), d the rotated dimensions (megatron's apply_rotary_pos_emb
+    rotates as many leading dimensions of each head as the angles have, and passes the
+    rest). LLaMA 3.1's scaling (rope type llama3) keeps wavelengths shorter than
+    original_context/high_freq_factor, divides those longer than
+    original_context/low_freq_factor by `factor`, and interpolates smoothly in
+    between; linear scaling divides all by `factor`.
     """
-    d = model.head_dim
+    d = model.rotary_dim  # (head_dim unless only a share of each head rotates)
     inv_freq = 1.0 / (model.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     scaling = dict(model.rope_scaling)
     kind = scaling.get("type")
@@ -78,7 +80,7 @@ def inverse_frequencies(model: ModelSpec) -> torch.Tensor:
 
 
 def rotary_embedding(model: ModelSpec, seq_len: int, device: torch.device) -> torch.Tensor:
-    """Angles [s, 1, 1, head_dim] for megatron's apply_rotary_pos_emb: position * inv_freq,
+    """Angles [s, 1, 1, rotary_dim] for megatron's apply_rotary_pos_emb: position * inv_freq,
     twice (the rotate-half layout Hugging Face's LLaMA uses)."""
     positions = torch.arange(seq_len, dtype=torch.float32)
     freqs = torch.outer(positions, inverse_frequencies(model))

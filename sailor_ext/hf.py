@@ -86,6 +86,8 @@ def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torc
         return [fused.t() if op == "qkv_cat_t" else fused]
     if op == "gate_up":
         return list(tensor.unbind(0))
+    if op == "gate_up_cat":
+        return [tensor.reshape(-1, *tensor.shape[2:])]
     raise ValueError(f"unknown weight op {op!r}")
 
 
@@ -114,6 +116,10 @@ def local_slice(weights: "HFWeights", model: ModelSpec, rule: WeightRule, names:
     elif op == "gate_up":  # logical [2, ffn, ...], split along the ffn rows
         lo, hi = (None, None) if dim is None else (start, stop)
         out = torch.stack([weights.get(n, None if dim is None else 0, lo, hi) for n in names])
+    elif op == "gate_up_cat":  # the same, from one tensor [gate; up]: gate rows lo..hi, then up rows ffn + lo..hi
+        ffn = shard.logical_shape[1]
+        lo, hi = (0, ffn) if dim is None else (start, stop)
+        out = torch.stack([weights.get(names[0], 0, o + lo, o + hi) for o in (0, ffn)])
     elif op in ("qkv", "qkv_cat", "qkv_cat_t"):
         per_group = (model.heads // model.num_query_groups + 2) * model.head_dim  # fused rows of one group
         g0, g1 = (0, model.num_query_groups) if dim is None else (start // per_group, stop // per_group)

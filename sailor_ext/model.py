@@ -236,12 +236,13 @@ class Embedding(nn.Module):
 
 class Block(nn.Module):
     """Self-attention and MLP, each in a residual: x + f(norm(x)), or with
-    post-norm (OPT-350m) norm(x + f(x))."""
+    post-norm (OPT-350m) norm(x + f(x)), or side by side (GPT-NeoX's parallel
+    residual) x + attn(norm1(x)) + mlp(norm2(x))."""
 
     def __init__(self, spec: StageSpec, config: TransformerConfig, pg: ProcessGroupCollection, layer_number: int):
         super().__init__()
         model = spec.model
-        self.post_norm = model.post_norm
+        self.post_norm, self.parallel_residual = model.post_norm, model.parallel_residual
         self.input_layernorm = norm(model, model.hidden)
         head_norm = HeadRMSNorm if model.rms_norm else HeadLayerNorm
         attention = SelfAttentionSubmodules(
@@ -258,6 +259,9 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rotary: torch.Tensor | None) -> torch.Tensor:
         h = x if self.post_norm else self.input_layernorm(x)
         out, bias = self.self_attention(h, attention_mask=mask, rotary_pos_emb=rotary)
+        if self.parallel_residual:  # the MLP reads the block's input too, not the attention's output
+            mlp, mlp_bias = self.mlp(self.pre_mlp_layernorm(x))
+            return x + (out if bias is None else out + bias) + (mlp if mlp_bias is None else mlp + mlp_bias)
         x = x + (out if bias is None else out + bias)
         if self.post_norm:
             x = self.input_layernorm(x)

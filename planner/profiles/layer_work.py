@@ -26,6 +26,7 @@ operands of the linear layers:
              scores: QK^T writes S, softmax 2S, AV reads S -> 4 S/t with Megatron's fused
              scale-mask-softmax (16-bit inputs only), + masked_fill 2S -> 7 S/t in fp32,
              GELU 2f/t (SwiGLU 3f/t), context transpose copy 2q/t, rotary 6(q+kv)/t
+             (x the share of each head it rotates)
   block bwd  norms 2 x 3h, residual gradient adds 2 x 3h, linear I/O 2x forward,
              scores: AV writes dP and reads P 2S, softmax 3S, QK^T reads dS twice 2S
              -> 7 S/t fused, + masked_fill 2S -> 9 S/t in fp32,
@@ -111,7 +112,7 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
         q, kv, f, f_in = model.q_dim, model.kv_dim, model.ffn_hidden, model._mlp_in()
         scores = model.heads * model.seq_len  # S
         fused = d < 4  # Megatron's fused softmax takes 16-bit inputs only; fp32 runs PyTorch's ops
-        rope = 0.0 if model.learned_positions else 6.0 * (q + kv) / t
+        rope = 0.0 if model.learned_positions else 6.0 * (q + kv) / t * model.rotary_fraction
         gated = model.gated_mlp
         linear_io = 4 * h + (q + 2 * kv + q + f_in + f) / t
         fwd = (2 * norm_f * h + 2 * 3 * h + linear_io + (4 if fused else 7) * scores / t

@@ -51,7 +51,7 @@ class ModelSpec:
     """
 
     name: str
-    family: str  # opt | gpt2 | gpt-neo | llama (planner/specs/families)
+    family: str  # opt | gpt2 | gpt-neo | gpt-neox | llama | phi3 (planner/specs/families)
     hidden: int
     num_blocks: int
     heads: int
@@ -83,6 +83,8 @@ class ModelSpec:
     rope_scaling: tuple[tuple[str, float | str], ...] = ()  # e.g. (("type", "llama3"), ("factor", 8.0), ...)
     pad_token: int = -1  # the token whose embedding row gets no gradient (Hugging Face's padding_idx); -1: none
     qk_norm: bool = False  # an RMSNorm over each head's q and k, before rotary positions (Qwen3)
+    rotary_fraction: float = 1.0  # share of each head's dimensions that rotary positions rotate (partial rotary)
+    parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX) instead of one after the other
     hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
@@ -98,6 +100,10 @@ class ModelSpec:
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1 << 30:
                 raise SailorError(f"model {self.name!r}: {field} must be an integer from 0 to {1 << 30}, not "
                                   f"{short(value)}")
+        if isinstance(self.rotary_fraction, bool) or not isinstance(self.rotary_fraction, (int, float)) or \
+                not 0 < self.rotary_fraction <= 1 or (not self.learned_positions and self.rotary_dim < 2):
+            raise SailorError(f"model {self.name!r}: rotary_fraction must be above 0 and at most 1, rotating at "
+                              f"least 2 of the {self.head_dim} dimensions of a head, not {short(self.rotary_fraction)}")
         for field in ("norm_eps", "attention_scale", "rope_theta"):
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1e30:
@@ -130,6 +136,12 @@ class ModelSpec:
     @property
     def head_dim(self) -> int:
         return self.head_dim_override or self.hidden // self.heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of a head that rotary positions rotate (the first ones; Hugging Face's
+        int(head_dim * partial_rotary_factor))."""
+        return int(self.head_dim * self.rotary_fraction)
 
     @property
     def q_dim(self) -> int:

@@ -43,6 +43,24 @@ PUBLISHED = {
                     "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
                     "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
                     "tie_word_embeddings": True}, 596_049_920),
+    "Phi-3-mini-4k": ({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+                       "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+                       "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
+                       "sliding_window": 2047, "rope_theta": 10000.0, "rope_scaling": None,
+                       "tie_word_embeddings": False, "pad_token_id": 32000}, 3_821_079_552),
+    "phi-4": ({"model_type": "phi3", "hidden_size": 5120, "intermediate_size": 17920, "num_hidden_layers": 40,
+               "num_attention_heads": 40, "num_key_value_heads": 10, "vocab_size": 100352,
+               "max_position_embeddings": 16384, "original_max_position_embeddings": 16384, "rope_theta": 250000,
+               "rope_scaling": None, "sliding_window": None, "tie_word_embeddings": False, "pad_token_id": 100349},
+              14_659_507_200),
+    "pythia-160m": ({"model_type": "gpt_neox", "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                     "intermediate_size": 3072, "vocab_size": 50304, "max_position_embeddings": 2048,
+                     "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": True,
+                     "tie_word_embeddings": False, "layer_norm_eps": 1e-5, "hidden_act": "gelu"}, 162_322_944),
+    "pythia-1.4b": ({"model_type": "gpt_neox", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+                     "intermediate_size": 8192, "vocab_size": 50304, "max_position_embeddings": 2048,
+                     "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": True,
+                     "tie_word_embeddings": False, "layer_norm_eps": 1e-5, "hidden_act": "gelu"}, 1_414_647_808),
 }
 
 
@@ -124,3 +142,47 @@ def test_bad_config_is_one_clear_error(tmp_path, change, needle):
     cfg.update(change)
     with pytest.raises(SailorError, match=needle):
         get_model(str(_write(tmp_path, cfg)))
+
+
+def test_phi3_details(tmp_path):
+    phi3 = get_model(str(_write(tmp_path, PUBLISHED["Phi-3-mini-4k"][0])))
+    assert phi3.family == "phi3" and phi3.windows == (2047,) * 32 and phi3.rotary_dim == 96 and not phi3.qkv_bias
+    mini = dict(PUBLISHED["phi-4"][0], rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                        "partial_rotary_factor": 0.75})
+    assert get_model(str(_write(tmp_path, mini))).rotary_dim == 96  # 3/4 of 128
+    assert get_model(str(_write(tmp_path, dict(PUBLISHED["phi-4"][0], partial_rotary_factor=0.5)))).rotary_dim == 64
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"partial_rotary_factor": 0}, "partial_rotary_factor must be above 0 and at most 1, not 0"),
+    ({"partial_rotary_factor": 1.5}, "partial_rotary_factor must be above 0 and at most 1, not 1.5"),
+    ({"partial_rotary_factor": 0.001}, "rotating at least 2 of the 96 dimensions"),
+    ({"head_dim": 128}, "phi3 takes its head dimension from hidden_size / num_attention_heads; remove head_dim"),
+    ({"rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}},
+     "rope type 'longrope' is not supported"),
+])
+def test_bad_phi3_config_is_one_clear_error(tmp_path, change, needle):
+    with pytest.raises(SailorError, match=needle):
+        get_model(str(_write(tmp_path, {**PUBLISHED["Phi-3-mini-4k"][0], **change})))
+
+
+def test_gpt_neox_details(tmp_path):
+    pythia = get_model(str(_write(tmp_path, PUBLISHED["pythia-160m"][0])))
+    assert pythia.family == "gpt-neox" and pythia.parallel_residual and pythia.rotary_dim == 16
+    assert not pythia.rms_norm and pythia.qkv_bias and pythia.mlp_bias and not pythia.learned_positions
+    newer = {k: v for k, v in PUBLISHED["pythia-160m"][0].items() if k not in ("rotary_pct", "rotary_emb_base")}
+    newer["rope_parameters"] = {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}
+    model = get_model(str(_write(tmp_path, newer)))
+    assert (model.rotary_dim, model.rope_theta) == (32, 500.0)
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"rotary_pct": 0}, "rotary_pct must be above 0 and at most 1, not 0"),
+    ({"rotary_pct": "all"}, "rotary_pct must be above 0 and at most 1, not 'all'"),
+    ({"rotary_emb_base": -1}, "rope_theta must be a positive number, not -1"),
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope type 'dynamic' is not supported for gpt_neox"),
+    ({"use_parallel_residual": 1}, "use_parallel_residual must be true or false"),
+])
+def test_bad_gpt_neox_config_is_one_clear_error(tmp_path, change, needle):
+    with pytest.raises(SailorError, match=needle):
+        get_model(str(_write(tmp_path, {**PUBLISHED["pythia-160m"][0], **change})))

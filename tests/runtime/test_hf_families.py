@@ -16,8 +16,8 @@ microbatch sizes and counts (6 processes). We check, in fp32:
     ADAM_EPS for why single elements may move by rounding), and the exported
     directory loads with `from_pretrained` and gives the same logits.
 
-The sequence (32) is longer than the sliding windows (8) of Mistral, Qwen3 and
-GPT-Neo, and longer than LLaMA-3.1's original context in its rope scaling
+The sequence (32) is longer than the sliding windows (8) of Mistral, Qwen3,
+Phi-3 and GPT-Neo, and longer than LLaMA-3.1's original context in its rope scaling
 (16), so those paths are exercised; the vocabulary (300) is not a multiple of
 128, so the padding is exercised too.
 """
@@ -62,6 +62,13 @@ def _small(kind: str):
     if kind == "qwen3":  # per-head q/k norms; a head wider than hidden / heads; the second block windowed
         return transformers.Qwen3Config(**llama, head_dim=24, use_sliding_window=True, sliding_window=8,
                                         max_window_layers=1)
+    if kind == "phi3":  # fused qkv and gate_up weights, half of each head rotated, a window on every block
+        return transformers.Phi3Config(**llama, partial_rotary_factor=0.5, sliding_window=8, pad_token_id=None,
+                                       bos_token_id=None, eos_token_id=None)
+    if kind == "gpt_neox":  # Pythia's: a quarter of each head rotated, attention and MLP side by side
+        return transformers.GPTNeoXConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                          intermediate_size=96, rotary_pct=0.25, use_parallel_residual=True,
+                                          bos_token_id=None, eos_token_id=None, **common)
     opt = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96, **common)
     if kind == "opt":
         return transformers.OPTConfig(**opt)
@@ -75,7 +82,7 @@ def _small(kind: str):
     raise ValueError(kind)
 
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "opt", "opt-350m", "gpt2", "gpt_neo")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 def _hf_model(kind: str, directory):
@@ -153,7 +160,8 @@ def test_family_trains_like_transformers(kind, tmp_path):
 
     exported = load_file(out / "model.safetensors")
     assert set(exported) == set(load_file(hf_dir / "model.safetensors")), "the tensors transformers saves"
-    trained = reference.state_dict()
+    reference.save_pretrained(tmp_path / "trained")  # (the names on disk: GPT-NeoX's lm_head is saved as embed_out)
+    trained = load_file(tmp_path / "trained" / "model.safetensors")
     for name in exported:
         diff = exported[name] - trained[name]
         assert diff.norm() <= 1e-4 * trained[name].norm(), (name, (diff.norm() / trained[name].norm()).item())

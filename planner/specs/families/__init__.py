@@ -1,6 +1,6 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
-One module per family (llama.py covers LLaMA, Mistral, Qwen2 and Qwen3; opt.py,
+One module per family (llama.py covers LLaMA, Mistral, Qwen2 and Qwen3; phi3.py, gpt_neox.py, opt.py,
 gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
@@ -39,6 +39,7 @@ class WeightRule:
       qkv_cat    one tensor holding [q; k; v] along its output rows -> the same grouping
       qkv_cat_t  as qkv_cat, from a Conv1D weight [in, 3 * out]
       gate_up    gate and up projections -> fc1 viewed as [2, ffn, ...] (SwiGLU)
+      gate_up_cat  one tensor holding [gate; up] along its rows -> the same
       vocab      the word embedding or output layer: rows beyond the vocabulary are
                  padding that the runtime adds (and export drops)
     """
@@ -66,9 +67,9 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import gpt2, gpt_neo, llama, opt
+    from planner.specs.families import gpt2, gpt_neo, gpt_neox, llama, opt, phi3
 
-    return {f.name: f for f in (llama.FAMILY, opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY)}
+    return {f.name: f for f in (llama.FAMILY, phi3.FAMILY, opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -204,5 +205,5 @@ def to_hf_config(spec: ModelSpec) -> dict:
 
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3": "Qwen3ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
                   "opt": "OPTForCausalLM", "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM"}
