@@ -200,13 +200,6 @@ class HeadRMSNorm(nn.RMSNorm):
         super().__init__(hidden_size, eps=eps)
 
 
-class HeadLayerNorm(nn.LayerNorm):
-    """HeadRMSNorm for a model whose norms are LayerNorms."""
-
-    def __init__(self, hidden_size: int, config: TransformerConfig, eps: float):
-        super().__init__(hidden_size, eps=eps)
-
-
 class Embedding(nn.Module):
     """Word embedding (vocabulary-parallel), OPT-350m's projection, learned positions."""
 
@@ -244,11 +237,10 @@ class Block(nn.Module):
         model = spec.model
         self.post_norm, self.parallel_residual = model.post_norm, model.parallel_residual
         self.input_layernorm = norm(model, model.hidden)
-        head_norm = HeadRMSNorm if model.rms_norm else HeadLayerNorm
         attention = SelfAttentionSubmodules(
             linear_qkv=with_bias(ColumnParallelLinear, model.qkv_bias), core_attention=FusedCoreAttention,
             linear_proj=with_bias(RowParallelLinear, model.out_bias),
-            q_layernorm=head_norm if model.qk_norm else None, k_layernorm=head_norm if model.qk_norm else None)
+            q_layernorm=HeadRMSNorm if model.qk_norm else None, k_layernorm=HeadRMSNorm if model.qk_norm else None)
         self.self_attention = SelfAttention(config, attention, layer_number, attn_mask_type=AttnMaskType.causal,
                                             pg_collection=pg)
         self.pre_mlp_layernorm = norm(model, model.hidden)

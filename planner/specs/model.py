@@ -120,6 +120,9 @@ class ModelSpec:
         if self.activation not in ACTIVATIONS:
             raise SailorError(f"model {self.name!r}: activation {self.activation!r} is not supported; use one of "
                               f"{', '.join(ACTIVATIONS)}")
+        if self.qk_norm and not self.rms_norm:
+            raise SailorError(f"model {self.name!r}: per-head q/k norms are RMSNorms; a model with them has "
+                              "RMSNorms (rms_norm)")
         if self.windows and len(self.windows) != self.num_blocks:
             raise SailorError(f"model {self.name!r}: {len(self.windows)} attention windows for {self.num_blocks} "
                               "blocks")
@@ -239,7 +242,7 @@ class ModelSpec:
         # transformer block
         sharded, replicated = self._block_matmul_weights(), 2 * self._norm_params()
         if self.qk_norm:
-            replicated += 2 * self._norm_params() // self.hidden * self.head_dim  # each shared by all heads
+            replicated += 2 * self.head_dim  # two RMSNorm weights, each shared by all heads of q (of k)
         if self.qkv_bias:
             sharded += self.q_dim + 2 * self.kv_dim  # column-parallel
         if self.mlp_bias:

@@ -97,8 +97,8 @@ def to_hf(spec: ModelSpec) -> dict:
     model_type = spec.hf_model_type or ("qwen3" if spec.qk_norm else "qwen2" if spec.qkv_bias and not spec.out_bias
                                         else "llama")
     if spec.qk_norm != (model_type == "qwen3"):
-        raise SailorError(f"{spec.name}: {model_type}'s config cannot express per-head q/k norms "
-                          f"{'with' if spec.qk_norm else 'without'} them; only qwen3 has them")
+        raise SailorError(f"{spec.name}: per-head q/k norms are qwen3's alone; the model and its model_type "
+                          f"{model_type} disagree")
     rope = {"rope_type": "default", "rope_theta": spec.rope_theta}
     scaling = dict(spec.rope_scaling)
     if scaling:
