@@ -153,7 +153,8 @@ class Beat:
         self.progress_at = time.monotonic()
         self.slowest = 0.0  # seconds of the slowest step seen
         self.reported: int | None = None  # the epoch whose stall was reported
-        threading.Thread(target=self._run, name="beat", daemon=True).start()
+        self.thread = threading.Thread(target=self._run, name="beat", daemon=True)
+        self.thread.start()
 
     def post(self, key: str, value: str) -> None:
         with self.lock:

@@ -494,7 +494,7 @@ def test_a_provider_hook_that_hangs_does_not_stall_the_controller(tmp_path):
     watch.start()
     try:
         t0 = time.monotonic()
-        assert watch.take() is None and time.monotonic() - t0 < 0.1  # the hook is still asking: no wait
+        assert watch.take() is None and time.monotonic() - t0 < 1.0  # the hook is still asking: no wait
         gate.touch()
         deadline = time.monotonic() + 10
         while (answer := watch.take()) is None and time.monotonic() < deadline:
@@ -609,14 +609,13 @@ def test_a_worker_heartbeat_ends_in_one_line_when_the_store_is_gone(capfd):
     server = StoreServer()
     client = StoreClient(*server.address)  # no way to find the store again: a drop is final
     try:
-        Beat(client, "node0", 0)
+        beat = Beat(client, "node0", 0)
         deadline = time.monotonic() + 5
         while server.get(P.worker_beat_key("node0", 0)) is None and time.monotonic() < deadline:
             time.sleep(0.01)
         client.sock.shutdown(socket.SHUT_RDWR)
-        beat = next(t for t in threading.enumerate() if t.name == "beat")
-        beat.join(5)
-        assert not beat.is_alive()
+        beat.thread.join(5)
+        assert not beat.thread.is_alive()
     finally:
         server.close()
     err = capfd.readouterr().err
