@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import stat
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.errors import SailorError
@@ -31,7 +33,32 @@ def describe(path: str | None, command: str | None) -> str:
     return f"--nodes-file {path}" if path else f"--nodes-command {command!r}"
 
 
-def _read(path: str | None, command: str | None) -> set[str]:
+def _run(command: str, started: Callable[[subprocess.Popen], None] | None = None) -> bytes:
+    """The command's standard output. It runs in a session of its own, and on a timeout its whole
+    process group is killed (a shell's children too)."""
+    with subprocess.Popen(shlex.split(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          start_new_session=True) as proc:
+        if started is not None:
+            started(proc)
+        try:
+            out, err = proc.communicate(timeout=COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            proc.communicate()
+            raise
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, command, out, err)
+    return out
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:  # gone already
+        pass
+
+
+def _read(path: str | None, command: str | None, started=None) -> set[str]:
     """Node ids the provider reports. Raises OSError, SubprocessError or ValueError (not a regular file,
     not UTF-8, bad JSON, an unparsable command, too long) when the hook cannot be read."""
     if path:
@@ -40,7 +67,7 @@ def _read(path: str | None, command: str | None) -> set[str]:
         with open(path, "rb") as f:
             data = f.read(MAX_PROVIDER_BYTES + 1)
     else:
-        data = subprocess.run(shlex.split(command), capture_output=True, timeout=COMMAND_TIMEOUT_S, check=True).stdout
+        data = _run(command, started)
     if len(data) > MAX_PROVIDER_BYTES:
         raise ValueError(f"longer than {MAX_PROVIDER_BYTES >> 20} MiB")
     text = data.decode("utf-8").lstrip("\ufeff").strip()  # (an editor's byte-order mark)
@@ -78,9 +105,10 @@ class Answer:
     why: str = ""
 
 
-def ask(path: str | None, command: str | None) -> Answer:
+def ask(path: str | None, command: str | None, started=None) -> Answer:
+    """One poll (started: called with the command's process once it runs)."""
     try:
-        return Answer(frozenset(_read(path, command)))
+        return Answer(frozenset(_read(path, command, started)))
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         return Answer(None, _why(e))
 
@@ -107,6 +135,7 @@ class ProviderWatch:
         self.path, self.command, self.interval_s = path, command, interval_s
         self._lock = threading.Lock()
         self._answer: Answer | None = None  # the newest answer not yet taken
+        self._proc: subprocess.Popen | None = None  # the command asking now
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sailor-provider", daemon=True)
 
@@ -115,10 +144,16 @@ class ProviderWatch:
 
     def _run(self) -> None:
         while not self._stopped.is_set():
-            answer = ask(self.path, self.command)
+            answer = ask(self.path, self.command, self._started)
             with self._lock:
                 self._answer = answer
             self._stopped.wait(self.interval_s)
+
+    def _started(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._proc = proc
+        if self._stopped.is_set():  # closed while it started
+            _kill(proc)
 
     def take(self) -> Answer | None:
         """The newest answer since the last take, or None."""
@@ -127,5 +162,9 @@ class ProviderWatch:
         return answer
 
     def close(self) -> None:
-        """Stop asking (a command under way runs to its end or its timeout, on the daemon thread)."""
+        """Stop asking; a command under way is killed (it would outlive the controller)."""
         self._stopped.set()
+        with self._lock:
+            proc = self._proc
+        if proc is not None and proc.poll() is None:
+            _kill(proc)

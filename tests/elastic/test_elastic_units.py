@@ -389,6 +389,34 @@ def test_provider_list_file_and_command(tmp_path):
     assert ids(str(f)) == {"node0"}
 
 
+@pytest.mark.timeout(30)
+def test_a_provider_command_under_way_is_killed_when_the_controller_stops(tmp_path):
+    """A hook still asking when the controller ended ran on after it (to its end, or forever), its
+    children too: it is killed with its process group."""
+    from planner.elastic.provider import ProviderWatch
+
+    pids = tmp_path / "pids"
+    watch = ProviderWatch(None, f"sh -c 'echo $$ > {pids}; sleep 60 & echo $! >> {pids}; wait'", 0.01)
+    watch.start()
+    deadline = time.monotonic() + 10
+    while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    shell, child = map(int, pids.read_text().split())
+    watch.close()
+    deadline = time.monotonic() + 5
+    while any(_running(pid) for pid in (shell, child)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _running(shell) and not _running(child)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
 def test_a_provider_command_that_hangs_is_cut_off_and_named(monkeypatch):
     """It printed subprocess's own "Command '[...]' timed out after 10 seconds"."""
     from planner.elastic import provider
