@@ -113,12 +113,6 @@ def ask(path: str | None, command: str | None, started=None) -> Answer:
         return Answer(None, _why(e))
 
 
-def read_provider(path: str | None, command: str | None) -> set[str] | None:
-    """Node ids the provider reports; None if it cannot be read now."""
-    ids = ask(path, command).ids
-    return None if ids is None else set(ids)
-
-
 def check_provider(path: str | None, command: str | None) -> None:
     """Read the hook once before the job starts: a typo in it would silently never notice a node's loss."""
     answer = ask(path, command)
