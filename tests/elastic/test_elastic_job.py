@@ -11,10 +11,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
-from _elastic_helpers import GLOBAL_BATCH, PYTHON, Job, env
+from _elastic_helpers import GLOBAL_BATCH, PYTHON, Job, alive, env
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +116,7 @@ def test_agent_killed_its_workers_left_alive(tmp_path):
         job.wait_step(INTERVAL + 2)
         t_kill = job.kill_agent(victim)
         deadline = time.monotonic() + 20
-        while any(_alive(pid) for pid in orphans) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in orphans) and time.monotonic() < deadline:
             time.sleep(0.01)
         gone = time.time()
         assert job.wait(180) == 0, job.log()
@@ -190,14 +189,6 @@ def test_provider_drops_a_node_local_agents(tmp_path):
     first = by_epoch(job.metrics(), 1)
     assert start["source"] == "memory" and start["step"] == first[-1]["step"], "a drain loses no step"
     assert by_epoch(job.metrics(), 2)[0]["step"] == first[-1]["step"] + 1
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
 
 
 @pytest.mark.timeout(180)

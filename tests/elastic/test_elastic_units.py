@@ -393,6 +393,8 @@ def test_provider_list_file_and_command(tmp_path):
 def test_a_provider_command_under_way_is_killed_when_the_controller_stops(tmp_path):
     """A hook still asking when the controller ended ran on after it (to its end, or forever), its
     children too: it is killed with its process group."""
+    from _elastic_helpers import alive
+
     from planner.elastic.provider import ProviderWatch
 
     pids = tmp_path / "pids"
@@ -404,17 +406,9 @@ def test_a_provider_command_under_way_is_killed_when_the_controller_stops(tmp_pa
     shell, child = map(int, pids.read_text().split())
     watch.close()
     deadline = time.monotonic() + 5
-    while any(_running(pid) for pid in (shell, child)) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in (shell, child)) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not _running(shell) and not _running(child)
-
-
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
+    assert not alive(shell) and not alive(child)
 
 
 def test_a_provider_command_that_hangs_is_cut_off_and_named(monkeypatch):
@@ -701,43 +695,45 @@ def test_local_refuses_more_workers_than_the_machine_can_take(tmp_path):
     _one_error(out, f"would start {many} worker processes ({many // 8} agents) on this machine")
 
 
+def _waits_out(settings, nodes: list, match: str) -> None:
+    """A controller holding `nodes` (NodeState, none of them missing heartbeats) ends its wait for a plan
+    with a SailorError matching `match`."""
+    from planner.elastic.controller import Controller, EventLog
+
+    controller = Controller(settings, None, EventLog(None, quiet=True))
+    controller.nodes = {n.info.id: n for n in nodes}
+    controller.provider = None  # (no list is read here: the nodes say what the provider did)
+    controller._await_agents = lambda limit_s: None  # (no agent is connected to wait for)
+    try:
+        with pytest.raises(SailorError, match=match):
+            controller.run()
+    finally:
+        controller.server.close()
+
+
+def _node(i: int, **state):
+    from planner.elastic.controller import NodeState
+
+    return NodeState(P.NodeInfo(f"node{i}", "CPU", "local", 8), 0.0, beat_at=time.monotonic() + 1e6, **state)
+
+
 def test_waiting_out_names_nodes_that_joined_but_are_not_ready():
     """After --wait-s without a plan, "nodes present: none" hid nodes that joined but whose workers
     never became ready (an overloaded machine)."""
-    from planner.elastic.controller import Controller, EventLog, NodeState, Settings
-    from planner.errors import SailorError
+    from planner.elastic.controller import Settings
 
-    controller = Controller(Settings([], 1, wait_s=0.0), None, EventLog(None, quiet=True))
-    far = time.monotonic() + 1e6  # no heartbeat is missed
-    for i in range(3):
-        controller.nodes[f"node{i}"] = NodeState(P.NodeInfo(f"node{i}", "CPU", "local", 8), 0.0, beat_at=far)
-    controller._await_agents = lambda limit_s: None  # (no agent is connected to wait for)
-    try:
-        with pytest.raises(SailorError, match=r"nodes present: none; joined but their workers not ready: node0, "
-                                              r"node1, node2\)"):
-            controller.run()
-    finally:
-        controller.server.close()
+    _waits_out(Settings([], 1, wait_s=0.0), [_node(i) for i in range(3)],
+               r"nodes present: none; joined but their workers not ready: node0, node1, node2\)")
 
 
-def test_waiting_out_names_the_nodes_the_provider_drained(tmp_path):
+def test_waiting_out_names_the_nodes_the_provider_drained():
     """A provider list that names none of the nodes (an empty file, the cloud's ids in another form)
     drains every node that joins; after --wait-s the job ended with "nodes present: none" alone."""
-    from planner.elastic.controller import Controller, EventLog, NodeState, Settings
+    from planner.elastic.controller import Settings
 
-    controller = Controller(Settings([], 1, wait_s=0.0, provider_file="vms.txt"), None, EventLog(None, quiet=True))
-    far = time.monotonic() + 1e6
-    for i in range(2):
-        controller.nodes[f"node{i}"] = NodeState(P.NodeInfo(f"node{i}", "CPU", "local", 8), 0.0, beat_at=far,
-                                                 ready=True, leaving=True)
-    controller.provider = None  # (the list is not read here: the nodes are marked drained above)
-    controller._await_agents = lambda limit_s: None  # (no agent is connected to wait for)
-    try:
-        with pytest.raises(SailorError, match=r"nodes present: none; drained, as --nodes-file vms.txt does not "
-                                              r"list them: node0, node1\)"):
-            controller.run()
-    finally:
-        controller.server.close()
+    _waits_out(Settings([], 1, wait_s=0.0, provider_file="vms.txt"), [_node(i, ready=True, leaving=True)
+                                                                     for i in range(2)],
+               r"nodes present: none; drained, as --nodes-file vms.txt does not list them: node0, node1\)")
 
 
 # -- bad input: one line, non-zero exit ---------------------------------------------------------
