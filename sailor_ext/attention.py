@@ -23,18 +23,24 @@ from planner.specs.model import ModelSpec
 
 
 class FusedCoreAttention(nn.Module):
-    """softmax(scale * q k^T + mask) v over [s, b, heads, head_dim] tensors (dropout 0)."""
+    """softmax(scale * q k^T + mask) v over [s, b, heads, head_dim] tensors (dropout 0).
+
+    With a soft cap c (Gemma 2) the scores become c * tanh(scores / c) before the mask, which
+    no fused kernel does: those stages compute the scores and probabilities in full."""
 
     def __init__(self, config, layer_number: int, attn_mask_type=None, attention_type: str = "self",
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
                  cp_comm_type=None, pg_collection=None):
         super().__init__()
         self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+        self.softcap = getattr(config, "sailor_attn_softcap", 0.0)
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
-        if attention_mask is None:
+        if self.softcap:
+            out = softcapped_attention(q, k, v, attention_mask, self.scale, self.softcap)
+        elif attention_mask is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
                                                  enable_gqa=k.size(1) != q.size(1))
         else:
@@ -44,6 +50,18 @@ class FusedCoreAttention(nn.Module):
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # [s, b, heads * d]
 
 
+def softcapped_attention(q, k, v, mask: torch.Tensor | None, scale: float, cap: float) -> torch.Tensor:
+    """softmax(c * tanh(scale * q k^T / c) + mask) v over [b, heads, s, d]; the softmax in fp32.
+    Grouped k and v heads serve heads / kv_heads query heads each, in order."""
+    if k.size(1) != q.size(1):
+        k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
+    scores = torch.tanh(torch.matmul(q, k.transpose(-1, -2)) * scale / cap) * cap
+    if mask is None:
+        mask = window_mask(q.size(2), q.size(2), q.device)  # causal: a window as long as the sequence
+    scores = scores.masked_fill(mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
 def window_mask(seq_len: int, window: int, device: torch.device) -> torch.Tensor:
     """[1, 1, s, s], True where query i may not see key j: j > i, or i - j >= window."""
     i = torch.arange(seq_len, device=device)
@@ -51,7 +69,7 @@ def window_mask(seq_len: int, window: int, device: torch.device) -> torch.Tensor
     return ((distance < 0) | (distance >= window))[None, None]
 
 
-def inverse_frequencies(model: ModelSpec) -> torch.Tensor:
+def inverse_frequencies(model: ModelSpec, local: bool = False) -> torch.Tensor:
     """RoPE's inverse frequencies per pair of rotated head dimensions [rotary_dim / 2], fp32.
 
     inv_freq_i = theta^(-2i/d), d the rotated dimensions (megatron's apply_rotary_pos_emb
@@ -59,11 +77,13 @@ def inverse_frequencies(model: ModelSpec) -> torch.Tensor:
     rest). LLaMA 3.1's scaling (rope type llama3) keeps wavelengths shorter than
     original_context/high_freq_factor, divides those longer than
     original_context/low_freq_factor by `factor`, and interpolates smoothly in
-    between; linear scaling divides all by `factor`.
+    between; linear scaling divides all by `factor`. local: Gemma 3's windowed blocks, with their
+    own base (local_rope_theta) and no scaling.
     """
     d = model.rotary_dim  # (head_dim unless only a share of each head rotates)
-    inv_freq = 1.0 / (model.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    scaling = dict(model.rope_scaling)
+    theta = model.local_rope_theta if local else model.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    scaling = {} if local else dict(model.rope_scaling)
     kind = scaling.get("type")
     if kind == "linear":
         return inv_freq / scaling["factor"]
@@ -79,9 +99,9 @@ def inverse_frequencies(model: ModelSpec) -> torch.Tensor:
     return inv_freq
 
 
-def rotary_embedding(model: ModelSpec, seq_len: int, device: torch.device) -> torch.Tensor:
+def rotary_embedding(model: ModelSpec, seq_len: int, device: torch.device, local: bool = False) -> torch.Tensor:
     """Angles [s, 1, 1, rotary_dim] for megatron's apply_rotary_pos_emb: position * inv_freq,
     twice (the rotate-half layout Hugging Face's LLaMA uses)."""
     positions = torch.arange(seq_len, dtype=torch.float32)
-    freqs = torch.outer(positions, inverse_frequencies(model))
+    freqs = torch.outer(positions, inverse_frequencies(model, local))
     return torch.cat([freqs, freqs], dim=-1)[:, None, None, :].to(device)

@@ -12,8 +12,10 @@ Every choice between families is a ModelSpec field, read here and nowhere
 else: the norm (LayerNorm or RMSNorm), pre- or post-norm blocks, the MLP
 (GELU, tanh-GELU, ReLU, or SwiGLU with fc1 = [gate; up]), which linears have
 biases, grouped-query attention, per-head q/k norms, rotary positions (megatron's
-apply_rotary_pos_emb, frequencies from sailor_ext.attention), the attention
-scale and per-block attention windows. A block is megatron's `SelfAttention`
+apply_rotary_pos_emb, frequencies from sailor_ext.attention; Gemma 3's windowed
+blocks have their own), the attention scale, per-block attention windows, and
+Gemma's touches: (1 + w) norms, scaled word embeddings, a norm on each
+sublayer's output (sandwich), soft caps on attention scores and logits. A block is megatron's `SelfAttention`
 and `MLP` with their column/row-parallel linears, wired as a residual block
 here (megatron's TransformerLayer knows only pre-norm). Every module gets its
 TP group explicitly; megatron's global parallel state is never set up.
@@ -152,6 +154,7 @@ def transformer_config(model: ModelSpec, tp: int, fusion: KernelFusion = KernelF
         qk_layernorm=model.qk_norm,
     )
     config.sailor_rope_fusion = fusion.rope  # read by _rotary below (megatron's own flag wants Transformer Engine)
+    config.sailor_attn_softcap = model.attn_softcap  # read by FusedCoreAttention
     return config
 
 
@@ -185,7 +188,24 @@ def with_bias(linear: type, bias: bool) -> type:
     return type(f"{linear.__name__}{'' if bias else 'NoBias'}", (linear,), {"__init__": __init__})
 
 
+class OffsetRMSNorm(nn.RMSNorm):
+    """Gemma's RMSNorm: x / rms(x) * (1 + w), w initialised at 0, computed in fp32 and cast back
+    once at the end (LLaMA's casts before the weight; in bf16 the two round differently)."""
+
+    def __init__(self, width: int, eps: float):
+        super().__init__(width, eps=eps)
+        with torch.no_grad():
+            self.weight.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
 def norm(model: ModelSpec, width: int) -> nn.Module:
+    if model.norm_offset:
+        return OffsetRMSNorm(width, eps=model.norm_eps)
     if model.rms_norm:
         return nn.RMSNorm(width, eps=model.norm_eps)
     return nn.LayerNorm(width, eps=model.norm_eps)
@@ -195,6 +215,13 @@ class HeadRMSNorm(nn.RMSNorm):
     """The per-head q (k) norm of a model with qk_norm, built as megatron's SelfAttention builds its
     q_layernorm (hidden_size=head_dim, config, eps). Each TP rank normalises only its own heads
     with the one shared weight, so its gradient is partial (ParamShard.partial_grad)."""
+
+    def __init__(self, hidden_size: int, config: TransformerConfig, eps: float):
+        super().__init__(hidden_size, eps=eps)
+
+
+class HeadOffsetRMSNorm(OffsetRMSNorm):
+    """HeadRMSNorm with Gemma's (1 + w) (Gemma 3's q and k norms)."""
 
     def __init__(self, hidden_size: int, config: TransformerConfig, eps: float):
         super().__init__(hidden_size, eps=eps)
@@ -219,6 +246,8 @@ class Embedding(nn.Module):
         x = self.word_embeddings(tokens)
         if self.model.pad_token >= 0:  # Hugging Face's padding_idx: the row is used, never trained
             x = torch.where((tokens == self.model.pad_token).unsqueeze(-1), x.detach(), x)
+        if self.model.embedding_scale:  # sqrt(hidden) rounded to the compute dtype, as transformers' Gemma
+            x = x * torch.tensor(self.model.hidden ** 0.5, dtype=x.dtype).item()
         if self.model.projected:
             x = self.project_in(x)
         if self.model.learned_positions:
@@ -230,23 +259,27 @@ class Embedding(nn.Module):
 class Block(nn.Module):
     """Self-attention and MLP, each in a residual: x + f(norm(x)), or with
     post-norm (OPT-350m) norm(x + f(x)), or side by side (GPT-NeoX's parallel
-    residual) x + attn(norm1(x)) + mlp(norm2(x))."""
+    residual) x + attn(norm1(x)) + mlp(norm2(x)), or with sandwich norms
+    (Gemma 2, 3) x + norm2(f(norm1(x)))."""
 
     def __init__(self, spec: StageSpec, config: TransformerConfig, pg: ProcessGroupCollection, layer_number: int):
         super().__init__()
         model = spec.model
         self.post_norm, self.parallel_residual = model.post_norm, model.parallel_residual
         self.input_layernorm = norm(model, model.hidden)
+        head_norm = (HeadOffsetRMSNorm if model.norm_offset else HeadRMSNorm) if model.qk_norm else None
         attention = SelfAttentionSubmodules(
             linear_qkv=with_bias(ColumnParallelLinear, model.qkv_bias), core_attention=FusedCoreAttention,
-            linear_proj=with_bias(RowParallelLinear, model.out_bias),
-            q_layernorm=HeadRMSNorm if model.qk_norm else None, k_layernorm=HeadRMSNorm if model.qk_norm else None)
+            linear_proj=with_bias(RowParallelLinear, model.out_bias), q_layernorm=head_norm, k_layernorm=head_norm)
         self.self_attention = SelfAttention(config, attention, layer_number, attn_mask_type=AttnMaskType.causal,
                                             pg_collection=pg)
         self.pre_mlp_layernorm = norm(model, model.hidden)
         mlp = MLPSubmodules(linear_fc1=with_bias(ColumnParallelLinear, model.mlp_bias),
                             linear_fc2=with_bias(RowParallelLinear, model.mlp_bias))
         self.mlp = MLP(config, mlp, ffn_hidden_size=model.ffn_hidden, tp_group=pg.tp)
+        if model.sandwich_norm:
+            self.post_attention_layernorm = norm(model, model.hidden)
+            self.post_mlp_layernorm = norm(model, model.hidden)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rotary: torch.Tensor | None) -> torch.Tensor:
         h = x if self.post_norm else self.input_layernorm(x)
@@ -254,12 +287,14 @@ class Block(nn.Module):
         if self.parallel_residual:  # the MLP reads the block's input too, not the attention's output
             mlp, mlp_bias = self.mlp(self.pre_mlp_layernorm(x))
             return x + (out if bias is None else out + bias) + (mlp if mlp_bias is None else mlp + mlp_bias)
-        x = x + (out if bias is None else out + bias)
+        out = out if bias is None else out + bias
+        x = x + (self.post_attention_layernorm(out) if hasattr(self, "post_attention_layernorm") else out)
         if self.post_norm:
             x = self.input_layernorm(x)
         h = x if self.post_norm else self.pre_mlp_layernorm(x)
         out, bias = self.mlp(h)
-        x = x + (out if bias is None else out + bias)
+        out = out if bias is None else out + bias
+        x = x + (self.post_mlp_layernorm(out) if hasattr(self, "post_mlp_layernorm") else out)
         return self.pre_mlp_layernorm(x) if self.post_norm else x
 
 
@@ -275,7 +310,8 @@ class FinalNorm(nn.Module):
 
 
 class Head(nn.Module):
-    """Final norm, projection to the embedding width, vocabulary-parallel output layer."""
+    """Final norm, projection to the embedding width, vocabulary-parallel output layer (and
+    Gemma 2's cap on the logits, c * tanh(logits / c))."""
 
     def __init__(self, spec: StageSpec, config: TransformerConfig, tp_group, reuse_embedding: bool):
         super().__init__()
@@ -297,6 +333,9 @@ class Head(nn.Module):
         if self.model.projected:
             hidden = self.project_out(hidden)
         logits, _ = self.output_layer(hidden, weight=embedding_weight)
+        if self.model.logit_softcap:
+            cap = self.model.logit_softcap
+            logits = torch.tanh(logits / cap) * cap
         return logits
 
 
@@ -332,7 +371,7 @@ class StageModel(nn.Module):
         self.to(device)
         self.device = device
         self._masks: dict[tuple[int, int], torch.Tensor | None] = {}
-        self._rotary: dict[int, torch.Tensor] = {}
+        self._rotary: dict[tuple[int, bool], torch.Tensor] = {}
 
     @property
     def vocab_start(self) -> int:
@@ -348,18 +387,21 @@ class StageModel(nn.Module):
             self._masks[key] = window_mask(seq_len, window, self.device)
         return self._masks[key]
 
-    def rotary(self, seq_len: int) -> torch.Tensor | None:
-        if self.spec.model.learned_positions:
+    def rotary(self, block: int, seq_len: int) -> torch.Tensor | None:
+        """Block `block`'s (1-based) rotary angles; None with learned positions."""
+        model = self.spec.model
+        if model.learned_positions:
             return None
-        if seq_len not in self._rotary:
-            self._rotary[seq_len] = rotary_embedding(self.spec.model, seq_len, self.device)
-        return self._rotary[seq_len]
+        local = bool(model.local_rope_theta and model.window(block - 1))  # Gemma 3's windowed blocks
+        if (seq_len, local) not in self._rotary:
+            self._rotary[(seq_len, local)] = rotary_embedding(model, seq_len, self.device, local)
+        return self._rotary[(seq_len, local)]
 
     def run_layer(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """One layer's forward (the profiler times them one by one)."""
         module = self.layers[str(layer)]
         if isinstance(module, Block):
-            args = (module, x, self.mask(layer, x.size(0)), self.rotary(x.size(0)))
+            args = (module, x, self.mask(layer, x.size(0)), self.rotary(layer, x.size(0)))
             if self.spec.recompute and torch.is_grad_enabled():
                 return checkpoint(_block_output, *args, use_reentrant=False)
             return _block_output(*args)
@@ -408,13 +450,15 @@ def _block_output(block: Block, x: torch.Tensor, mask: torch.Tensor | None, rota
     return block(x, mask, rotary)
 
 
-def init_tensor(name: str, shape: tuple[int, ...], seed: int, num_blocks: int) -> torch.Tensor:
-    """The full logical tensor `name`, drawn from its own seeded generator."""
+def init_tensor(name: str, shape: tuple[int, ...], seed: int, num_blocks: int,
+                norm_offset: bool = False) -> torch.Tensor:
+    """The full logical tensor `name`, drawn from its own seeded generator (norms scale by 1: a
+    weight of 1, or of 0 where they scale by 1 + w)."""
     leaf = name.rsplit(".", 1)[-1]
     if leaf == "bias":
         return torch.zeros(shape)
     if "layernorm" in name:
-        return torch.ones(shape)
+        return torch.zeros(shape) if norm_offset else torch.ones(shape)
     std = INIT_STD
     if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
         std = INIT_STD / math.sqrt(2.0 * num_blocks)  # megatron's scaled init for output projections
@@ -427,5 +471,6 @@ def init_from_seed(stage: StageModel, seed: int) -> None:
     """Give every local parameter its slice of the seeded logical tensor."""
     for name, param in stage.named_parameters():
         shard = stage.shards[name]
-        full = init_tensor(shard.name, shard.logical_shape, seed, stage.spec.model.num_blocks)
+        model = stage.spec.model
+        full = init_tensor(shard.name, shard.logical_shape, seed, model.num_blocks, model.norm_offset)
         shard.view(param).copy_(shard.shard_of(full))

@@ -135,32 +135,47 @@ def layer_seconds(model: ModelSpec, layer: int, mbs: int, tp: int, gpu: GPUSpec,
     return (seconds(work_terms(fwd, gpu, precision, tp), eff), seconds(work_terms(bwd, gpu, precision, tp), eff))
 
 
-def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFAULT_RUNTIME) -> float:
+def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFAULT_RUNTIME,
+                      precision: str = "bf16") -> float:
     """Floats per token that the forward keeps for backward, one sample (values in the compute dtype).
 
     Megatron-DeepSpeed: ModelSpec.activation_floats (its softmax probabilities, heads * s per
     token, included). sailor_ext's block on CUDA (the kernel fusions on), for TP t:
 
         norms          2h per LayerNorm (input, output), 3h per RMSNorm (input, normalised,
-                       output), two per block
+                       output), two per block; sandwich norms (Gemma 2, 3) add two whose output
+                       goes into an add: input and normalised, 2h each (h for a LayerNorm)
         attention      Q, K and V as the fused attention saves them, (q + 2kv)/t, and its
                        output q/t (also the projection's input)
         MLP            the first linear's output f_in/t and the activation's output f/t
-                       (a fused SwiGLU recomputes the rest)
+                       (a fused SwiGLU recomputes the rest); an unfused gated MLP (GeGLU)
+                       keeps the activation's output, megatron's `up + 0` and their product, 3f/t
         q/k norms      (Qwen3) their inputs and normalised values, 2(q + kv)/t (counted, not
                        measured)
+        attention cap  (Gemma 2) no fused kernel: K and V expanded to every query head, 2q/t
+                       in place of 2kv/t, the tanh's output S/t and the softmax's, S/t in
+                       fp32 (its fp32 output, 2 S/t, and the probabilities cast back, S/t, in
+                       16-bit), S = heads * s
 
     The fused attention keeps no probabilities: one log-sum-exp per head and token (not counted,
     1/s of them). Measured on one H100 (bf16, bench/results/h100-2026-11-28): OPT-350m and
     GPT-Neo-2.7 16.0h per token, LLaMA-3-8 22.1h, as counted (16h, 16h, 22h). On CPU, with
-    rotary, the QKV output stays beside the rotated Q and K: (q + kv)/t more."""
+    rotary, the QKV output stays beside the rotated Q and K: (q + kv)/t more. Gemma 2's block
+    (fp32, CPU, autograd's saved tensors; tests/profiler) as counted, within the rotary angles
+    and the mask, which do not grow with the batch."""
     if RUNTIME_WORK[runtime].attention == "eager" or model.kind(layer) != BLOCK:
         return model.activation_floats(layer, tp)
-    norms = 2 * (3 if model.rms_norm else 2) * model.hidden
-    attention = (model.q_dim + 2 * model.kv_dim) + model.q_dim
+    pre = 3 if model.rms_norm else 2
+    norms = (2 * pre + (model.block_norms - 2) * (pre - 1)) * model.hidden
+    kv = model.q_dim if model.attn_softcap else model.kv_dim
+    attention = (model.q_dim + 2 * kv) + model.q_dim
     if model.qk_norm:  # the q and k norms' inputs and normalised values (rotary keeps none of its input)
         attention += 2 * (model.q_dim + model.kv_dim)
-    return norms + (attention + model._mlp_in() + model.ffn_hidden) / tp
+    if model.attn_softcap:
+        attention += (2 if DTYPE_BYTES[precision] == 4 else 4) * model.heads * model.seq_len
+    fused = model.gated_mlp and model.activation == "silu"
+    mlp = model._mlp_in() + (3 if model.gated_mlp and not fused else 1) * model.ffn_hidden
+    return norms + (attention + mlp) / tp
 
 
 def analytic_memory(model: ModelSpec, tp: int, precision: str, runtime: str = DEFAULT_RUNTIME) -> LayerMemory:
@@ -169,7 +184,7 @@ def analytic_memory(model: ModelSpec, tp: int, precision: str, runtime: str = DE
     layers = range(model.num_layers)
     return LayerMemory(
         tuple(model.params(layer, tp) for layer in layers),
-        tuple(b * s * activation_floats(model, layer, tp, runtime) for layer in layers),
+        tuple(b * s * activation_floats(model, layer, tp, runtime, precision) for layer in layers),
         tuple(b * s * model.output_floats(layer) for layer in layers),
     )
 
@@ -198,9 +213,10 @@ def estimate_profile(model: ModelSpec, gpu: GPUSpec, precision: str = "fp32",
 
 def same_work(model: ModelSpec, layer: int, runtime: str = DEFAULT_RUNTIME) -> tuple:
     """Layers with equal keys do the same work: one of each kind, and under fused attention a
-    windowed block apart from a causal one (eager attention computes the whole square either way)."""
+    windowed block apart from a causal one (eager attention, and capped attention, compute the
+    whole square either way)."""
     kind = model.kind(layer)
-    if kind != BLOCK or RUNTIME_WORK[runtime].attention == "eager":
+    if kind != BLOCK or RUNTIME_WORK[runtime].attention == "eager" or model.attn_softcap:
         return (kind,)
     return (kind, 0 < model.window(layer - 1) < model.seq_len)
 

@@ -39,6 +39,11 @@ operands of the linear layers:
              (+ 2h zeroing other ranks' tokens at TP > 1); bwd: scatter-adds 4h (+ 2h positions)
   RMSNorm    unfused in Megatron-DeepSpeed (pow, mean, rsqrt, two multiplies): 7h fwd, 14h bwd
   q/k norms  (Qwen3) two more norms over q and k: 7(q+kv)/t fwd, 14(q+kv)/t bwd as RMSNorms
+  Gemma      sandwich norms: two more norms over h per block; scaled embeddings: one multiply,
+             2h fwd and bwd; soft caps (divide, tanh, multiply): 6 S/t fwd, 7 S/t bwd on the
+             scores (tanh's backward reads its output), 6 V/t and 7 V/t on the logits, 3 kernels
+             each way. Our runtime computes capped scores in full (no fused kernel caps them),
+             so a block with an attention cap is counted as eager attention under "sdpa" too
 
 plus, once per microbatch, every weight read (fwd), and read with its
 gradient accumulated (bwd): params/t x dtype bytes [B] (x2 backward).
@@ -115,18 +120,21 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
         rope = 0.0 if model.learned_positions else 6.0 * (q + kv) / t * model.rotary_fraction
         gated = model.gated_mlp
         linear_io = 4 * h + (q + 2 * kv + q + f_in + f) / t
-        fwd = (2 * norm_f * h + 2 * 3 * h + linear_io + (4 if fused else 7) * scores / t
+        norms = model.block_norms
+        fwd = (norms * norm_f * h + 2 * 3 * h + linear_io + (4 if fused else 7) * scores / t
                + (3 if gated else 2) * f / t + 2 * q / t + rope)
-        bwd = (2 * (norm_b + 3) * h + 2 * linear_io + (7 if fused else 9) * scores / t
+        bwd = (norms * norm_b * h + 2 * 3 * h + 2 * linear_io + (7 if fused else 9) * scores / t
                + (5 if gated else 3) * f / t + 2 * q / t + rope)
-        k_f = 14 + (0 if fused else 1) + 2 * (norm_kf - 1) + (0 if model.learned_positions else 6) + 2 * gated
-        k_b = 30 + (0 if fused else 3) + 2 * (norm_kb - 2) + (0 if model.learned_positions else 12) + 4 * gated
+        k_f = 14 + (0 if fused else 1) + norms * norm_kf - 2 + (0 if model.learned_positions else 6) + 2 * gated
+        k_b = 30 + (0 if fused else 3) + norms * norm_kb - 4 + (0 if model.learned_positions else 12) + 4 * gated
         if model.qk_norm:  # two more norms, over q and k (q + kv values per token, split over TP)
             fwd, bwd = fwd + norm_f * (q + kv) / t, bwd + norm_b * (q + kv) / t
             k_f, k_b = k_f + 2 * norm_kf, k_b + 2 * norm_kb
+        if model.attn_softcap:
+            fwd, bwd, k_f, k_b = fwd + 6 * scores / t, bwd + 7 * scores / t, k_f + 3, k_b + 3
         flops = n * model.forward_flops(layer) / t
         bwd_flops = 2 * flops
-        if attention == "sdpa":
+        if attention == "sdpa" and not model.attn_softcap:
             square = n * 4.0 * model.seq_len * q / t  # [FLOP] QK^T and AV over the whole s x s
             causal = not 0 < model.window(layer - 1) < model.seq_len
             attn = square / 2 if causal else square
@@ -142,10 +150,11 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
         nf, nb, kf, kb = (norm_f, norm_b, norm_kf, norm_kb) if own_norm else (0.0, 0.0, 0, 0)
         weights = model.padded_vocab(t) // t * model.word_dim * d  # [B] the logit GEMM's, tied or not
         flops = n * model.forward_flops(layer) / t
-        fwd = n * ((nf * h + 3 * vocab) * d + 8 * vocab * CE_BYTES) + weights
-        bwd = n * ((nb * h + 2 * h + 4 * vocab) * d + 2 * vocab * CE_BYTES) + 2 * weights
-        return (Work(flops, fwd, 0.0, 12 + kf, 3 * n * CE_BYTES if t > 1 else 0.0, 3 * ar),
-                Work(2 * flops, bwd, 0.0, 8 + kb, comm, ar, True))
+        cap = 1 if model.logit_softcap else 0
+        fwd = n * ((nf * h + (3 + 6 * cap) * vocab) * d + 8 * vocab * CE_BYTES) + weights
+        bwd = n * ((nb * h + 2 * h + (4 + 7 * cap) * vocab) * d + 2 * vocab * CE_BYTES) + 2 * weights
+        return (Work(flops, fwd, 0.0, 12 + kf + 3 * cap, 3 * n * CE_BYTES if t > 1 else 0.0, 3 * ar),
+                Work(2 * flops, bwd, 0.0, 8 + kb + 3 * cap, comm, ar, True))
     if kind == FINAL_NORM:
         weights = model.params(layer, tp) * d
         return (Work(0.0, n * norm_f * h * d + weights, kernels=norm_kf),
@@ -153,7 +162,8 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
     assert kind == EMBEDDING
     projection = 2.0 * n * model.word_dim * h if model.projected else 0.0
     positions = model.learned_positions
-    fwd = (2 + 5 * positions + 2 + (2 if t > 1 else 0)) * h
-    bwd = (4 + 2 * positions) * h
-    return (Work(projection, n * fwd * d, 0.0, 2 + 2 * positions + (4 if t > 1 else 0), comm, ar),
-            Work(2 * projection, n * bwd * d, 0.0, 2 + 2 * positions, backward=True))
+    scaled = model.embedding_scale
+    fwd = (2 + 5 * positions + 2 + (2 if t > 1 else 0) + 2 * scaled) * h
+    bwd = (4 + 2 * positions + 2 * scaled) * h
+    return (Work(projection, n * fwd * d, 0.0, 2 + 2 * positions + (4 if t > 1 else 0) + scaled, comm, ar),
+            Work(2 * projection, n * bwd * d, 0.0, 2 + 2 * positions + scaled, backward=True))

@@ -51,7 +51,7 @@ class ModelSpec:
     """
 
     name: str
-    family: str  # opt | gpt2 | gpt-neo | gpt-neox | llama | phi3 (planner/specs/families)
+    family: str  # opt | gpt2 | gpt-neo | gpt-neox | llama | phi3 | gemma | gemma2 (planner/specs/families)
     hidden: int
     num_blocks: int
     heads: int
@@ -85,6 +85,12 @@ class ModelSpec:
     qk_norm: bool = False  # an RMSNorm over each head's q and k, before rotary positions (Qwen3)
     rotary_fraction: float = 1.0  # share of each head's dimensions that rotary positions rotate (partial rotary)
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX) instead of one after the other
+    norm_offset: bool = False  # RMSNorms scale by (1 + w), w kept and initialised at 0 (Gemma)
+    embedding_scale: bool = False  # word embeddings times sqrt(hidden), in the compute dtype (Gemma)
+    sandwich_norm: bool = False  # each sublayer's output is normalised too, before its residual add (Gemma 2, 3)
+    attn_softcap: float = 0.0  # attention scores c * tanh(scores / c) before the mask (Gemma 2); 0: none
+    logit_softcap: float = 0.0  # the same on the logits (Gemma 2); 0: none
+    local_rope_theta: float = 0.0  # rotary base of the windowed blocks, unscaled (Gemma 3); 0: as every block
     hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
@@ -104,7 +110,8 @@ class ModelSpec:
                 not 0 < self.rotary_fraction <= 1 or (not self.learned_positions and self.rotary_dim < 2):
             raise SailorError(f"model {self.name!r}: rotary_fraction must be above 0 and at most 1, rotating at "
                               f"least 2 of the {self.head_dim} dimensions of a head, not {short(self.rotary_fraction)}")
-        for field in ("norm_eps", "attention_scale", "rope_theta"):
+        for field in ("norm_eps", "attention_scale", "rope_theta", "attn_softcap", "logit_softcap",
+                      "local_rope_theta"):
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1e30:
                 raise SailorError(f"model {self.name!r}: {field} must be a finite number >= 0, not {short(value)}")
@@ -123,6 +130,12 @@ class ModelSpec:
         if self.qk_norm and not self.rms_norm:
             raise SailorError(f"model {self.name!r}: per-head q/k norms are RMSNorms; a model with them has "
                               "RMSNorms (rms_norm)")
+        if self.norm_offset and not self.rms_norm:
+            raise SailorError(f"model {self.name!r}: (1 + w) norms are RMSNorms; a model with them has RMSNorms "
+                              "(rms_norm)")
+        if self.sandwich_norm and (self.post_norm or self.parallel_residual):
+            raise SailorError(f"model {self.name!r}: a block normalises its sublayers' outputs (sandwich_norm) only "
+                              "with pre-norm sublayers one after the other (not post_norm or parallel_residual)")
         if self.windows and len(self.windows) != self.num_blocks:
             raise SailorError(f"model {self.name!r}: {len(self.windows)} attention windows for {self.num_blocks} "
                               "blocks")
@@ -224,6 +237,11 @@ class ModelSpec:
     def _norm_params(self) -> int:
         return self.hidden if self.rms_norm else 2 * self.hidden
 
+    @property
+    def block_norms(self) -> int:
+        """Norms over the hidden width in a block: before each sublayer, and after each with sandwich_norm."""
+        return 4 if self.sandwich_norm else 2
+
     def params(self, layer: int, tp: int = 1, padded: bool = True) -> int:
         """Parameters one GPU of a TP group holds for `layer` (padded=False: the
         vocabulary as the tokenizer has it, as transformers counts)."""
@@ -240,7 +258,7 @@ class ModelSpec:
                 return own_norm + projection  # the head reuses the embedding matrix
             return int(vocab * self.word_dim) + own_norm + projection
         # transformer block
-        sharded, replicated = self._block_matmul_weights(), 2 * self._norm_params()
+        sharded, replicated = self._block_matmul_weights(), self.block_norms * self._norm_params()
         if self.qk_norm:
             replicated += 2 * self.head_dim  # two RMSNorm weights, each shared by all heads of q (of k)
         if self.qkv_bias:
@@ -262,8 +280,9 @@ class ModelSpec:
         intermediate)/tp + heads*seq/tp (softmax probabilities; no flash
         attention), + (q + k)/tp with per-head q/k norms (their inputs). This
         reproduces Sailor's measured llm_info for OPT-350 at TP 1, 2, 4 and 8.
+        Sandwich norms add their inputs, 2h; a softcap keeps its tanh, heads*seq/tp.
         Head: the logits and their softmax, 2*V/tp, plus the final norm's
-        input. A projection keeps its input too (word_dim).
+        input (and the softcap's tanh, V/tp). A projection keeps its input too (word_dim).
         """
         h, kind = self.hidden, self.kind(layer)
         extra = self.word_dim if self.projected else 0
@@ -272,11 +291,13 @@ class ModelSpec:
         if kind == FINAL_NORM:
             return float(h)
         if kind == HEAD:
-            return 2.0 * self.padded_vocab(tp) / tp + 1.25 * h + extra
+            return (3.0 if self.logit_softcap else 2.0) * self.padded_vocab(tp) / tp + 1.25 * h + extra
         sharded = (self.q_dim + 2 * self.kv_dim) + self.q_dim + self._mlp_in() + self.heads * self.seq_len
         if self.qk_norm:
             sharded += self.q_dim + self.kv_dim  # the q and k norms' inputs
-        return 3.0 * h + sharded / tp
+        if self.attn_softcap:
+            sharded += self.heads * self.seq_len  # tanh's output, for its backward
+        return (3.0 + self.block_norms - 2) * h + sharded / tp
 
     def output_floats(self, layer: int) -> int:
         """Floats per token a layer hands to the next one (the p2p payload)."""
@@ -304,7 +325,8 @@ class ModelSpec:
         """The same model without what does not change a layer's time or memory (its name,
         norm epsilon, rotary base and scaling, padding token): two specs with equal
         architecture() have the same layers, so measured profiles of one apply to the other."""
-        return replace(self, name="", hf_model_type="", norm_eps=0.0, rope_theta=0.0, rope_scaling=(), pad_token=-1)
+        return replace(self, name="", hf_model_type="", norm_eps=0.0, rope_theta=0.0, rope_scaling=(), pad_token=-1,
+                       local_rope_theta=0.0)
 
 
 _SCALARS = {"int": int, "bool": bool, "float": (int, float), "str": str}  # field annotation -> JSON types it takes

@@ -38,6 +38,16 @@ def megatron_model_args(model) -> list[str]:
         refuse(f"attention scaled by {model.attention_scale:g} instead of 1/sqrt(head_dim)")
     if not model.final_norm:
         refuse("no norm before the head")
+    for present, what in ((model.parallel_residual, "attention and MLP side by side (parallel residual)"),
+                          (model.qk_norm, "per-head q/k norms"),
+                          (model.rotary_fraction < 1, f"rotary positions on {model.rotary_fraction:g} of each head"),
+                          (model.norm_offset, "norms that scale by (1 + w)"),
+                          (model.embedding_scale, "word embeddings scaled by sqrt(hidden)"),
+                          (model.sandwich_norm, "a norm on each sublayer's output (sandwich norms)"),
+                          (model.attn_softcap or model.logit_softcap, "soft caps on attention scores or logits"),
+                          (model.local_rope_theta, "a rotary base of its own on the windowed blocks")):
+        if present:
+            refuse(what)
     args = []
     if model.rms_norm:
         args.append("--normalization RMSNorm")

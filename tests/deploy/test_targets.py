@@ -275,6 +275,20 @@ def test_megatron_lm_args_follow_the_plans_model(tmp_path):
     # sailor's runtime takes what Megatron-LM cannot
     torchrun = launch(tmp_path, _with_model(tmp_path, HOMO, opt_350m), "--target", "torchrun")
     assert "-m sailor_ext.train --plan" in torchrun and "--train-iters 5" in torchrun
+    # a layer Megatron-LM's arguments would build differently is refused, never dropped
+    for name, cfg, what in (
+            ("gemma", {"model_type": "gemma"}, "norms that scale by (1 + w)"),
+            ("qwen3", {"model_type": "qwen3", "head_dim": 64}, "per-head q/k norms"),
+            ("pythia", {"model_type": "gpt_neox", "rotary_pct": 0.25, "use_parallel_residual": False},
+             "rotary positions on 0.25 of each head")):
+        model_dir = tmp_path / name
+        model_dir.mkdir()
+        plan = _with_model(model_dir, HOMO, {**llama, **cfg})
+        f.write_text(json.dumps(plan))
+        out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(f), "--target", "megatron-lm"],
+                             capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 2 and f"uses {what}, which stock Megatron-LM's arguments cannot express" in \
+            out.stderr, out.stderr
 
 
 @pytest.mark.skipif(shutil.which("hadolint") is None and not (Path(sys.executable).parent / "hadolint").exists(),

@@ -69,6 +69,30 @@ def test_fused_attention_does_half_the_causal_square_and_keeps_no_scores():
         layer_work(m, 1, 2, t, d, "flash")
 
 
+def test_gemma_work_counts_its_extra_ops():
+    """Gemma's layers against the same model without its touches: a capped block runs the whole square
+    under "sdpa" too (no fused kernel caps), with the cap's three passes over the scores; the sandwich
+    norms, the embedding scale and the logit cap add their traffic and kernels; the GEMMs stay."""
+    m = replace(get_model("opt-350m"), rms_norm=True, mlp_bias=False, qkv_bias=False, out_bias=False)
+    n, t, d = 2 * m.seq_len, 1, 2
+    scores = m.heads * m.seq_len
+    capped = replace(m, attn_softcap=50.0)
+    assert layer_work(capped, 1, 2, t, d, "sdpa")[0].gemm_flops == layer_work(m, 1, 2, t, d)[0].gemm_flops
+    (fe, be), (fc, bc) = layer_work(m, 1, 2, t, d), layer_work(capped, 1, 2, t, d, "sdpa")
+    assert (fc.bytes - fe.bytes, bc.block_bwd_bytes - be.block_bwd_bytes) == \
+        pytest.approx((n * d * 6 * scores, n * d * 7 * scores))
+    sandwich = replace(m, sandwich_norm=True)
+    two_norms = (n * 2 * 7 + 2) * m.hidden * d  # [B] 7h per token each as RMSNorms, and their weights
+    assert layer_work(sandwich, 1, 2, t, d)[0].bytes - fe.bytes == pytest.approx(two_norms)
+    assert sandwich.params(1) - m.params(1) == 2 * m.hidden
+    head = m.num_layers - 1
+    (hf, hb), (cf, cb) = layer_work(m, head, 2, t, d), layer_work(replace(m, logit_softcap=30.0), head, 2, t, d)
+    assert cb.bytes - hb.bytes == n * d * 7 * m.padded_vocab(1)
+    assert (cf.bytes - hf.bytes, cf.kernels - hf.kernels) == (n * d * 6 * m.padded_vocab(1), 3)
+    (ef, _), (sf, _) = layer_work(m, 0, 2, t, d), layer_work(replace(m, embedding_scale=True), 0, 2, t, d)
+    assert sf.bytes - ef.bytes == n * d * 2 * m.hidden
+
+
 def test_our_runtime_keeps_no_probabilities_and_steps_in_many_passes():
     from planner.profiles.estimate import RUNTIME_WORK, activation_floats, optimizer_s_per_param
     from planner.profiles.profile import RUNTIMES as PROFILE_RUNTIMES

@@ -61,6 +61,30 @@ PUBLISHED = {
                      "intermediate_size": 8192, "vocab_size": 50304, "max_position_embeddings": 2048,
                      "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": True,
                      "tie_word_embeddings": False, "layer_norm_eps": 1e-5, "hidden_act": "gelu"}, 1_414_647_808),
+    "gemma-2b": ({"model_type": "gemma", "hidden_size": 2048, "intermediate_size": 16384, "num_hidden_layers": 18,
+                  "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 256000,
+                  "max_position_embeddings": 8192, "hidden_act": "gelu", "rms_norm_eps": 1e-6,
+                  "rope_theta": 10000.0}, 2_506_172_416),
+    "gemma-7b": ({"model_type": "gemma", "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28,
+                  "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256, "vocab_size": 256000,
+                  "max_position_embeddings": 8192, "hidden_act": "gelu", "rms_norm_eps": 1e-6,
+                  "rope_theta": 10000.0}, 8_537_680_896),
+    "gemma-2-2b": ({"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
+                    "max_position_embeddings": 8192, "hidden_activation": "gelu_pytorch_tanh",
+                    "query_pre_attn_scalar": 256, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+                    "final_logit_softcapping": 30.0}, 2_614_341_888),
+    "gemma-2-27b": ({"model_type": "gemma2", "hidden_size": 4608, "intermediate_size": 36864, "num_hidden_layers": 46,
+                     "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128, "vocab_size": 256000,
+                     "max_position_embeddings": 8192, "hidden_activation": "gelu_pytorch_tanh",
+                     "query_pre_attn_scalar": 144, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+                     "final_logit_softcapping": 30.0}, 27_227_128_320),
+    "gemma-3-1b": ({"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912,
+                    "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+                    "vocab_size": 262144, "max_position_embeddings": 32768, "hidden_activation": "gelu_pytorch_tanh",
+                    "query_pre_attn_scalar": 256, "sliding_window": 512, "sliding_window_pattern": 6,
+                    "rope_theta": 1000000, "rope_local_base_freq": 10000, "rope_scaling": None,
+                    "attn_logit_softcapping": None, "final_logit_softcapping": None}, 999_885_952),
 }
 
 
@@ -186,3 +210,45 @@ def test_gpt_neox_details(tmp_path):
 def test_bad_gpt_neox_config_is_one_clear_error(tmp_path, change, needle):
     with pytest.raises(SailorError, match=needle):
         get_model(str(_write(tmp_path, {**PUBLISHED["pythia-160m"][0], **change})))
+
+
+def test_gemma_details(tmp_path):
+    gemma = get_model(str(_write(tmp_path, PUBLISHED["gemma-7b"][0])))
+    assert (gemma.family, gemma.activation, gemma.head_dim, gemma.q_dim) == ("gemma", "gelu_tanh", 256, 4096)
+    assert gemma.norm_offset and gemma.embedding_scale and gemma.tied_embeddings and not gemma.sandwich_norm
+    assert gemma.pad_token == 0  # transformers' default: the padding row is not trained
+    gemma2 = get_model(str(_write(tmp_path, PUBLISHED["gemma-2-27b"][0])))
+    assert gemma2.family == "gemma2" and gemma2.sandwich_norm and not gemma2.qk_norm
+    assert gemma2.windows[:4] == (4096, 0, 4096, 0)  # every other block, from the first
+    assert (gemma2.attn_softcap, gemma2.logit_softcap) == (50.0, 30.0)
+    assert gemma2.attention_scale == pytest.approx(144 ** -0.5)  # query_pre_attn_scalar, not head_dim 128
+    gemma3 = get_model(str(_write(tmp_path, PUBLISHED["gemma-3-1b"][0])))
+    assert gemma3.qk_norm and gemma3.sandwich_norm and (gemma3.attn_softcap, gemma3.logit_softcap) == (0, 0)
+    assert gemma3.windows[:6] == (512,) * 5 + (0,) and gemma3.attention_scale == 0
+    assert (gemma3.rope_theta, gemma3.local_rope_theta) == (1e6, 1e4)
+    # the 4B's linear scaling belongs to the full blocks only; transformers 5 writes it per layer type
+    scaled = dict(PUBLISHED["gemma-3-1b"][0], rope_scaling={"rope_type": "linear", "factor": 8.0})
+    assert dict(get_model(str(_write(tmp_path, scaled))).rope_scaling) == {"type": "linear", "factor": 8.0}
+    per_type = dict(PUBLISHED["gemma-3-1b"][0], rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}})
+    model = get_model(str(_write(tmp_path, per_type)))
+    assert (dict(model.rope_scaling), model.rope_theta, model.local_rope_theta) == \
+        ({"type": "linear", "factor": 8.0}, 1e6, 2e4)
+
+
+@pytest.mark.parametrize("name, change, needle", [
+    ("gemma-3-1b", {"model_type": "gemma3"}, "model_type 'gemma3' is not supported; it is a multimodal Gemma 3; "
+                                             "train its language model from a gemma3_text config"),
+    ("gemma-3-1b", {"use_bidirectional_attention": True}, "bidirectional attention .* is not supported"),
+    ("gemma-3-1b", {"rope_local_base_freq": 0}, "rope_local_base_freq must be a positive number, not 0"),
+    ("gemma-3-1b", {"rope_parameters": {"sliding_attention": {"rope_type": "yarn", "factor": 2.0}}},
+     "rope type 'yarn' of the sliding-window layers is not supported"),
+    ("gemma-2-2b", {"attn_logit_softcapping": -50}, "attn_logit_softcapping must be a positive number, not -50"),
+    ("gemma-2-2b", {"hidden_activation": "gelu_erf"}, "hidden_activation 'gelu_erf' is not supported"),
+    ("gemma-2-2b", {"query_pre_attn_scalar": 0}, "query_pre_attn_scalar must be a positive number, not 0"),
+    ("gemma-2-2b", {"layer_types": ["full_attention"]}, "layer_types must list .* for each of the 26 layers"),
+])
+def test_bad_gemma_config_is_one_clear_error(tmp_path, name, change, needle):
+    with pytest.raises(SailorError, match=needle):
+        get_model(str(_write(tmp_path, {**PUBLISHED[name][0], **change})))

@@ -69,6 +69,17 @@ def _small(kind: str):
         return transformers.GPTNeoXConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                           intermediate_size=96, rotary_pct=0.25, use_parallel_residual=True,
                                           bos_token_id=None, eos_token_id=None, **common)
+    if kind == "gemma":  # (1 + w) norms, scaled embeddings, GeGLU, heads wider than hidden / heads
+        return transformers.GemmaConfig(**llama, head_dim=24)
+    if kind == "gemma2":  # sandwich norms, soft caps small enough to bend, its own attention scale
+        return transformers.Gemma2Config(**llama, head_dim=16, query_pre_attn_scalar=12, sliding_window=8,
+                                         attn_logit_softcapping=1.5, final_logit_softcapping=2.0)
+    if kind == "gemma3":  # q/k norms, a rotary base per layer type, linear scaling on the full blocks only
+        return transformers.Gemma3TextConfig(**llama, head_dim=16, sliding_window=8,
+                                             layer_types=["sliding_attention", "full_attention"], rope_parameters={
+                                                 "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                    "rope_theta": 1e6},
+                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
     opt = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96, **common)
     if kind == "opt":
         return transformers.OPTConfig(**opt)
@@ -82,7 +93,8 @@ def _small(kind: str):
     raise ValueError(kind)
 
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "opt", "opt-350m", "gpt2",
+            "gpt_neo", "gpt_neox")
 
 
 def _hf_model(kind: str, directory):
@@ -205,15 +217,17 @@ def test_sharded_checkpoints_load_and_export(tmp_path):
         torch.testing.assert_close(loaded(tokens).logits, reference(tokens).logits, rtol=1e-5, atol=1e-6)
 
 
-def test_bf16_run_keeps_the_hf_weights_as_its_fp32_masters(tmp_path):
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_bf16_run_keeps_the_hf_weights_as_its_fp32_masters(kind, tmp_path):
     """--load-hf in a bf16 run: the fp32 Hugging Face weights become the masters as they are (the model
     computes with their bf16 rounding). With lr 0 one step leaves the masters unchanged, so the
     export gives back transformers' own tensors bitwise; the first loss is transformers' fp32 loss
-    within bf16's error (measured 6.1e-5 relative; tolerance 5e-4; see BF16_* in test_equivalence.py)."""
+    within bf16's error (measured 6.1e-5 relative for LLaMA, 1.4e-5 for Gemma 2; tolerance 5e-4; see BF16_* in
+    test_equivalence.py)."""
     from planner.specs.model import get_model
 
     hf_dir = tmp_path / "hf"
-    reference = _hf_model("llama", hf_dir)
+    reference = _hf_model(kind, hf_dir)
     spec = get_model(str(hf_dir), seq_len=SEQ)
     run = run_plan(tmp_path / "run", _plan(hf_dir, spec.num_layers), 6,
                    ["--load-hf", str(hf_dir), "--seq-length", str(SEQ), "--train-iters", "1", "--seed", "7", "--bf16",

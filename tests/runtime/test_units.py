@@ -237,3 +237,39 @@ def test_kernel_fusion_applies_where_the_model_has_the_layers(tmp_path):
     cp = compat.NO_CONTEXT_PARALLEL  # what megatron's SelfAttention passes in our stages
     assert torch.equal(_rotary(t, freqs, eager, cp_group=cp),
                        rope_utils.apply_rotary_pos_emb(t, freqs, eager, cp_group=cp))
+
+
+def test_capped_attention_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
+    """A Gemma 2 block (sandwich norms, GeGLU, capped attention, which runs as our own code on CPU
+    and CUDA alike): the tensors autograd saves, per sample, are what the planner's estimate counts
+    for our runtime (the rotary angles and the mask do not grow with the batch: two batch sizes)."""
+    import json
+
+    from sailor_ext.model import StageModel, StageSpec, init_from_seed
+    from planner.profiles.estimate import activation_floats
+
+    cfg = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300,
+           "max_position_embeddings": 64, "sliding_window": 8}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model = get_model(str(tmp_path / "config.json"), seq_len=32)
+    stage = StageModel(StageSpec(model, 1, 1, 1, 0, model.padded_vocab(1)), dist.group.WORLD, torch.device("cpu"))
+    init_from_seed(stage, seed=1)
+    weights = {p.untyped_storage().data_ptr() for p in stage.parameters()}
+    saved_bytes = {}
+    for batch in (1, 3):
+        x = torch.randn(model.seq_len, batch, model.hidden, requires_grad=True)
+        storages = {}
+
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in weights and ptr != x.untyped_storage().data_ptr():
+                storages[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            stage.run_layer(1, x)
+        saved_bytes[batch] = sum(storages.values())
+    per_token = (saved_bytes[3] - saved_bytes[1]) / 2 / model.seq_len / 4  # fp32 values
+    # the estimate counts the block's input with its first norm; here it is x, left out
+    assert per_token + model.hidden == pytest.approx(activation_floats(model, 1, 1, "sailor", "fp32"), rel=0.01)

@@ -1,7 +1,7 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
-One module per family (llama.py covers LLaMA, Mistral, Qwen2 and Qwen3; phi3.py, gpt_neox.py, opt.py,
-gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
+One module per family (llama.py covers LLaMA, Mistral, Qwen2 and Qwen3; gemma.py Gemma 1, 2 and 3;
+phi3.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -67,9 +67,10 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import gpt2, gpt_neo, gpt_neox, llama, opt, phi3
+    from planner.specs.families import gemma, gpt2, gpt_neo, gpt_neox, llama, opt, phi3
 
-    return {f.name: f for f in (llama.FAMILY, phi3.FAMILY, opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
+    return {f.name: f for f in (llama.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, opt.FAMILY, gpt2.FAMILY,
+                                gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -177,8 +178,9 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
     model_type = cfg.get("model_type")
     fam = next((f for f in _families().values() if model_type in f.hf_types), None)
     if fam is None:
-        raise SailorError(f"model config {p}: model_type {short(model_type)} is not supported; use one of "
-                          f"{', '.join(hf_types())}")
+        hint = _UNSUPPORTED.get(model_type) if isinstance(model_type, str) else None
+        raise SailorError(f"model config {p}: model_type {short(model_type)} is not supported; " +
+                          (hint or f"use one of {', '.join(hf_types())}"))
     name = cfg.get("_name_or_path")
     if not isinstance(name, str) or not name.strip():
         name = p.parent.name or p.stem
@@ -204,6 +206,10 @@ def to_hf_config(spec: ModelSpec) -> dict:
     return cfg
 
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+# model types close to a supported one, and what to do instead
+_UNSUPPORTED = {"gemma3": "it is a multimodal Gemma 3; train its language model from a gemma3_text config (its "
+                          "text_config with model_type gemma3_text)"}
+_ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                  "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                   "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
                   "opt": "OPTForCausalLM", "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM"}

@@ -61,13 +61,15 @@ def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
     if model_type == "llama" and layer_types is None:
         return ()
     if layer_types is None:
-        layer_types = ["sliding_attention"] * blocks if window is not None else []
-    if isinstance(layer_types, list) and "sliding_attention" not in layer_types:
-        return ()
+        if window is None:
+            return ()
+        layer_types = ["sliding_attention"] * blocks
     if not isinstance(layer_types, list) or len(layer_types) != blocks or \
             any(t not in ("sliding_attention", "full_attention") for t in layer_types):
         raise SailorError(f"model config {cfg.source}: layer_types must list full_attention or sliding_attention "
                           f"for each of the {blocks} layers")
+    if "sliding_attention" not in layer_types:
+        return ()
     width = cfg.int("sliding_window")
     return tuple(width if t == "sliding_attention" else 0 for t in layer_types)
 

@@ -1,0 +1,200 @@
+"""Gemma (model_type gemma) and Gemma 2 and 3 (gemma2, gemma3_text): LLaMA's blocks with Gemma's
+own touches.
+
+Every Gemma: RMSNorms that scale by (1 + w) and keep w (initialised at 0), word embeddings
+multiplied by sqrt(hidden) (the head, tied to them, is not), a gated tanh-GELU MLP (GeGLU),
+heads of 256 dimensions whatever hidden / heads is.
+
+Gemma 2 and 3 add a norm on each sublayer's output before its residual add (sandwich norms:
+post_attention_layernorm, then pre_ and post_feedforward_layernorm), a sliding window on some
+blocks (layer_types; by default every other block for Gemma 2, five in six for Gemma 3) and
+an attention scale of query_pre_attn_scalar^-1/2. Gemma 2 caps the attention scores and the
+logits, c * tanh(x / c). Gemma 3 normalises each head's q and k, and gives its windowed blocks
+their own rotary base (10,000, unscaled) while the full ones use rope_theta (1,000,000, linear
+scaling on the 4B and larger). The two layouts name the pre-MLP norm differently, so they are
+two families: `gemma` and `gemma2`.
+
+Refused: bidirectional attention (EmbeddingGemma). A multimodal Gemma 3 config (model_type gemma3)
+is not a causal language model's (planner/specs/families/__init__.py says what to do).
+"""
+from __future__ import annotations
+
+import math
+
+from planner.errors import SailorError
+from planner.inputs import FLOAT_MAX, short
+from planner.specs.families import ACTIVATION_TO_HF, ConfigReader, Family, WeightMap, WeightRule
+from planner.specs.families import llama
+from planner.specs.model import MAX_BLOCKS, ModelSpec
+
+HEAD_DIM = 256  # transformers' default for every Gemma
+GLOBAL_THETA, LOCAL_THETA = 1_000_000.0, 10_000.0  # Gemma 3's rotary bases when its config names none
+SLIDING_PATTERN = {"gemma2": 2, "gemma3_text": 6}  # every n-th block is full, the others windowed
+
+
+def _positive(cfg, key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= FLOAT_MAX:
+        raise SailorError(f"model config {cfg.source}: {key} must be a positive number, not {short(value)}")
+    return float(value)
+
+
+def _layer_types(cfg, model_type: str, blocks: int) -> ConfigReader:
+    """The config with transformers' default layer_types filled in where it has none."""
+    if model_type == "gemma" or cfg.cfg.get("layer_types") is not None:
+        return cfg
+    pattern = cfg.int("sliding_window_pattern", SLIDING_PATTERN[model_type]) if model_type == "gemma3_text" \
+        else SLIDING_PATTERN[model_type]
+    types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(blocks)]
+    return ConfigReader({"sliding_window": 4096, **cfg.cfg, "layer_types": types}, cfg.source)
+
+
+def _gemma3_rope(cfg) -> tuple[float, tuple, float]:
+    """(global theta, global scaling, local theta): rope_parameters per layer type (transformers 5),
+    or rope_theta, rope_scaling and rope_local_base_freq (the configs on the Hub)."""
+    params = cfg.cfg.get("rope_parameters")
+    if isinstance(params, dict) and ("full_attention" in params or "sliding_attention" in params):
+        full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+        if not isinstance(full, dict) or not isinstance(local, dict):
+            raise SailorError(f"model config {cfg.source}: rope_parameters must map each layer type to an object")
+        theta, scaling = llama._rope(ConfigReader({"rope_parameters": {"rope_theta": GLOBAL_THETA, **full}},
+                                                  cfg.source))
+        if local.get("rope_type", "default") != "default":
+            raise SailorError(f"model config {cfg.source}: rope type {short(local.get('rope_type'))} of the "
+                              "sliding-window layers is not supported; use default")
+        return theta, scaling, _positive(cfg, "rope_theta", local.get("rope_theta", LOCAL_THETA))
+    theta, scaling = llama._rope(ConfigReader({**cfg.cfg, "rope_theta": cfg.cfg.get("rope_theta", GLOBAL_THETA)},
+                                              cfg.source))
+    return theta, scaling, _positive(cfg, "rope_local_base_freq", cfg.cfg.get("rope_local_base_freq", LOCAL_THETA))
+
+
+def _cap(cfg, key: str, default: float | None) -> float:
+    value = cfg.cfg.get(key, default)
+    return 0.0 if value is None else _positive(cfg, key, value)
+
+
+def from_hf(cfg, model_type: str) -> dict:
+    if cfg.bool("use_bidirectional_attention", False):
+        raise SailorError(f"model config {cfg.source}: bidirectional attention (an embedding model) is not "
+                          "supported; sailor trains causal language models")
+    blocks = cfg.int("num_hidden_layers", hi=MAX_BLOCKS)
+    hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
+    head_dim = cfg.int("head_dim", HEAD_DIM)
+    if model_type == "gemma":  # transformers reads the legacy "gelu" of the released configs as tanh-GELU
+        act = cfg.str("hidden_act", "gelu_pytorch_tanh")
+        activation = "gelu_tanh" if act == "gelu" else cfg.activation("hidden_act", "gelu_pytorch_tanh")
+    else:
+        activation = cfg.activation("hidden_activation", "gelu_pytorch_tanh")
+    kv_heads = cfg.int("num_key_value_heads", heads)
+    fields = dict(
+        hidden=hidden, num_blocks=blocks, heads=heads, ffn_hidden=cfg.int("intermediate_size"),
+        vocab=cfg.int("vocab_size"), max_positions=cfg.int("max_position_embeddings"),
+        kv_heads=0 if kv_heads == heads else kv_heads, tied_embeddings=cfg.bool("tie_word_embeddings", True),
+        gated_mlp=True, rms_norm=True, norm_offset=True, embedding_scale=True, learned_positions=False,
+        qkv_bias=cfg.bool("attention_bias", False), out_bias=cfg.bool("attention_bias", False), mlp_bias=False,
+        separate_final_norm=True, head_dim_override=head_dim if head_dim * heads != hidden else 0,
+        activation=activation, norm_eps=cfg.float("rms_norm_eps", 1e-6), pad_token=cfg.pad_token(0),
+    )
+    if model_type == "gemma":
+        fields["rope_theta"], fields["rope_scaling"] = llama._rope(cfg)
+        return fields
+    scalar = cfg.float("query_pre_attn_scalar", HEAD_DIM)
+    fields.update(sandwich_norm=True, windows=llama._windows(_layer_types(cfg, model_type, blocks), model_type, blocks),
+                  attention_scale=0.0 if scalar == head_dim else scalar ** -0.5)
+    if model_type == "gemma2":
+        fields["rope_theta"], fields["rope_scaling"] = llama._rope(cfg)
+        fields.update(attn_softcap=_cap(cfg, "attn_logit_softcapping", 50.0),
+                      logit_softcap=_cap(cfg, "final_logit_softcapping", 30.0))
+        return fields
+    theta, scaling, local = _gemma3_rope(cfg)
+    fields.update(rope_theta=theta, rope_scaling=scaling, local_rope_theta=local, qk_norm=True,
+                  attn_softcap=_cap(cfg, "attn_logit_softcapping", None),
+                  logit_softcap=_cap(cfg, "final_logit_softcapping", None))
+    return fields
+
+
+def _model_type(spec: ModelSpec) -> str:
+    if spec.hf_model_type:
+        return spec.hf_model_type
+    if spec.family == "gemma":
+        return "gemma"
+    return "gemma3_text" if spec.qk_norm or spec.local_rope_theta else "gemma2"
+
+
+def to_hf(spec: ModelSpec) -> dict:
+    model_type = _model_type(spec)
+    fits = spec.rms_norm and spec.norm_offset and spec.embedding_scale and spec.gated_mlp and \
+        not spec.learned_positions and spec.qkv_bias == spec.out_bias and not spec.mlp_bias and \
+        not spec.projected and spec.separate_final_norm and spec.rotary_fraction == 1.0 and \
+        spec.sandwich_norm == (model_type != "gemma") and spec.qk_norm == (model_type == "gemma3_text") and \
+        (model_type == "gemma3_text" or not spec.local_rope_theta) and \
+        (model_type != "gemma" or not (spec.windows or spec.attention_scale or spec.attn_softcap or
+                                       spec.logit_softcap))
+    if not fits:
+        raise SailorError(f"{spec.name} cannot be written as a {model_type} config: its layers differ from "
+                          f"{model_type}'s")
+    cfg = {
+        "model_type": model_type, "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
+        "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups,
+        "head_dim": spec.head_dim, "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab,
+        "max_position_embeddings": spec.context_length, "rms_norm_eps": spec.norm_eps,
+        "attention_bias": spec.qkv_bias, "tie_word_embeddings": spec.tied_embeddings,
+        "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
+    }
+    rope = {"rope_type": "default", "rope_theta": spec.rope_theta, **dict(spec.rope_scaling)}
+    if "type" in rope:
+        rope["rope_type"] = rope.pop("type")
+    if model_type == "gemma":
+        return {**cfg, "hidden_act": "gelu_pytorch_tanh" if spec.activation == "gelu_tanh" else
+                ACTIVATION_TO_HF[spec.activation], "rope_parameters": rope}
+    windows = {w for w in spec.windows if w}
+    if len(windows) > 1:
+        raise SailorError(f"{spec.name}: {model_type}'s config has one sliding window, not {sorted(windows)}")
+    scalar = spec.head_dim if not spec.attention_scale else spec.attention_scale ** -2
+    if not math.isclose(scalar, round(scalar), rel_tol=1e-9):
+        raise SailorError(f"{spec.name}: {model_type}'s config takes the attention scale as an integer "
+                          f"query_pre_attn_scalar, not {scalar:g}")
+    cfg.update({
+        "hidden_activation": "gelu_pytorch_tanh" if spec.activation == "gelu_tanh" else
+        ACTIVATION_TO_HF[spec.activation],
+        "query_pre_attn_scalar": round(scalar), "sliding_window": windows.pop() if windows else None,
+        "layer_types": ["sliding_attention" if spec.window(b) else "full_attention" for b in range(spec.num_blocks)],
+        "attn_logit_softcapping": spec.attn_softcap or None, "final_logit_softcapping": spec.logit_softcap or None,
+    })
+    if model_type == "gemma2":
+        return {**cfg, "rope_parameters": rope}
+    local = {"rope_type": "default", "rope_theta": spec.local_rope_theta or spec.rope_theta}
+    return {**cfg, "rope_parameters": {"full_attention": rope, "sliding_attention": local}}
+
+
+def _weights(sandwich: bool) -> WeightMap:
+    layer = "model.layers.{i}."
+    attention = layer + "self_attn."
+    pre_mlp = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
+    block = [
+        WeightRule("input_layernorm.weight", (layer + "input_layernorm.weight",)),
+        WeightRule("self_attention.linear_qkv.weight", tuple(attention + f"{p}_proj.weight" for p in "qkv"), "qkv"),
+        WeightRule("self_attention.linear_qkv.bias", tuple(attention + f"{p}_proj.bias" for p in "qkv"), "qkv"),
+        WeightRule("self_attention.linear_proj.weight", (attention + "o_proj.weight",)),
+        WeightRule("self_attention.linear_proj.bias", (attention + "o_proj.bias",)),
+        WeightRule("pre_mlp_layernorm.weight", (layer + pre_mlp + ".weight",)),
+        WeightRule("mlp.linear_fc1.weight", (layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"),
+                   "gate_up"),
+        WeightRule("mlp.linear_fc2.weight", (layer + "mlp.down_proj.weight",)),
+    ]
+    if sandwich:
+        block += [
+            WeightRule("post_attention_layernorm.weight", (layer + "post_attention_layernorm.weight",)),
+            WeightRule("post_mlp_layernorm.weight", (layer + "post_feedforward_layernorm.weight",)),
+            WeightRule("self_attention.q_layernorm.weight", (attention + "q_norm.weight",)),
+            WeightRule("self_attention.k_layernorm.weight", (attention + "k_norm.weight",)),
+        ]
+    return WeightMap(
+        embedding=(WeightRule("word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),),
+        block=tuple(block),
+        final_norm=(WeightRule("final_layernorm.weight", ("model.norm.weight",)),),
+        head=(WeightRule("output_layer.weight", ("lm_head.weight",), "vocab"),),
+    )
+
+
+FAMILY = Family("gemma", ("gemma",), from_hf, to_hf, _weights(sandwich=False))
+FAMILY2 = Family("gemma2", ("gemma2", "gemma3_text"), from_hf, to_hf, _weights(sandwich=True))
