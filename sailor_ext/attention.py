@@ -77,14 +77,21 @@ def inverse_frequencies(model: ModelSpec, local: bool = False) -> torch.Tensor:
     rest). LLaMA 3.1's scaling (rope type llama3) keeps wavelengths shorter than
     original_context/high_freq_factor, divides those longer than
     original_context/low_freq_factor by `factor`, and interpolates smoothly in
-    between; linear scaling divides all by `factor`. local: Gemma 3's windowed blocks, with their
-    own base (local_rope_theta) and no scaling.
+    between; linear scaling divides all by `factor`; LongRoPE divides each by its own factor,
+    the long ones when the training sequence is longer than the original context, else the
+    short ones (its attention factor scales cos and sin: rotary_mscale). local: Gemma 3's
+    windowed blocks, with their own base (local_rope_theta) and no scaling.
     """
     d = model.rotary_dim  # (head_dim unless only a share of each head rotates)
     theta = model.local_rope_theta if local else model.rope_theta
     inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     scaling = {} if local else dict(model.rope_scaling)
     kind = scaling.get("type")
+    if kind == "longrope":  # 1 / (factor_i * theta^(2i/d)), in that order, as transformers computes it
+        factors = scaling["long_factor"] if model.seq_len > scaling["original_max_position_embeddings"] \
+            else scaling["short_factor"]
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) *
+                      theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     if kind == "linear":
         return inv_freq / scaling["factor"]
     if kind == "llama3":
@@ -97,6 +104,11 @@ def inverse_frequencies(model: ModelSpec, local: bool = False) -> torch.Tensor:
         medium = (wavelength >= context / high) & (wavelength <= context / low)
         return torch.where(medium, smoothed, scaled)
     return inv_freq
+
+
+def rotary_mscale(model: ModelSpec) -> float:
+    """The factor on cos and sin of the rotary positions: LongRoPE's attention factor, else 1."""
+    return float(dict(model.rope_scaling).get("attention_factor", 1.0))
 
 
 def rotary_embedding(model: ModelSpec, seq_len: int, device: torch.device, local: bool = False) -> torch.Tensor:

@@ -63,7 +63,7 @@ from megatron.core.transformer.mlp import MLP, MLPSubmodules  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 from planner.specs.model import BLOCK, EMBEDDING, FINAL_NORM, ModelSpec  # noqa: E402
-from sailor_ext.attention import FusedCoreAttention, rotary_embedding, window_mask  # noqa: E402
+from sailor_ext.attention import FusedCoreAttention, rotary_embedding, rotary_mscale, window_mask  # noqa: E402
 from sailor_ext.sharding import ParamShard  # noqa: E402
 
 INIT_STD = 0.02
@@ -155,6 +155,7 @@ def transformer_config(model: ModelSpec, tp: int, fusion: KernelFusion = KernelF
     )
     config.sailor_rope_fusion = fusion.rope  # read by _rotary below (megatron's own flag wants Transformer Engine)
     config.sailor_attn_softcap = model.attn_softcap  # read by FusedCoreAttention
+    config.sailor_rope_mscale = rotary_mscale(model)  # read by _rotary
     return config
 
 
@@ -165,7 +166,9 @@ def _compiled_rotary():
 
 def _rotary(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None):
     """megatron's apply_rotary_pos_emb, compiled for stages whose config asks (packed sequences,
-    interleaved and latent-attention layouts go to megatron's function as they are)."""
+    interleaved and latent-attention layouts go to megatron's function as they are), with cos and
+    sin scaled by the model's factor (LongRoPE's; megatron's own is YaRN's)."""
+    mscale = mscale * getattr(config, "sailor_rope_mscale", 1.0)
     if (getattr(config, "sailor_rope_fusion", False) and cu_seqlens is None and not config.rotary_interleaved
             and not config.multi_latent_attention):
         return _compiled_rotary()(t, freqs, mscale=mscale)
@@ -246,8 +249,8 @@ class Embedding(nn.Module):
         x = self.word_embeddings(tokens)
         if self.model.pad_token >= 0:  # Hugging Face's padding_idx: the row is used, never trained
             x = torch.where((tokens == self.model.pad_token).unsqueeze(-1), x.detach(), x)
-        if self.model.embedding_scale:  # sqrt(hidden) rounded to the compute dtype, as transformers' Gemma
-            x = x * torch.tensor(self.model.hidden ** 0.5, dtype=x.dtype).item()
+        if self.model.embedding_multiplier != 1:  # rounded to the compute dtype, as transformers' Gemma
+            x = x * torch.tensor(self.model.embedding_multiplier, dtype=x.dtype).item()
         if self.model.projected:
             x = self.project_in(x)
         if self.model.learned_positions:
@@ -260,12 +263,13 @@ class Block(nn.Module):
     """Self-attention and MLP, each in a residual: x + f(norm(x)), or with
     post-norm (OPT-350m) norm(x + f(x)), or side by side (GPT-NeoX's parallel
     residual) x + attn(norm1(x)) + mlp(norm2(x)), or with sandwich norms
-    (Gemma 2, 3) x + norm2(f(norm1(x)))."""
+    (Gemma 2, 3) x + norm2(f(norm1(x))); Granite scales each branch, x + m * f(norm(x))."""
 
     def __init__(self, spec: StageSpec, config: TransformerConfig, pg: ProcessGroupCollection, layer_number: int):
         super().__init__()
         model = spec.model
         self.post_norm, self.parallel_residual = model.post_norm, model.parallel_residual
+        self.residual_multiplier = model.residual_multiplier
         self.input_layernorm = norm(model, model.hidden)
         head_norm = (HeadOffsetRMSNorm if model.norm_offset else HeadRMSNorm) if model.qk_norm else None
         attention = SelfAttentionSubmodules(
@@ -286,16 +290,21 @@ class Block(nn.Module):
         out, bias = self.self_attention(h, attention_mask=mask, rotary_pos_emb=rotary)
         if self.parallel_residual:  # the MLP reads the block's input too, not the attention's output
             mlp, mlp_bias = self.mlp(self.pre_mlp_layernorm(x))
-            return x + (out if bias is None else out + bias) + (mlp if mlp_bias is None else mlp + mlp_bias)
-        out = out if bias is None else out + bias
-        x = x + (self.post_attention_layernorm(out) if hasattr(self, "post_attention_layernorm") else out)
+            return x + self._branch(out if bias is None else out + bias) + \
+                self._branch(mlp if mlp_bias is None else mlp + mlp_bias)
+        x = x + self._branch(out if bias is None else out + bias, "post_attention_layernorm")
         if self.post_norm:
             x = self.input_layernorm(x)
         h = x if self.post_norm else self.pre_mlp_layernorm(x)
         out, bias = self.mlp(h)
-        out = out if bias is None else out + bias
-        x = x + (self.post_mlp_layernorm(out) if hasattr(self, "post_mlp_layernorm") else out)
+        x = x + self._branch(out if bias is None else out + bias, "post_mlp_layernorm")
         return self.pre_mlp_layernorm(x) if self.post_norm else x
+
+    def _branch(self, out: torch.Tensor, post_norm: str | None = None) -> torch.Tensor:
+        """A sublayer's output as the residual adds it: normalised (sandwich norms), scaled (Granite)."""
+        if post_norm is not None and hasattr(self, post_norm):
+            out = getattr(self, post_norm)(out)
+        return out * self.residual_multiplier if self.residual_multiplier != 1 else out
 
 
 class FinalNorm(nn.Module):
@@ -333,6 +342,8 @@ class Head(nn.Module):
         if self.model.projected:
             hidden = self.project_out(hidden)
         logits, _ = self.output_layer(hidden, weight=embedding_weight)
+        if self.model.logits_divisor != 1:
+            logits = logits / self.model.logits_divisor
         if self.model.logit_softcap:
             cap = self.model.logit_softcap
             logits = torch.tanh(logits / cap) * cap

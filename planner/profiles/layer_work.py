@@ -39,8 +39,10 @@ operands of the linear layers:
              (+ 2h zeroing other ranks' tokens at TP > 1); bwd: scatter-adds 4h (+ 2h positions)
   RMSNorm    unfused in Megatron-DeepSpeed (pow, mean, rsqrt, two multiplies): 7h fwd, 14h bwd
   q/k norms  (Qwen3) two more norms over q and k: 7(q+kv)/t fwd, 14(q+kv)/t bwd as RMSNorms
-  Gemma      sandwich norms: two more norms over h per block; scaled embeddings: one multiply,
-             2h fwd and bwd; soft caps (divide, tanh, multiply): 6 S/t fwd, 7 S/t bwd on the
+  Granite    the residual multiplier: one multiply per sublayer, 2 x 2h fwd and bwd; the logits
+             divisor: 2 V/t fwd and bwd; one kernel each
+  Gemma      sandwich norms: two more norms over h per block; scaled embeddings (Granite's
+             too): one multiply, 2h fwd and bwd; soft caps (divide, tanh, multiply): 6 S/t fwd, 7 S/t bwd on the
              scores (tanh's backward reads its output), 6 V/t and 7 V/t on the logits, 3 kernels
              each way. Our runtime computes capped scores in full (no fused kernel caps them),
              so a block with an attention cap is counted as eager attention under "sdpa" too
@@ -132,6 +134,8 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
             k_f, k_b = k_f + 2 * norm_kf, k_b + 2 * norm_kb
         if model.attn_softcap:
             fwd, bwd, k_f, k_b = fwd + 6 * scores / t, bwd + 7 * scores / t, k_f + 3, k_b + 3
+        if model.residual_multiplier != 1:
+            fwd, bwd, k_f, k_b = fwd + 4 * h, bwd + 4 * h, k_f + 2, k_b + 2
         flops = n * model.forward_flops(layer) / t
         bwd_flops = 2 * flops
         if attention == "sdpa" and not model.attn_softcap:
@@ -150,11 +154,11 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
         nf, nb, kf, kb = (norm_f, norm_b, norm_kf, norm_kb) if own_norm else (0.0, 0.0, 0, 0)
         weights = model.padded_vocab(t) // t * model.word_dim * d  # [B] the logit GEMM's, tied or not
         flops = n * model.forward_flops(layer) / t
-        cap = 1 if model.logit_softcap else 0
-        fwd = n * ((nf * h + (3 + 6 * cap) * vocab) * d + 8 * vocab * CE_BYTES) + weights
-        bwd = n * ((nb * h + 2 * h + (4 + 7 * cap) * vocab) * d + 2 * vocab * CE_BYTES) + 2 * weights
-        return (Work(flops, fwd, 0.0, 12 + kf + 3 * cap, 3 * n * CE_BYTES if t > 1 else 0.0, 3 * ar),
-                Work(2 * flops, bwd, 0.0, 8 + kb + 3 * cap, comm, ar, True))
+        cap, div = (1 if model.logit_softcap else 0), (1 if model.logits_divisor != 1 else 0)
+        fwd = n * ((nf * h + (3 + 6 * cap + 2 * div) * vocab) * d + 8 * vocab * CE_BYTES) + weights
+        bwd = n * ((nb * h + 2 * h + (4 + 7 * cap + 2 * div) * vocab) * d + 2 * vocab * CE_BYTES) + 2 * weights
+        return (Work(flops, fwd, 0.0, 12 + kf + 3 * cap + div, 3 * n * CE_BYTES if t > 1 else 0.0, 3 * ar),
+                Work(2 * flops, bwd, 0.0, 8 + kb + 3 * cap + div, comm, ar, True))
     if kind == FINAL_NORM:
         weights = model.params(layer, tp) * d
         return (Work(0.0, n * norm_f * h * d + weights, kernels=norm_kf),
@@ -162,7 +166,7 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
     assert kind == EMBEDDING
     projection = 2.0 * n * model.word_dim * h if model.projected else 0.0
     positions = model.learned_positions
-    scaled = model.embedding_scale
+    scaled = model.embedding_multiplier != 1
     fwd = (2 + 5 * positions + 2 + (2 if t > 1 else 0) + 2 * scaled) * h
     bwd = (4 + 2 * positions + 2 * scaled) * h
     return (Work(projection, n * fwd * d, 0.0, 2 + 2 * positions + (4 if t > 1 else 0) + scaled, comm, ar),

@@ -51,7 +51,7 @@ class ModelSpec:
     """
 
     name: str
-    family: str  # opt | gpt2 | gpt-neo | gpt-neox | llama | phi3 | gemma | gemma2 (planner/specs/families)
+    family: str  # opt | gpt2 | gpt-neo | gpt-neox | llama | phi3 | gemma | gemma2 | starcoder2 (specs/families)
     hidden: int
     num_blocks: int
     heads: int
@@ -80,17 +80,20 @@ class ModelSpec:
     attention_scale: float = 0.0  # 0: 1/sqrt(head_dim); GPT-Neo uses 1
     windows: tuple[int, ...] = ()  # per block: 0 = full causal attention, w = the last w tokens only
     rope_theta: float = 10000.0
-    rope_scaling: tuple[tuple[str, float | str], ...] = ()  # e.g. (("type", "llama3"), ("factor", 8.0), ...)
+    # e.g. (("type", "llama3"), ("factor", 8.0), ...); LongRoPE's factors are tuples, one per rotated pair
+    rope_scaling: tuple[tuple[str, float | str | tuple[float, ...]], ...] = ()
     pad_token: int = -1  # the token whose embedding row gets no gradient (Hugging Face's padding_idx); -1: none
     qk_norm: bool = False  # an RMSNorm over each head's q and k, before rotary positions (Qwen3)
     rotary_fraction: float = 1.0  # share of each head's dimensions that rotary positions rotate (partial rotary)
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX) instead of one after the other
     norm_offset: bool = False  # RMSNorms scale by (1 + w), w kept and initialised at 0 (Gemma)
-    embedding_scale: bool = False  # word embeddings times sqrt(hidden), in the compute dtype (Gemma)
+    embedding_multiplier: float = 1.0  # word embeddings times it, rounded to the compute dtype (Gemma: sqrt(hidden))
     sandwich_norm: bool = False  # each sublayer's output is normalised too, before its residual add (Gemma 2, 3)
     attn_softcap: float = 0.0  # attention scores c * tanh(scores / c) before the mask (Gemma 2); 0: none
     logit_softcap: float = 0.0  # the same on the logits (Gemma 2); 0: none
     local_rope_theta: float = 0.0  # rotary base of the windowed blocks, unscaled (Gemma 3); 0: as every block
+    residual_multiplier: float = 1.0  # x + m * f(x): each sublayer's output scaled before its residual add (Granite)
+    logits_divisor: float = 1.0  # the logits divided by it (Granite's logits_scaling)
     hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
@@ -130,12 +133,22 @@ class ModelSpec:
         if self.qk_norm and not self.rms_norm:
             raise SailorError(f"model {self.name!r}: per-head q/k norms are RMSNorms; a model with them has "
                               "RMSNorms (rms_norm)")
+        for field in ("embedding_multiplier", "residual_multiplier", "logits_divisor"):
+            value = getattr(self, field)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1e30:
+                raise SailorError(f"model {self.name!r}: {field} must be a positive finite number, not {short(value)}")
         if self.norm_offset and not self.rms_norm:
             raise SailorError(f"model {self.name!r}: (1 + w) norms are RMSNorms; a model with them has RMSNorms "
                               "(rms_norm)")
         if self.sandwich_norm and (self.post_norm or self.parallel_residual):
             raise SailorError(f"model {self.name!r}: a block normalises its sublayers' outputs (sandwich_norm) only "
                               "with pre-norm sublayers one after the other (not post_norm or parallel_residual)")
+        scaling = dict(self.rope_scaling)
+        if scaling.get("type") == "longrope" and not all(
+                isinstance(scaling.get(k), tuple) and len(scaling[k]) == self.rotary_dim // 2
+                for k in ("short_factor", "long_factor")):
+            raise SailorError(f"model {self.name!r}: rope short_factor and long_factor must have one factor per "
+                              f"rotated pair of head dimensions, {self.rotary_dim // 2}")
         if self.windows and len(self.windows) != self.num_blocks:
             raise SailorError(f"model {self.name!r}: {len(self.windows)} attention windows for {self.num_blocks} "
                               "blocks")
@@ -362,12 +375,16 @@ def model_from_dict(d: dict, source: str = "model description") -> ModelSpec:
                 raise ValueError(f"windows must be a list, not {short(d['windows'])}")
             d["windows"] = tuple(d["windows"])
         if "rope_scaling" in d:
+            def number(v) -> bool:
+                return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= FLOAT_MAX
+
             if not isinstance(d["rope_scaling"], dict) or not all(
-                    isinstance(v, str) or (isinstance(v, (int, float)) and not isinstance(v, bool) and
-                                           abs(v) <= FLOAT_MAX) for v in d["rope_scaling"].values()):
-                raise ValueError("rope_scaling must be an object of names and numbers, not "
+                    isinstance(v, str) or number(v) or (isinstance(v, list) and all(number(x) for x in v))
+                    for v in d["rope_scaling"].values()):
+                raise ValueError("rope_scaling must be an object of names, numbers and lists of numbers, not "
                                  f"{short(d['rope_scaling'])}")
-            d["rope_scaling"] = tuple(sorted(d["rope_scaling"].items()))
+            d["rope_scaling"] = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                             for k, v in d["rope_scaling"].items()))
         return ModelSpec(**d)
     except SailorError as e:  # a field out of range: say which file holds it
         raise SailorError(f"{source}: {e}") from None

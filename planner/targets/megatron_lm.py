@@ -42,7 +42,11 @@ def megatron_model_args(model) -> list[str]:
                           (model.qk_norm, "per-head q/k norms"),
                           (model.rotary_fraction < 1, f"rotary positions on {model.rotary_fraction:g} of each head"),
                           (model.norm_offset, "norms that scale by (1 + w)"),
-                          (model.embedding_scale, "word embeddings scaled by sqrt(hidden)"),
+                          (model.embedding_multiplier != 1,
+                           f"word embeddings scaled by {model.embedding_multiplier:g}"),
+                          (model.residual_multiplier != 1,
+                           f"residual branches scaled by {model.residual_multiplier:g}"),
+                          (model.logits_divisor != 1, f"logits divided by {model.logits_divisor:g}"),
                           (model.sandwich_norm, "a norm on each sublayer's output (sandwich norms)"),
                           (model.attn_softcap or model.logit_softcap, "soft caps on attention scores or logits"),
                           (model.local_rope_theta, "a rotary base of its own on the windowed blocks")):
@@ -68,7 +72,7 @@ def megatron_model_args(model) -> list[str]:
                                                   scaling["original_max_position_embeddings"]) == (1, 4, 8192):
             args += ["--use-rope-scaling", f"--rotary-scaling-factor {scaling['factor']:g}"]
         elif scaling:
-            refuse(f"rotary scaling {scaling}")
+            refuse(f"rotary scaling {scaling['type']}")
     if model.num_query_groups != model.heads:
         args += ["--group-query-attention", f"--num-query-groups {model.num_query_groups}"]
     if model.head_dim_override:

@@ -69,10 +69,11 @@ def test_fused_attention_does_half_the_causal_square_and_keeps_no_scores():
         layer_work(m, 1, 2, t, d, "flash")
 
 
-def test_gemma_work_counts_its_extra_ops():
-    """Gemma's layers against the same model without its touches: a capped block runs the whole square
-    under "sdpa" too (no fused kernel caps), with the cap's three passes over the scores; the sandwich
-    norms, the embedding scale and the logit cap add their traffic and kernels; the GEMMs stay."""
+def test_gemma_and_granite_work_counts_their_extra_ops():
+    """Gemma's and Granite's layers against the same model without their touches: a capped block runs
+    the whole square under "sdpa" too (no fused kernel caps), with the cap's three passes over the
+    scores; the sandwich norms, the embedding multiplier, the logit cap, the residual multiplier and
+    the logits divisor add their traffic and kernels; the GEMMs stay."""
     m = replace(get_model("opt-350m"), rms_norm=True, mlp_bias=False, qkv_bias=False, out_bias=False)
     n, t, d = 2 * m.seq_len, 1, 2
     scores = m.heads * m.seq_len
@@ -89,8 +90,11 @@ def test_gemma_work_counts_its_extra_ops():
     (hf, hb), (cf, cb) = layer_work(m, head, 2, t, d), layer_work(replace(m, logit_softcap=30.0), head, 2, t, d)
     assert cb.bytes - hb.bytes == n * d * 7 * m.padded_vocab(1)
     assert (cf.bytes - hf.bytes, cf.kernels - hf.kernels) == (n * d * 6 * m.padded_vocab(1), 3)
-    (ef, _), (sf, _) = layer_work(m, 0, 2, t, d), layer_work(replace(m, embedding_scale=True), 0, 2, t, d)
+    (ef, _), (sf, _) = layer_work(m, 0, 2, t, d), layer_work(replace(m, embedding_multiplier=32.0), 0, 2, t, d)
     assert sf.bytes - ef.bytes == n * d * 2 * m.hidden
+    granite = replace(m, residual_multiplier=0.22, logits_divisor=8.0)
+    assert layer_work(granite, 1, 2, t, d)[0].bytes - fe.bytes == n * d * 4 * m.hidden  # two branches scaled
+    assert layer_work(granite, head, 2, t, d)[0].bytes - hf.bytes == n * d * 2 * m.padded_vocab(1)
 
 
 def test_our_runtime_keeps_no_probabilities_and_steps_in_many_passes():

@@ -7,6 +7,7 @@ checked live below where transformers is installed).
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -48,6 +49,13 @@ PUBLISHED = {
                        "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
                        "sliding_window": 2047, "rope_theta": 10000.0, "rope_scaling": None,
                        "tie_word_embeddings": False, "pad_token_id": 32000}, 3_821_079_552),
+    # LongRoPE (the factor values stand in for the published ones: they do not change the size)
+    "Phi-3.5-mini": ({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+                      "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+                      "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+                      "sliding_window": 262144, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                      "pad_token_id": 32000, "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48,
+                                                              "long_factor": [2.0] * 48}}, 3_821_079_552),
     "phi-4": ({"model_type": "phi3", "hidden_size": 5120, "intermediate_size": 17920, "num_hidden_layers": 40,
                "num_attention_heads": 40, "num_key_value_heads": 10, "vocab_size": 100352,
                "max_position_embeddings": 16384, "original_max_position_embeddings": 16384, "rope_theta": 250000,
@@ -61,6 +69,16 @@ PUBLISHED = {
                      "intermediate_size": 8192, "vocab_size": 50304, "max_position_embeddings": 2048,
                      "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": True,
                      "tie_word_embeddings": False, "layer_norm_eps": 1e-5, "hidden_act": "gelu"}, 1_414_647_808),
+    "starcoder2-3b": ({"model_type": "starcoder2", "hidden_size": 3072, "intermediate_size": 12288,
+                       "num_hidden_layers": 30, "num_attention_heads": 24, "num_key_value_heads": 2,
+                       "vocab_size": 49152,
+                       "max_position_embeddings": 16384, "sliding_window": 4096, "rope_theta": 999999.4420358813,
+                       "norm_epsilon": 1e-5, "use_bias": True, "hidden_act": "gelu_pytorch_tanh"}, 3_030_371_328),
+    "starcoder2-15b": ({"model_type": "starcoder2", "hidden_size": 6144, "intermediate_size": 24576,
+                        "num_hidden_layers": 40, "num_attention_heads": 48, "num_key_value_heads": 4,
+                        "vocab_size": 49152, "max_position_embeddings": 16384, "sliding_window": 4096,
+                        "rope_theta": 100000, "norm_epsilon": 1e-5, "use_bias": True,
+                        "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": False}, 15_957_889_024),
     "gemma-2b": ({"model_type": "gemma", "hidden_size": 2048, "intermediate_size": 16384, "num_hidden_layers": 18,
                   "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 256000,
                   "max_position_embeddings": 8192, "hidden_act": "gelu", "rms_norm_eps": 1e-6,
@@ -177,13 +195,41 @@ def test_phi3_details(tmp_path):
     assert get_model(str(_write(tmp_path, dict(PUBLISHED["phi-4"][0], partial_rotary_factor=0.5)))).rotary_dim == 64
 
 
+def test_longrope_details(tmp_path):
+    cfg = PUBLISHED["Phi-3.5-mini"][0]
+    model = get_model(str(_write(tmp_path, cfg)))
+    scaling = dict(model.rope_scaling)
+    assert scaling["type"] == "longrope" and scaling["original_max_position_embeddings"] == 4096
+    assert scaling["attention_factor"] == pytest.approx((1 + math.log(32) / math.log(4096)) ** 0.5)  # 131072 / 4096
+    assert scaling["short_factor"] == (1.0,) * 48 and scaling["long_factor"] == (2.0,) * 48
+    # set by the config; Phi-3's early names for the type
+    given = {**cfg, "rope_scaling": {**cfg["rope_scaling"], "type": "su", "attention_factor": 1.5}}
+    assert dict(get_model(str(_write(tmp_path, given))).rope_scaling)["attention_factor"] == 1.5
+    # a plan carries the model description: the factors come back as they went
+    from planner.specs.model import model_from_dict
+
+    assert model_from_dict(json.loads(json.dumps(model.to_dict()))) == model
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"short_factor": [1.0] * 47}, "one factor per rotated pair of head dimensions, 48"),
+    ({"long_factor": "2.0"}, "rope long_factor must be a list of positive numbers, not '2.0'"),
+    ({"long_factor": [2.0] * 47 + [0]}, "rope long_factor must be a list of positive numbers"),
+    ({"original_max_position_embeddings": 0.5}, "original_max_position_embeddings must be the original context"),
+    ({"attention_factor": -1}, "rope attention_factor must be a positive number, not -1"),
+])
+def test_bad_longrope_is_one_clear_error(tmp_path, change, needle):
+    cfg = PUBLISHED["Phi-3.5-mini"][0]
+    with pytest.raises(SailorError, match=needle):
+        get_model(str(_write(tmp_path, {**cfg, "rope_scaling": {**cfg["rope_scaling"], **change}})))
+
+
 @pytest.mark.parametrize("change, needle", [
     ({"partial_rotary_factor": 0}, "partial_rotary_factor must be above 0 and at most 1, not 0"),
     ({"partial_rotary_factor": 1.5}, "partial_rotary_factor must be above 0 and at most 1, not 1.5"),
     ({"partial_rotary_factor": 0.001}, "rotating at least 2 of the 96 dimensions"),
     ({"head_dim": 128}, "phi3 takes its head dimension from hidden_size / num_attention_heads; remove head_dim"),
-    ({"rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}},
-     "rope type 'longrope' is not supported"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope type 'dynamic' is not supported"),
 ])
 def test_bad_phi3_config_is_one_clear_error(tmp_path, change, needle):
     with pytest.raises(SailorError, match=needle):
@@ -215,7 +261,8 @@ def test_bad_gpt_neox_config_is_one_clear_error(tmp_path, change, needle):
 def test_gemma_details(tmp_path):
     gemma = get_model(str(_write(tmp_path, PUBLISHED["gemma-7b"][0])))
     assert (gemma.family, gemma.activation, gemma.head_dim, gemma.q_dim) == ("gemma", "gelu_tanh", 256, 4096)
-    assert gemma.norm_offset and gemma.embedding_scale and gemma.tied_embeddings and not gemma.sandwich_norm
+    assert gemma.norm_offset and gemma.embedding_multiplier == 3072 ** 0.5 and gemma.tied_embeddings
+    assert not gemma.sandwich_norm
     assert gemma.pad_token == 0  # transformers' default: the padding row is not trained
     gemma2 = get_model(str(_write(tmp_path, PUBLISHED["gemma-2-27b"][0])))
     assert gemma2.family == "gemma2" and gemma2.sandwich_norm and not gemma2.qk_norm
@@ -252,3 +299,37 @@ def test_gemma_details(tmp_path):
 def test_bad_gemma_config_is_one_clear_error(tmp_path, name, change, needle):
     with pytest.raises(SailorError, match=needle):
         get_model(str(_write(tmp_path, {**PUBLISHED[name][0], **change})))
+
+
+def test_starcoder2_details(tmp_path):
+    model = get_model(str(_write(tmp_path, PUBLISHED["starcoder2-3b"][0])))
+    assert model.family == "starcoder2" and not model.rms_norm and not model.gated_mlp and model.separate_final_norm
+    assert model.qkv_bias and model.out_bias and model.mlp_bias and model.tied_embeddings
+    assert (model.num_query_groups, model.windows, model.activation) == (2, (4096,) * 30, "gelu_tanh")
+    plain = {k: v for k, v in PUBLISHED["starcoder2-3b"][0].items() if k != "sliding_window"}
+    no_bias = get_model(str(_write(tmp_path, {**plain, "use_bias": False})))
+    assert no_bias.windows == () and not (no_bias.qkv_bias or no_bias.out_bias or no_bias.mlp_bias)
+    with pytest.raises(SailorError, match="norm_epsilon must be a positive number"):
+        get_model(str(_write(tmp_path, {**plain, "norm_epsilon": 0})))
+
+
+def test_granite_details(tmp_path):
+    """Granite-3.0-2B's shapes and multipliers; its size is transformers' (checked live where installed)."""
+    cfg = {"model_type": "granite", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 40,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 49155, "max_position_embeddings": 4096,
+           "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "embedding_multiplier": 12.0,
+           "residual_multiplier": 0.22, "attention_multiplier": 0.015625, "logits_scaling": 8.0}
+    model = get_model(str(_write(tmp_path, cfg)))
+    assert (model.family, model.embedding_multiplier, model.residual_multiplier, model.attention_scale,
+            model.logits_divisor) == ("llama", 12.0, 0.22, 0.015625, 8.0)
+    # transformers' default attention multiplier is 1, not 1 / sqrt(head_dim)
+    plain = {k: v for k, v in cfg.items() if k != "attention_multiplier"}
+    assert get_model(str(_write(tmp_path, plain))).attention_scale == 1.0
+    with pytest.raises(SailorError, match="residual_multiplier must be a positive number, not 0"):
+        get_model(str(_write(tmp_path, {**cfg, "residual_multiplier": 0})))
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    with torch.device("meta"):
+        live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+    assert model.total_params(padded=False) == sum(p.numel() for p in live.parameters())

@@ -17,8 +17,8 @@ microbatch sizes and counts (6 processes). We check, in fp32:
     directory loads with `from_pretrained` and gives the same logits.
 
 The sequence (32) is longer than the sliding windows (8) of Mistral, Qwen3,
-Phi-3 and GPT-Neo, and longer than LLaMA-3.1's original context in its rope scaling
-(16), so those paths are exercised; the vocabulary (300) is not a multiple of
+Phi-3, Gemma 2 and 3, StarCoder2 and GPT-Neo, and longer than the original context (16) in
+LLaMA-3.1's and LongRoPE's rope scaling, so those paths are exercised; the vocabulary (300) is not a multiple of
 128, so the padding is exercised too.
 """
 from __future__ import annotations
@@ -69,6 +69,17 @@ def _small(kind: str):
         return transformers.GPTNeoXConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                           intermediate_size=96, rotary_pct=0.25, use_parallel_residual=True,
                                           bos_token_id=None, eos_token_id=None, **common)
+    if kind == "phi3-longrope":  # Phi-3.5's LongRoPE: the sequence (32) is past the original context (16), so the
+        # long factors and the attention factor sqrt(1 + ln(64 / 16) / ln 16) apply
+        return transformers.Phi3Config(**llama, partial_rotary_factor=0.5, original_max_position_embeddings=16,
+                                       rope_scaling={"type": "longrope", "short_factor": LONGROPE[0],
+                                                     "long_factor": LONGROPE[1]},
+                                       pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    if kind == "granite":  # LLaMA's blocks with multipliers on embeddings, residual branches, attention and logits
+        return transformers.GraniteConfig(**llama, embedding_multiplier=3.0, residual_multiplier=0.5,
+                                          attention_multiplier=0.2, logits_scaling=2.0)
+    if kind == "starcoder2":  # LayerNorms and linears with biases, a plain GELU MLP, grouped queries, windows
+        return transformers.Starcoder2Config(**llama, sliding_window=8, bos_token_id=None, eos_token_id=None)
     if kind == "gemma":  # (1 + w) norms, scaled embeddings, GeGLU, heads wider than hidden / heads
         return transformers.GemmaConfig(**llama, head_dim=24)
     if kind == "gemma2":  # sandwich norms, soft caps small enough to bend, its own attention scale
@@ -93,8 +104,9 @@ def _small(kind: str):
     raise ValueError(kind)
 
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "opt", "opt-350m", "gpt2",
-            "gpt_neo", "gpt_neox")
+LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one per rotated pair of dimensions
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "phi3", "phi3-longrope", "gemma", "gemma2", "gemma3",
+            "starcoder2", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 def _hf_model(kind: str, directory):
@@ -245,3 +257,23 @@ def test_bf16_run_keeps_the_hf_weights_as_its_fp32_masters(kind, tmp_path):
 
     exported, original = load_file(out / "model.safetensors"), load_file(hf_dir / "model.safetensors")
     assert all(torch.equal(exported[n], original[n].float()) for n in original)
+
+
+@pytest.mark.parametrize("seq", [8, 16, 32])
+def test_longrope_frequencies_are_transformers(seq):
+    """LongRoPE's frequencies and attention factor as transformers computes them for the same sequence
+    length: the short factors up to the original context (16), the long ones beyond."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from planner.specs.families import from_hf_config
+    from sailor_ext.attention import inverse_frequencies, rotary_mscale
+
+    config = _small("phi3-longrope")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        config.save_pretrained(d)
+        model = from_hf_config(d, seq_len=seq)
+    expected, factor = ROPE_INIT_FUNCTIONS["longrope"](config, None, seq_len=seq)
+    assert torch.equal(inverse_frequencies(model), expected)
+    assert rotary_mscale(model) == pytest.approx(factor) and factor == pytest.approx(1.5 ** 0.5)

@@ -58,13 +58,22 @@ def _gemma3_rope(cfg) -> tuple[float, tuple, float]:
             raise SailorError(f"model config {cfg.source}: rope_parameters must map each layer type to an object")
         theta, scaling = llama._rope(ConfigReader({"rope_parameters": {"rope_theta": GLOBAL_THETA, **full}},
                                                   cfg.source))
+        _no_longrope(cfg, scaling)
         if local.get("rope_type", "default") != "default":
             raise SailorError(f"model config {cfg.source}: rope type {short(local.get('rope_type'))} of the "
                               "sliding-window layers is not supported; use default")
         return theta, scaling, _positive(cfg, "rope_theta", local.get("rope_theta", LOCAL_THETA))
     theta, scaling = llama._rope(ConfigReader({**cfg.cfg, "rope_theta": cfg.cfg.get("rope_theta", GLOBAL_THETA)},
                                               cfg.source))
+    _no_longrope(cfg, scaling)
     return theta, scaling, _positive(cfg, "rope_local_base_freq", cfg.cfg.get("rope_local_base_freq", LOCAL_THETA))
+
+
+def _no_longrope(cfg, scaling: tuple) -> None:
+    """LongRoPE scales cos and sin of every block; Gemma 3's windowed blocks have their own, unscaled."""
+    if dict(scaling).get("type") == "longrope":
+        raise SailorError(f"model config {cfg.source}: rope type 'longrope' is not supported for gemma3_text; use "
+                          "default, linear or llama3")
 
 
 def _cap(cfg, key: str, default: float | None) -> float:
@@ -89,7 +98,7 @@ def from_hf(cfg, model_type: str) -> dict:
         hidden=hidden, num_blocks=blocks, heads=heads, ffn_hidden=cfg.int("intermediate_size"),
         vocab=cfg.int("vocab_size"), max_positions=cfg.int("max_position_embeddings"),
         kv_heads=0 if kv_heads == heads else kv_heads, tied_embeddings=cfg.bool("tie_word_embeddings", True),
-        gated_mlp=True, rms_norm=True, norm_offset=True, embedding_scale=True, learned_positions=False,
+        gated_mlp=True, rms_norm=True, norm_offset=True, embedding_multiplier=hidden ** 0.5, learned_positions=False,
         qkv_bias=cfg.bool("attention_bias", False), out_bias=cfg.bool("attention_bias", False), mlp_bias=False,
         separate_final_norm=True, head_dim_override=head_dim if head_dim * heads != hidden else 0,
         activation=activation, norm_eps=cfg.float("rms_norm_eps", 1e-6), pad_token=cfg.pad_token(0),
@@ -122,7 +131,8 @@ def _model_type(spec: ModelSpec) -> str:
 
 def to_hf(spec: ModelSpec) -> dict:
     model_type = _model_type(spec)
-    fits = spec.rms_norm and spec.norm_offset and spec.embedding_scale and spec.gated_mlp and \
+    fits = spec.rms_norm and spec.norm_offset and spec.embedding_multiplier == spec.hidden ** 0.5 and \
+        spec.gated_mlp and spec.residual_multiplier == 1 and spec.logits_divisor == 1 and \
         not spec.learned_positions and spec.qkv_bias == spec.out_bias and not spec.mlp_bias and \
         not spec.projected and spec.separate_final_norm and spec.rotary_fraction == 1.0 and \
         spec.sandwich_norm == (model_type != "gemma") and spec.qk_norm == (model_type == "gemma3_text") and \
@@ -140,9 +150,7 @@ def to_hf(spec: ModelSpec) -> dict:
         "attention_bias": spec.qkv_bias, "tie_word_embeddings": spec.tied_embeddings,
         "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
     }
-    rope = {"rope_type": "default", "rope_theta": spec.rope_theta, **dict(spec.rope_scaling)}
-    if "type" in rope:
-        rope["rope_type"] = rope.pop("type")
+    rope = llama.hf_rope(spec)
     if model_type == "gemma":
         return {**cfg, "hidden_act": "gelu_pytorch_tanh" if spec.activation == "gelu_tanh" else
                 ACTIVATION_TO_HF[spec.activation], "rope_parameters": rope}

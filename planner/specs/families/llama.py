@@ -1,4 +1,4 @@
-"""LLaMA, Mistral, Qwen2 and Qwen3: RMSNorm, SwiGLU, rotary positions, grouped-query attention.
+"""LLaMA, Mistral, Qwen2, Qwen3 and Granite: RMSNorm, SwiGLU, rotary positions, grouped-query attention.
 
 Differences inside the family are config fields: Qwen2 has q/k/v biases,
 Qwen3 normalises each head's q and k (an RMSNorm over the head dimension,
@@ -6,16 +6,20 @@ before the rotary positions) and sets the head dimension itself (128 unless
 its config says otherwise), Mistral, Qwen2 and Qwen3 may use sliding-window
 attention (per layer through `layer_types`), LLaMA 3.1 scales its rotary
 frequencies (`rope_scaling` type llama3), small models tie the head to the
-embedding.
+embedding. Granite multiplies the embeddings (embedding_multiplier) and each
+residual branch (residual_multiplier), scales attention by attention_multiplier
+(1 unless set, not 1/sqrt(head_dim)) and divides the logits (logits_scaling).
 """
 from __future__ import annotations
+
+import math
 
 from planner.errors import SailorError
 from planner.inputs import FLOAT_MAX, short
 from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRule
 from planner.specs.model import MAX_BLOCKS, ModelSpec
 
-ROPE_TYPES = ("default", "llama3", "linear")
+ROPE_TYPES = ("default", "llama3", "linear", "longrope")
 QWEN3_HEAD_DIM = 128  # transformers' Qwen3Config default, whatever hidden_size / num_attention_heads is
 _ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
               "linear": ("factor",), "default": ()}
@@ -34,10 +38,17 @@ def _rope(cfg) -> tuple[float, tuple]:
     if not isinstance(params, dict):
         raise SailorError(f"model config {cfg.source}: rope_parameters must be an object, not {short(params)}")
     kind = params.get("rope_type", params.get("type", "default"))
+    if kind in ("su", "yarn") and cfg.cfg.get("model_type") == "phi3":  # Phi-3's early names for longrope
+        kind = "longrope"
     if kind not in ROPE_TYPES:
         raise SailorError(f"model config {cfg.source}: rope type {short(kind)} is not supported; use one of "
                           f"{', '.join(ROPE_TYPES)}")
     theta = params.get("rope_theta", 10000.0)
+    if kind == "longrope":
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta <= FLOAT_MAX:
+            raise SailorError(f"model config {cfg.source}: rope rope_theta must be a positive number, not "
+                              f"{short(theta)}")
+        return float(theta), _longrope(cfg, params)
     values = {}
     for key in ("rope_theta", *_ROPE_KEYS[kind]):
         value = theta if key == "rope_theta" else params.get(key)
@@ -47,6 +58,37 @@ def _rope(cfg) -> tuple[float, tuple]:
     scaling = () if kind == "default" else tuple(sorted({"type": kind, **{k: values[k] for k in _ROPE_KEYS[kind]}}
                                                         .items()))
     return values["rope_theta"], scaling
+
+
+def _longrope(cfg, params: dict) -> tuple:
+    """LongRoPE (Phi-3's 128k models, Phi-3.5, Phi-4-mini): each rotary frequency divided by its own
+    factor, the short ones up to the original context and the long ones beyond it, and cos and sin
+    scaled by an attention factor, sqrt(1 + ln(factor) / ln(original context)) unless the config
+    sets it (factor: the context over the original one unless set)."""
+    lists = {}
+    for key in ("short_factor", "long_factor"):
+        value = params.get(key)
+        if not isinstance(value, list) or not value or any(
+                isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x <= FLOAT_MAX for x in value):
+            raise SailorError(f"model config {cfg.source}: rope {key} must be a list of positive numbers, not "
+                              f"{short(value)}")
+        lists[key] = tuple(float(x) for x in value)
+    original = params.get("original_max_position_embeddings", cfg.cfg.get("original_max_position_embeddings"))
+    if isinstance(original, bool) or not isinstance(original, (int, float)) or not 1 < original <= FLOAT_MAX or \
+            original != int(original):
+        raise SailorError(f"model config {cfg.source}: rope original_max_position_embeddings must be the original "
+                          f"context length, a whole number of tokens above 1, not {short(original)}")
+    factor = params.get("factor")
+    if factor is None:
+        factor = cfg.int("max_position_embeddings") / original
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    for key, value in (("factor", factor), ("attention_factor", attention)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= FLOAT_MAX:
+            raise SailorError(f"model config {cfg.source}: rope {key} must be a positive number, not {short(value)}")
+    return tuple(sorted({"type": "longrope", **lists, "original_max_position_embeddings": float(original),
+                         "attention_factor": float(attention)}.items()))
 
 
 def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
@@ -92,30 +134,52 @@ def from_hf(cfg, model_type: str) -> dict:
         activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("rms_norm_eps", 1e-6),
         windows=_windows(cfg, model_type, blocks), rope_theta=theta, rope_scaling=scaling,
         pad_token=cfg.pad_token(None), qk_norm=model_type == "qwen3",
+        **(_granite(cfg) if model_type == "granite" else {}),
     )
 
 
+def _granite(cfg) -> dict:
+    return dict(embedding_multiplier=cfg.float("embedding_multiplier", 1.0),
+                residual_multiplier=cfg.float("residual_multiplier", 1.0),
+                attention_scale=cfg.float("attention_multiplier", 1.0), logits_divisor=cfg.float("logits_scaling", 1.0))
+
+
+def hf_rope(spec: ModelSpec) -> dict:
+    """transformers' rope_parameters for the spec's base and scaling (lists for LongRoPE's factors)."""
+    scaling = dict(spec.rope_scaling)
+    rope = {"rope_type": scaling.pop("type", "default"), "rope_theta": spec.rope_theta}
+    for key, value in scaling.items():
+        rope[key] = list(value) if isinstance(value, tuple) else \
+            int(value) if key == "original_max_position_embeddings" else value
+    return rope
+
+
 def to_hf(spec: ModelSpec) -> dict:
-    model_type = spec.hf_model_type or ("qwen3" if spec.qk_norm else "qwen2" if spec.qkv_bias and not spec.out_bias
-                                        else "llama")
+    scaled = (spec.embedding_multiplier, spec.residual_multiplier, spec.logits_divisor) != (1, 1, 1) or \
+        spec.attention_scale
+    model_type = spec.hf_model_type or ("qwen3" if spec.qk_norm else "granite" if scaled else
+                                        "qwen2" if spec.qkv_bias and not spec.out_bias else "llama")
     if spec.qk_norm != (model_type == "qwen3"):
         raise SailorError(f"{spec.name}: per-head q/k norms are qwen3's alone; the model and its model_type "
                           f"{model_type} disagree")
-    rope = {"rope_type": "default", "rope_theta": spec.rope_theta}
-    scaling = dict(spec.rope_scaling)
-    if scaling:
-        rope = {"rope_theta": spec.rope_theta, "rope_type": scaling.pop("type"), **scaling}
+    if scaled and model_type != "granite":
+        raise SailorError(f"{spec.name}: multipliers on embeddings, residual branches, attention or logits are "
+                          f"granite's alone; {model_type}'s config cannot express them")
     cfg = {
         "model_type": model_type, "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
         "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups,
         "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab,
         "max_position_embeddings": spec.context_length, "head_dim": spec.head_dim,
         "rms_norm_eps": spec.norm_eps, "hidden_act": ACTIVATION_TO_HF[spec.activation],
-        "rope_parameters": rope, "tie_word_embeddings": spec.tied_embeddings,
+        "rope_parameters": hf_rope(spec), "tie_word_embeddings": spec.tied_embeddings,
         "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
     }
-    if model_type == "llama":
+    if model_type in ("llama", "granite"):
         cfg.update(attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
+    if model_type == "granite":
+        cfg.update(embedding_multiplier=spec.embedding_multiplier, residual_multiplier=spec.residual_multiplier,
+                   attention_multiplier=spec.attention_scale or spec.head_dim ** -0.5,
+                   logits_scaling=spec.logits_divisor)
     if model_type == "qwen3":
         cfg.update(attention_bias=spec.qkv_bias)
     windows = {w for w in spec.windows if w}
@@ -156,4 +220,4 @@ WEIGHTS = WeightMap(
     head=(WeightRule("output_layer.weight", ("lm_head.weight",), "vocab"),),
 )
 
-FAMILY = Family("llama", ("llama", "mistral", "qwen2", "qwen3"), from_hf, to_hf, WEIGHTS)
+FAMILY = Family("llama", ("llama", "mistral", "qwen2", "qwen3", "granite"), from_hf, to_hf, WEIGHTS)

@@ -5,8 +5,8 @@ The attention's q, k and v projections are one tensor ([q; k; v] rows:
 `gate_up_proj`); no biases; RMSNorm, SwiGLU, rotary positions, possibly on a
 share of each head's dimensions only (`partial_rotary_factor`) and a sliding
 window on every block. The config has no head dimension of its own (hidden
-size / heads). Long-context variants that scale their rotary frequencies
-with per-frequency factors (rope type longrope: Phi-3-*-128k) are refused.
+size / heads). Long-context variants (Phi-3-*-128k, Phi-3.5, Phi-4-mini) scale
+each rotary frequency by its own factor (rope type longrope, llama._longrope).
 """
 from __future__ import annotations
 
@@ -45,14 +45,15 @@ def to_hf(spec: ModelSpec) -> dict:
     if len(windows) > 1 or (windows and 0 in spec.windows):
         raise SailorError(f"{spec.name}: phi3's config has one sliding window for every block, not "
                           f"{sorted(set(spec.windows))}")
-    rope = {"rope_type": "default", "rope_theta": spec.rope_theta, "partial_rotary_factor": spec.rotary_fraction}
-    if spec.rope_scaling:
-        raise SailorError(f"{spec.name}: phi3's config cannot express rotary scaling {dict(spec.rope_scaling)}")
+    rope = {**llama.hf_rope(spec), "partial_rotary_factor": spec.rotary_fraction}
+    if rope["rope_type"] not in ("default", "longrope"):
+        raise SailorError(f"{spec.name}: phi3's config cannot express rotary scaling {rope['rope_type']}")
+    original = rope.get("original_max_position_embeddings", spec.context_length)
     return {
         "model_type": "phi3", "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
         "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups,
         "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab,
-        "max_position_embeddings": spec.context_length, "original_max_position_embeddings": spec.context_length,
+        "max_position_embeddings": spec.context_length, "original_max_position_embeddings": original,
         "rms_norm_eps": spec.norm_eps, "hidden_act": ACTIVATION_TO_HF[spec.activation], "rope_parameters": rope,
         "tie_word_embeddings": spec.tied_embeddings, "sliding_window": windows.pop() if windows else None,
         "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
