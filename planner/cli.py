@@ -123,7 +123,8 @@ def cmd_simulate(args) -> int:
         _save_plot(plot_plan, args.plot, inputs, plan, est, sim, title=f"{model.name}: {Path(args.plan).name}")
     from planner.provenance import provenance
 
-    estimated = provenance(sim, plan, args.model or plan.model)
+    # the model as `sailor profile model --model` takes it: a config.json's model by the plan that carries it
+    estimated = provenance(sim, plan, args.model or (args.plan if plan.model_spec is not None else plan.model))
     if args.json:
         out = est.to_dict()
         out["plan"] = args.plan

@@ -239,7 +239,7 @@ def add_parser(subparsers, add_common=None) -> argparse.ArgumentParser:
     m = sub.add_parser("model", help="time the runtime's layers per microbatch size and TP degree",
                        description="Measure per-layer forward/backward time, memory and the optimizer step of a "
                                    "model with the training runtime's own layers; writes DIR/MODEL/GPU/profile.json.")
-    m.add_argument("--model", required=True, help="model preset or config.json")
+    m.add_argument("--model", required=True, help="model preset, config.json, or a plan file (its model)")
     m.add_argument("-o", "--output", required=True, metavar="DIR", type=flags.nonempty("a directory"),
                    help="profiles directory to write into")
     m.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],

@@ -455,7 +455,8 @@ def check_seq_length(seq_len: int | None) -> None:
 
 
 def get_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
-    """A preset by name or alias, or a Hugging Face config.json (or a directory holding one).
+    """A preset by name or alias, a Hugging Face config.json (or a directory holding one), or the
+    model of one of our plan files.
 
     seq_len: the training sequence length; default: a preset's own, or for a
     config.json min(2048, its context length).
@@ -469,8 +470,12 @@ def get_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
         model = _PRESETS[key]
         return replace(model, seq_len=seq_len) if seq_len else model  # its context stays what it was built for
     if name_or_path.endswith(".json") or Path(name_or_path).is_dir():
-        from planner.specs.families import from_hf_config
+        from planner.specs.families import from_hf_config, read_config
 
+        if read_config(name_or_path)[0].get("format") == "sailor-plan":  # a plan of ours names or carries its model
+            from planner.specs.plan import load_plan, plan_model
+
+            return plan_model(load_plan(name_or_path), seq_len=seq_len)
         return from_hf_config(name_or_path, seq_len)
     raise SailorError(
         f"unknown model {name_or_path!r}: use a Hugging Face config.json or model directory, or one of the "

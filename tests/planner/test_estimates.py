@@ -207,6 +207,26 @@ def test_plan_json_flags_estimated_gpus_and_the_table_marks_them(tmp_path):
     assert "~ estimated" in sailor("simulate", str(tmp_path / "p.json")).stdout
 
 
+def test_the_profile_command_simulate_prints_runs_as_printed(tmp_path):
+    """A plan of a config.json's model carries the model, not the file: simulate's `measure:` command names the
+    plan, and `--model PLAN` is that model (here its name alone would be no model at all)."""
+    from planner.specs.model import get_model
+    from planner.specs.plan import load_plan
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "vocab_size": 300, "max_position_embeddings": 64, "_name_or_path": "my-llama"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    plan = tmp_path / "p.json"
+    assert sailor("plan", "--model", str(tmp_path / "config.json"), "--gpus", "H100@us-central1-a=2",
+                  "--global-batch", "8", "-o", str(plan)).returncode == 0
+    sim = sailor("simulate", str(plan), "--json")
+    assert json.loads(sim.stdout)["estimated"]["how_to_profile"][0].startswith(
+        f"sailor profile model --model {plan} --gpu H100-80")
+    assert get_model(str(plan)) == load_plan(str(plan)).model_spec == get_model(str(tmp_path / "config.json"), 64)
+    with pytest.raises(Exception, match="unknown model 'my-llama'"):
+        get_model("my-llama")
+
+
 def test_measured_profiles_are_not_flagged(sailor_data, tmp_path):
     args = ["plan", "--model", "opt-350m", "--global-batch", "64", "--profiles", str(sailor_data),
             "-o", str(tmp_path / "p.json")]
