@@ -13,9 +13,10 @@ else: the norm (LayerNorm or RMSNorm), pre- or post-norm blocks, the MLP
 (GELU, tanh-GELU, ReLU, or SwiGLU with fc1 = [gate; up]), which linears have
 biases, grouped-query attention, per-head q/k norms, rotary positions (megatron's
 apply_rotary_pos_emb, frequencies from sailor_ext.attention; Gemma 3's windowed
-blocks have their own), the attention scale, per-block attention windows, and
-Gemma's touches: (1 + w) norms, scaled word embeddings, a norm on each
-sublayer's output (sandwich), soft caps on attention scores and logits. A block is megatron's `SelfAttention`
+blocks have their own), the attention scale, per-block attention windows,
+Gemma's touches ((1 + w) norms, a norm on each sublayer's output, soft caps on
+attention scores and logits) and the multipliers of Gemma and Granite (word
+embeddings, residual branches, logits). A block is megatron's `SelfAttention`
 and `MLP` with their column/row-parallel linears, wired as a residual block
 here (megatron's TransformerLayer knows only pre-norm). Every module gets its
 TP group explicitly; megatron's global parallel state is never set up.
@@ -152,6 +153,7 @@ def transformer_config(model: ModelSpec, tp: int, fusion: KernelFusion = KernelF
         persist_layer_norm=False,
         apply_rope_fusion=False,
         qk_layernorm=model.qk_norm,
+        rotary_interleaved=model.rotary_interleaved,
     )
     config.sailor_rope_fusion = fusion.rope  # read by _rotary below (megatron's own flag wants Transformer Engine)
     config.sailor_attn_softcap = model.attn_softcap  # read by FusedCoreAttention
@@ -211,7 +213,7 @@ def norm(model: ModelSpec, width: int) -> nn.Module:
         return OffsetRMSNorm(width, eps=model.norm_eps)
     if model.rms_norm:
         return nn.RMSNorm(width, eps=model.norm_eps)
-    return nn.LayerNorm(width, eps=model.norm_eps)
+    return nn.LayerNorm(width, eps=model.norm_eps, bias=model.norm_bias)
 
 
 class HeadRMSNorm(nn.RMSNorm):
@@ -262,13 +264,14 @@ class Embedding(nn.Module):
 class Block(nn.Module):
     """Self-attention and MLP, each in a residual: x + f(norm(x)), or with
     post-norm (OPT-350m) norm(x + f(x)), or side by side (GPT-NeoX's parallel
-    residual) x + attn(norm1(x)) + mlp(norm2(x)), or with sandwich norms
+    residual) x + attn(norm1(x)) + mlp(norm2(x)) (Cohere: one norm for both), or with sandwich norms
     (Gemma 2, 3) x + norm2(f(norm1(x))); Granite scales each branch, x + m * f(norm(x))."""
 
     def __init__(self, spec: StageSpec, config: TransformerConfig, pg: ProcessGroupCollection, layer_number: int):
         super().__init__()
         model = spec.model
-        self.post_norm, self.parallel_residual = model.post_norm, model.parallel_residual
+        self.post_norm, self.parallel_residual, self.shared_norm = model.post_norm, model.parallel_residual, \
+            model.shared_norm
         self.residual_multiplier = model.residual_multiplier
         self.input_layernorm = norm(model, model.hidden)
         head_norm = (HeadOffsetRMSNorm if model.norm_offset else HeadRMSNorm) if model.qk_norm else None
@@ -277,7 +280,8 @@ class Block(nn.Module):
             linear_proj=with_bias(RowParallelLinear, model.out_bias), q_layernorm=head_norm, k_layernorm=head_norm)
         self.self_attention = SelfAttention(config, attention, layer_number, attn_mask_type=AttnMaskType.causal,
                                             pg_collection=pg)
-        self.pre_mlp_layernorm = norm(model, model.hidden)
+        if not model.shared_norm:
+            self.pre_mlp_layernorm = norm(model, model.hidden)
         mlp = MLPSubmodules(linear_fc1=with_bias(ColumnParallelLinear, model.mlp_bias),
                             linear_fc2=with_bias(RowParallelLinear, model.mlp_bias))
         self.mlp = MLP(config, mlp, ffn_hidden_size=model.ffn_hidden, tp_group=pg.tp)
@@ -289,7 +293,7 @@ class Block(nn.Module):
         h = x if self.post_norm else self.input_layernorm(x)
         out, bias = self.self_attention(h, attention_mask=mask, rotary_pos_emb=rotary)
         if self.parallel_residual:  # the MLP reads the block's input too, not the attention's output
-            mlp, mlp_bias = self.mlp(self.pre_mlp_layernorm(x))
+            mlp, mlp_bias = self.mlp(h if self.shared_norm else self.pre_mlp_layernorm(x))
             return x + self._branch(out if bias is None else out + bias) + \
                 self._branch(mlp if mlp_bias is None else mlp + mlp_bias)
         x = x + self._branch(out if bias is None else out + bias, "post_attention_layernorm")
@@ -319,8 +323,8 @@ class FinalNorm(nn.Module):
 
 
 class Head(nn.Module):
-    """Final norm, projection to the embedding width, vocabulary-parallel output layer (and
-    Gemma 2's cap on the logits, c * tanh(logits / c))."""
+    """Final norm, projection to the embedding width, vocabulary-parallel output layer (then
+    Granite's logits divisor and Gemma 2's cap on the logits, c * tanh(logits / c))."""
 
     def __init__(self, spec: StageSpec, config: TransformerConfig, tp_group, reuse_embedding: bool):
         super().__init__()

@@ -143,8 +143,9 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
     token, included). sailor_ext's block on CUDA (the kernel fusions on), for TP t:
 
         norms          2h per LayerNorm (input, output), 3h per RMSNorm (input, normalised,
-                       output), two per block; sandwich norms (Gemma 2, 3) add two whose output
-                       goes into an add: input and normalised, 2h each (h for a LayerNorm)
+                       output), two per block (one when shared: Cohere); sandwich norms (Gemma
+                       2, 3) add two whose output goes into an add: input and normalised, 2h
+                       each (h for a LayerNorm)
         attention      Q, K and V as the fused attention saves them, (q + 2kv)/t, and its
                        output q/t (also the projection's input)
         MLP            the first linear's output f_in/t and the activation's output f/t
@@ -161,12 +162,13 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
     1/s of them). Measured on one H100 (bf16, bench/results/h100-2026-11-28): OPT-350m and
     GPT-Neo-2.7 16.0h per token, LLaMA-3-8 22.1h, as counted (16h, 16h, 22h). On CPU, with
     rotary, the QKV output stays beside the rotated Q and K: (q + kv)/t more. Gemma 2's block
-    (fp32, CPU, autograd's saved tensors; tests/profiler) as counted, within the rotary angles
-    and the mask, which do not grow with the batch."""
+    (fp32, CPU, autograd's saved tensors; tests/runtime/test_units.py) as counted, within the
+    rotary angles and the mask, which do not grow with the batch."""
     if RUNTIME_WORK[runtime].attention == "eager" or model.kind(layer) != BLOCK:
         return model.activation_floats(layer, tp)
     pre = 3 if model.rms_norm else 2
-    norms = (2 * pre + (model.block_norms - 2) * (pre - 1)) * model.hidden
+    before = 1 if model.shared_norm else 2  # the norms before the sublayers; sandwich norms come after
+    norms = (before * pre + (model.block_norms - before) * (pre - 1)) * model.hidden
     kv = model.q_dim if model.attn_softcap else model.kv_dim
     attention = (model.q_dim + 2 * kv) + model.q_dim
     if model.qk_norm:  # the q and k norms' inputs and normalised values (rotary keeps none of its input)

@@ -42,9 +42,9 @@ operands of the linear layers:
   Granite    the residual multiplier: one multiply per sublayer, 2 x 2h fwd and bwd; the logits
              divisor: 2 V/t fwd and bwd; one kernel each
   Gemma      sandwich norms: two more norms over h per block; scaled embeddings (Granite's
-             too): one multiply, 2h fwd and bwd; soft caps (divide, tanh, multiply): 6 S/t fwd, 7 S/t bwd on the
-             scores (tanh's backward reads its output), 6 V/t and 7 V/t on the logits, 3 kernels
-             each way. Our runtime computes capped scores in full (no fused kernel caps them),
+             too): one multiply, 2h fwd and bwd; soft caps (divide, tanh, multiply): 6 S/t fwd,
+             7 S/t bwd on the scores (tanh's backward reads its output), 6 V/t and 7 V/t on the
+             logits, 3 kernels each way. Our runtime computes capped scores in full (no fused kernel caps them),
              so a block with an attention cap is counted as eager attention under "sdpa" too
 
 plus, once per microbatch, every weight read (fwd), and read with its

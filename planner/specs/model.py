@@ -51,7 +51,7 @@ class ModelSpec:
     """
 
     name: str
-    family: str  # opt | gpt2 | gpt-neo | gpt-neox | llama | phi3 | gemma | gemma2 | starcoder2 (specs/families)
+    family: str  # opt | gpt2 | gpt-neo | gpt-neox | llama | phi3 | gemma | gemma2 | starcoder2 | cohere (families/)
     hidden: int
     num_blocks: int
     heads: int
@@ -93,7 +93,10 @@ class ModelSpec:
     logit_softcap: float = 0.0  # the same on the logits (Gemma 2); 0: none
     local_rope_theta: float = 0.0  # rotary base of the windowed blocks, unscaled (Gemma 3); 0: as every block
     residual_multiplier: float = 1.0  # x + m * f(x): each sublayer's output scaled before its residual add (Granite)
-    logits_divisor: float = 1.0  # the logits divided by it (Granite's logits_scaling)
+    logits_divisor: float = 1.0  # the logits divided by it (Granite's logits_scaling; Cohere: 1 / logit_scale)
+    norm_bias: bool = True  # LayerNorms have a bias (Cohere's have none)
+    shared_norm: bool = False  # a parallel residual whose one norm feeds attention and MLP (Cohere)
+    rotary_interleaved: bool = False  # rotary positions rotate adjacent pairs (2i, 2i + 1) (Cohere), not halves
     hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
@@ -140,6 +143,9 @@ class ModelSpec:
         if self.norm_offset and not self.rms_norm:
             raise SailorError(f"model {self.name!r}: (1 + w) norms are RMSNorms; a model with them has RMSNorms "
                               "(rms_norm)")
+        if self.shared_norm and not self.parallel_residual:
+            raise SailorError(f"model {self.name!r}: one norm for attention and MLP (shared_norm) needs them side by "
+                              "side (parallel_residual)")
         if self.sandwich_norm and (self.post_norm or self.parallel_residual):
             raise SailorError(f"model {self.name!r}: a block normalises its sublayers' outputs (sandwich_norm) only "
                               "with pre-norm sublayers one after the other (not post_norm or parallel_residual)")
@@ -248,12 +254,13 @@ class ModelSpec:
         return (2 if self.gated_mlp else 1) * self.ffn_hidden
 
     def _norm_params(self) -> int:
-        return self.hidden if self.rms_norm else 2 * self.hidden
+        return self.hidden if self.rms_norm or not self.norm_bias else 2 * self.hidden
 
     @property
     def block_norms(self) -> int:
-        """Norms over the hidden width in a block: before each sublayer, and after each with sandwich_norm."""
-        return 4 if self.sandwich_norm else 2
+        """Norms over the hidden width in a block: before each sublayer (one for both with shared_norm),
+        and after each with sandwich_norm."""
+        return 1 if self.shared_norm else 4 if self.sandwich_norm else 2
 
     def params(self, layer: int, tp: int = 1, padded: bool = True) -> int:
         """Parameters one GPU of a TP group holds for `layer` (padded=False: the

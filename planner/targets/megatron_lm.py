@@ -49,7 +49,9 @@ def megatron_model_args(model) -> list[str]:
                           (model.logits_divisor != 1, f"logits divided by {model.logits_divisor:g}"),
                           (model.sandwich_norm, "a norm on each sublayer's output (sandwich norms)"),
                           (model.attn_softcap or model.logit_softcap, "soft caps on attention scores or logits"),
-                          (model.local_rope_theta, "a rotary base of its own on the windowed blocks")):
+                          (model.local_rope_theta, "a rotary base of its own on the windowed blocks"),
+                          (not model.rms_norm and not model.norm_bias, "LayerNorms without bias"),
+                          (model.rotary_interleaved, "rotary positions on adjacent pairs of dimensions")):
         if present:
             refuse(what)
     args = []

@@ -333,3 +333,26 @@ def test_granite_details(tmp_path):
     with torch.device("meta"):
         live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
     assert model.total_params(padded=False) == sum(p.numel() for p in live.parameters())
+
+
+def test_cohere_details(tmp_path):
+    """Command R's shapes: one LayerNorm without bias per block, rotary on adjacent pairs, scaled logits; its size
+    is transformers' (checked live where installed)."""
+    cfg = {"model_type": "cohere", "hidden_size": 8192, "intermediate_size": 22528, "num_hidden_layers": 40,
+           "num_attention_heads": 64, "num_key_value_heads": 64, "vocab_size": 256000,
+           "max_position_embeddings": 131072, "rope_theta": 8000000.0, "layer_norm_eps": 1e-5, "logit_scale": 0.0625,
+           "use_qk_norm": False}
+    model = get_model(str(_write(tmp_path, cfg)))
+    assert model.family == "cohere" and model.parallel_residual and model.shared_norm and model.rotary_interleaved
+    assert not model.norm_bias and not model.rms_norm and model.logits_divisor == 16.0 and model.tied_embeddings
+    assert model.params(1) - model._block_matmul_weights() == 8192  # one norm weight, no bias
+    with pytest.raises(SailorError, match="use_qk_norm .* is not supported"):
+        get_model(str(_write(tmp_path, {**cfg, "use_qk_norm": True})))
+    with pytest.raises(SailorError, match="logit_scale must be a positive number, not 0"):
+        get_model(str(_write(tmp_path, {**cfg, "logit_scale": 0})))
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    with torch.device("meta"):
+        live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+    assert model.total_params(padded=False) == sum(p.numel() for p in live.parameters())

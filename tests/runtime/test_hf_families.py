@@ -78,6 +78,9 @@ def _small(kind: str):
     if kind == "granite":  # LLaMA's blocks with multipliers on embeddings, residual branches, attention and logits
         return transformers.GraniteConfig(**llama, embedding_multiplier=3.0, residual_multiplier=0.5,
                                           attention_multiplier=0.2, logits_scaling=2.0)
+    if kind == "cohere":  # one LayerNorm without bias for attention and MLP side by side, adjacent pairs rotated
+        return transformers.CohereConfig(**llama, logit_scale=0.25, pad_token_id=None, bos_token_id=None,
+                                         eos_token_id=None)
     if kind == "starcoder2":  # LayerNorms and linears with biases, a plain GELU MLP, grouped queries, windows
         return transformers.Starcoder2Config(**llama, sliding_window=8, bos_token_id=None, eos_token_id=None)
     if kind == "gemma":  # (1 + w) norms, scaled embeddings, GeGLU, heads wider than hidden / heads
@@ -106,7 +109,7 @@ def _small(kind: str):
 
 LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one per rotated pair of dimensions
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "phi3", "phi3-longrope", "gemma", "gemma2", "gemma3",
-            "starcoder2", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+            "starcoder2", "cohere", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 def _hf_model(kind: str, directory):

@@ -1,7 +1,8 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
-One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3 and Granite; gemma.py Gemma 1, 2 and 3;
-phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
+One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3 and Granite; gemma.py Gemma 1,
+2 and 3; phi3.py, starcoder2.py, cohere.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds,
+as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -67,10 +68,10 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import gemma, gpt2, gpt_neo, gpt_neox, llama, opt, phi3, starcoder2
+    from planner.specs.families import cohere, gemma, gpt2, gpt_neo, gpt_neox, llama, opt, phi3, starcoder2
 
     return {f.name: f for f in (llama.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
-                                opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
+                                cohere.FAMILY, opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -213,4 +214,4 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                   "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM", "phi3": "Phi3ForCausalLM",
                   "starcoder2": "Starcoder2ForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM",
-                  "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM"}
+                  "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM", "cohere": "CohereForCausalLM"}

@@ -1,0 +1,73 @@
+"""Cohere (model_type cohere: Command R, Aya Expanse): attention and a SwiGLU MLP side by side on
+one shared LayerNorm without bias, x + attn(norm(x)) + mlp(norm(x)); rotary positions on adjacent
+pairs of dimensions (interleaved); the logits multiplied by logit_scale; the head tied to the
+embedding by default.
+
+Refused: use_qk_norm (Command R+'s q/k LayerNorms hold a weight per head).
+"""
+from __future__ import annotations
+
+from planner.errors import SailorError
+from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRule
+from planner.specs.families import llama
+from planner.specs.model import MAX_BLOCKS, ModelSpec
+
+
+def from_hf(cfg, model_type: str) -> dict:
+    if cfg.bool("use_qk_norm", False):
+        raise SailorError(f"model config {cfg.source}: use_qk_norm (per-head q/k LayerNorms, Command R+) is not "
+                          "supported")
+    heads = cfg.int("num_attention_heads")
+    kv_heads = cfg.int("num_key_value_heads", heads)
+    bias = cfg.bool("attention_bias", False)
+    theta, scaling = llama._rope(cfg)
+    return dict(
+        hidden=cfg.int("hidden_size"), num_blocks=cfg.int("num_hidden_layers", hi=MAX_BLOCKS), heads=heads,
+        ffn_hidden=cfg.int("intermediate_size"), vocab=cfg.int("vocab_size"),
+        max_positions=cfg.int("max_position_embeddings"), kv_heads=0 if kv_heads == heads else kv_heads,
+        tied_embeddings=cfg.bool("tie_word_embeddings", True), gated_mlp=True, learned_positions=False,
+        qkv_bias=bias, out_bias=bias, mlp_bias=False, separate_final_norm=True, norm_bias=False,
+        parallel_residual=True, shared_norm=True, rotary_interleaved=True,
+        activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("layer_norm_eps", 1e-5),
+        logits_divisor=1.0 / cfg.float("logit_scale", 0.0625), rope_theta=theta, rope_scaling=scaling,
+        pad_token=cfg.pad_token(0),
+    )
+
+
+def to_hf(spec: ModelSpec) -> dict:
+    if spec.rms_norm or spec.norm_bias or not (spec.parallel_residual and spec.shared_norm and
+                                               spec.rotary_interleaved and spec.gated_mlp) or \
+            spec.learned_positions or spec.projected or spec.windows or spec.head_dim_override or \
+            spec.attention_scale or spec.qk_norm or spec.mlp_bias or spec.qkv_bias != spec.out_bias or \
+            spec.rotary_fraction != 1 or spec.embedding_multiplier != 1 or spec.residual_multiplier != 1:
+        raise SailorError(f"{spec.name} cannot be written as a Cohere config: its layers differ from Cohere's")
+    return {
+        "model_type": "cohere", "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
+        "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups,
+        "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab,
+        "max_position_embeddings": spec.context_length, "layer_norm_eps": spec.norm_eps,
+        "hidden_act": ACTIVATION_TO_HF[spec.activation], "attention_bias": spec.qkv_bias,
+        "logit_scale": 1.0 / spec.logits_divisor, "rope_parameters": llama.hf_rope(spec),
+        "tie_word_embeddings": spec.tied_embeddings, "use_qk_norm": False,
+        "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
+    }
+
+
+_LAYER = "model.layers.{i}."
+WEIGHTS = WeightMap(
+    embedding=(WeightRule("word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),),
+    block=(
+        WeightRule("input_layernorm.weight", (_LAYER + "input_layernorm.weight",)),
+        *(WeightRule(f"self_attention.linear_qkv.{p}", tuple(_LAYER + f"self_attn.{x}_proj.{p}" for x in "qkv"),
+                     "qkv") for p in ("weight", "bias")),
+        *(WeightRule(f"self_attention.linear_proj.{p}", (_LAYER + f"self_attn.o_proj.{p}",))
+          for p in ("weight", "bias")),
+        WeightRule("mlp.linear_fc1.weight", (_LAYER + "mlp.gate_proj.weight", _LAYER + "mlp.up_proj.weight"),
+                   "gate_up"),
+        WeightRule("mlp.linear_fc2.weight", (_LAYER + "mlp.down_proj.weight",)),
+    ),
+    final_norm=(WeightRule("final_layernorm.weight", ("model.norm.weight",)),),
+    head=(WeightRule("output_layer.weight", ("lm_head.weight",), "vocab"),),
+)
+
+FAMILY = Family("cohere", ("cohere",), from_hf, to_hf, WEIGHTS)
