@@ -106,6 +106,16 @@ PUBLISHED = {
 }
 
 
+def transformers_count(cfg: dict) -> int:
+    """Parameters of transformers' model of `cfg`, built on the meta device (skips without transformers)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    with torch.device("meta"):
+        live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+    return sum(p.numel() for p in live.parameters())
+
+
 def _write(tmp_path, cfg: dict):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
@@ -117,12 +127,7 @@ def test_parameter_count_is_the_published_one(name, tmp_path):
     cfg, published = PUBLISHED[name]
     model = get_model(str(_write(tmp_path, cfg)))
     assert model.total_params(padded=False) == published
-    transformers = pytest.importorskip("transformers")
-    import torch
-
-    with torch.device("meta"):
-        live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
-    assert sum(p.numel() for p in live.parameters()) == published
+    assert transformers_count(cfg) == published
 
 
 def test_architecture_details(tmp_path):
@@ -217,6 +222,7 @@ def test_longrope_details(tmp_path):
     ({"long_factor": [2.0] * 47 + [0]}, "rope long_factor must be a list of positive numbers"),
     ({"original_max_position_embeddings": 0.5}, "original_max_position_embeddings must be the original context"),
     ({"attention_factor": -1}, "rope attention_factor must be a positive number, not -1"),
+    ({"factor": "x"}, "rope factor must be a positive number, not 'x'"),
 ])
 def test_bad_longrope_is_one_clear_error(tmp_path, change, needle):
     cfg = PUBLISHED["Phi-3.5-mini"][0]
@@ -327,12 +333,7 @@ def test_granite_details(tmp_path):
     assert get_model(str(_write(tmp_path, plain))).attention_scale == 1.0
     with pytest.raises(SailorError, match="residual_multiplier must be a positive number, not 0"):
         get_model(str(_write(tmp_path, {**cfg, "residual_multiplier": 0})))
-    transformers = pytest.importorskip("transformers")
-    import torch
-
-    with torch.device("meta"):
-        live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
-    assert model.total_params(padded=False) == sum(p.numel() for p in live.parameters())
+    assert model.total_params(padded=False) == transformers_count(cfg)
 
 
 def test_cohere_details(tmp_path):
@@ -350,9 +351,4 @@ def test_cohere_details(tmp_path):
         get_model(str(_write(tmp_path, {**cfg, "use_qk_norm": True})))
     with pytest.raises(SailorError, match="logit_scale must be a positive number, not 0"):
         get_model(str(_write(tmp_path, {**cfg, "logit_scale": 0})))
-    transformers = pytest.importorskip("transformers")
-    import torch
-
-    with torch.device("meta"):
-        live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
-    assert model.total_params(padded=False) == sum(p.numel() for p in live.parameters())
+    assert model.total_params(padded=False) == transformers_count(cfg)

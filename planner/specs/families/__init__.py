@@ -112,10 +112,12 @@ class ConfigReader:
 
     def float(self, key: str, default: float) -> float:
         value = self.cfg.get(key)
-        if value is None:
-            return default
+        return default if value is None else self.number(key, value)
+
+    def number(self, name: str, value) -> float:
+        """`value` (a field's, or one nested in an object such as rope_parameters) as a positive number."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= FLOAT_MAX:
-            raise SailorError(f"model config {self.source}: {key} must be a positive number, not {short(value)}")
+            raise SailorError(f"model config {self.source}: {name} must be a positive number, not {short(value)}")
         return float(value)
 
     def bool(self, key: str, default: bool) -> bool:

@@ -8,7 +8,7 @@ Refused: use_qk_norm (Command R+'s q/k LayerNorms hold a weight per head).
 from __future__ import annotations
 
 from planner.errors import SailorError
-from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRule
+from planner.specs.families import ACTIVATION_TO_HF, Family
 from planner.specs.families import llama
 from planner.specs.model import MAX_BLOCKS, ModelSpec
 
@@ -53,21 +53,5 @@ def to_hf(spec: ModelSpec) -> dict:
     }
 
 
-_LAYER = "model.layers.{i}."
-WEIGHTS = WeightMap(
-    embedding=(WeightRule("word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),),
-    block=(
-        WeightRule("input_layernorm.weight", (_LAYER + "input_layernorm.weight",)),
-        *(WeightRule(f"self_attention.linear_qkv.{p}", tuple(_LAYER + f"self_attn.{x}_proj.{p}" for x in "qkv"),
-                     "qkv") for p in ("weight", "bias")),
-        *(WeightRule(f"self_attention.linear_proj.{p}", (_LAYER + f"self_attn.o_proj.{p}",))
-          for p in ("weight", "bias")),
-        WeightRule("mlp.linear_fc1.weight", (_LAYER + "mlp.gate_proj.weight", _LAYER + "mlp.up_proj.weight"),
-                   "gate_up"),
-        WeightRule("mlp.linear_fc2.weight", (_LAYER + "mlp.down_proj.weight",)),
-    ),
-    final_norm=(WeightRule("final_layernorm.weight", ("model.norm.weight",)),),
-    head=(WeightRule("output_layer.weight", ("lm_head.weight",), "vocab"),),
-)
-
-FAMILY = Family("cohere", ("cohere",), from_hf, to_hf, WEIGHTS)
+# LLaMA's tensor names (the pre-MLP norm's rule goes unused: the shared norm is input_layernorm)
+FAMILY = Family("cohere", ("cohere",), from_hf, to_hf, llama.WEIGHTS)

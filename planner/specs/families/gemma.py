@@ -20,9 +20,10 @@ is not a causal language model's (planner/specs/families/__init__.py says what t
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from planner.errors import SailorError
-from planner.inputs import FLOAT_MAX, short
+from planner.inputs import short
 from planner.specs.families import ACTIVATION_TO_HF, ConfigReader, Family, WeightMap, WeightRule
 from planner.specs.families import llama
 from planner.specs.model import MAX_BLOCKS, ModelSpec
@@ -30,12 +31,6 @@ from planner.specs.model import MAX_BLOCKS, ModelSpec
 HEAD_DIM = 256  # transformers' default for every Gemma
 GLOBAL_THETA, LOCAL_THETA = 1_000_000.0, 10_000.0  # Gemma 3's rotary bases when its config names none
 SLIDING_PATTERN = {"gemma2": 2, "gemma3_text": 6}  # every n-th block is full, the others windowed
-
-
-def _positive(cfg, key: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= FLOAT_MAX:
-        raise SailorError(f"model config {cfg.source}: {key} must be a positive number, not {short(value)}")
-    return float(value)
 
 
 def _layer_types(cfg, model_type: str, blocks: int) -> ConfigReader:
@@ -62,11 +57,11 @@ def _gemma3_rope(cfg) -> tuple[float, tuple, float]:
         if local.get("rope_type", "default") != "default":
             raise SailorError(f"model config {cfg.source}: rope type {short(local.get('rope_type'))} of the "
                               "sliding-window layers is not supported; use default")
-        return theta, scaling, _positive(cfg, "rope_theta", local.get("rope_theta", LOCAL_THETA))
+        return theta, scaling, cfg.number("rope_theta", local.get("rope_theta", LOCAL_THETA))
     theta, scaling = llama._rope(ConfigReader({**cfg.cfg, "rope_theta": cfg.cfg.get("rope_theta", GLOBAL_THETA)},
                                               cfg.source))
     _no_longrope(cfg, scaling)
-    return theta, scaling, _positive(cfg, "rope_local_base_freq", cfg.cfg.get("rope_local_base_freq", LOCAL_THETA))
+    return theta, scaling, cfg.number("rope_local_base_freq", cfg.cfg.get("rope_local_base_freq", LOCAL_THETA))
 
 
 def _no_longrope(cfg, scaling: tuple) -> None:
@@ -78,7 +73,7 @@ def _no_longrope(cfg, scaling: tuple) -> None:
 
 def _cap(cfg, key: str, default: float | None) -> float:
     value = cfg.cfg.get(key, default)
-    return 0.0 if value is None else _positive(cfg, key, value)
+    return 0.0 if value is None else cfg.number(key, value)
 
 
 def from_hf(cfg, model_type: str) -> dict:
@@ -174,35 +169,15 @@ def to_hf(spec: ModelSpec) -> dict:
     return {**cfg, "rope_parameters": {"full_attention": rope, "sliding_attention": local}}
 
 
-def _weights(sandwich: bool) -> WeightMap:
+def _sandwich_weights() -> WeightMap:
+    """LLaMA's names (Gemma's), with Gemma 2's pre-MLP norm and the norms on the sublayers' outputs."""
     layer = "model.layers.{i}."
-    attention = layer + "self_attn."
-    pre_mlp = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
-    block = [
-        WeightRule("input_layernorm.weight", (layer + "input_layernorm.weight",)),
-        WeightRule("self_attention.linear_qkv.weight", tuple(attention + f"{p}_proj.weight" for p in "qkv"), "qkv"),
-        WeightRule("self_attention.linear_qkv.bias", tuple(attention + f"{p}_proj.bias" for p in "qkv"), "qkv"),
-        WeightRule("self_attention.linear_proj.weight", (attention + "o_proj.weight",)),
-        WeightRule("self_attention.linear_proj.bias", (attention + "o_proj.bias",)),
-        WeightRule("pre_mlp_layernorm.weight", (layer + pre_mlp + ".weight",)),
-        WeightRule("mlp.linear_fc1.weight", (layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"),
-                   "gate_up"),
-        WeightRule("mlp.linear_fc2.weight", (layer + "mlp.down_proj.weight",)),
-    ]
-    if sandwich:
-        block += [
-            WeightRule("post_attention_layernorm.weight", (layer + "post_attention_layernorm.weight",)),
-            WeightRule("post_mlp_layernorm.weight", (layer + "post_feedforward_layernorm.weight",)),
-            WeightRule("self_attention.q_layernorm.weight", (attention + "q_norm.weight",)),
-            WeightRule("self_attention.k_layernorm.weight", (attention + "k_norm.weight",)),
-        ]
-    return WeightMap(
-        embedding=(WeightRule("word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),),
-        block=tuple(block),
-        final_norm=(WeightRule("final_layernorm.weight", ("model.norm.weight",)),),
-        head=(WeightRule("output_layer.weight", ("lm_head.weight",), "vocab"),),
-    )
+    block = [WeightRule(r.ours, (layer + "pre_feedforward_layernorm.weight",)) if r.ours == "pre_mlp_layernorm.weight"
+             else r for r in llama.WEIGHTS.block]
+    block += [WeightRule("post_attention_layernorm.weight", (layer + "post_attention_layernorm.weight",)),
+              WeightRule("post_mlp_layernorm.weight", (layer + "post_feedforward_layernorm.weight",))]
+    return replace(llama.WEIGHTS, block=tuple(block))
 
 
-FAMILY = Family("gemma", ("gemma",), from_hf, to_hf, _weights(sandwich=False))
-FAMILY2 = Family("gemma2", ("gemma2", "gemma3_text"), from_hf, to_hf, _weights(sandwich=True))
+FAMILY = Family("gemma", ("gemma",), from_hf, to_hf, llama.WEIGHTS)  # LLaMA's names, tensor for tensor
+FAMILY2 = Family("gemma2", ("gemma2", "gemma3_text"), from_hf, to_hf, _sandwich_weights())

@@ -45,16 +45,9 @@ def _rope(cfg) -> tuple[float, tuple]:
                           f"{', '.join(ROPE_TYPES)}")
     theta = params.get("rope_theta", 10000.0)
     if kind == "longrope":
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta <= FLOAT_MAX:
-            raise SailorError(f"model config {cfg.source}: rope rope_theta must be a positive number, not "
-                              f"{short(theta)}")
-        return float(theta), _longrope(cfg, params)
-    values = {}
-    for key in ("rope_theta", *_ROPE_KEYS[kind]):
-        value = theta if key == "rope_theta" else params.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= FLOAT_MAX:
-            raise SailorError(f"model config {cfg.source}: rope {key} must be a positive number, not {short(value)}")
-        values[key] = float(value)
+        return cfg.number("rope rope_theta", theta), _longrope(cfg, params)
+    values = {key: cfg.number(f"rope {key}", theta if key == "rope_theta" else params.get(key))
+              for key in ("rope_theta", *_ROPE_KEYS[kind])}
     scaling = () if kind == "default" else tuple(sorted({"type": kind, **{k: values[k] for k in _ROPE_KEYS[kind]}}
                                                         .items()))
     return values["rope_theta"], scaling
@@ -79,16 +72,12 @@ def _longrope(cfg, params: dict) -> tuple:
         raise SailorError(f"model config {cfg.source}: rope original_max_position_embeddings must be the original "
                           f"context length, a whole number of tokens above 1, not {short(original)}")
     factor = params.get("factor")
-    if factor is None:
-        factor = cfg.int("max_position_embeddings") / original
+    factor = cfg.int("max_position_embeddings") / original if factor is None else cfg.number("rope factor", factor)
     attention = params.get("attention_factor")
     if attention is None:
         attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
-    for key, value in (("factor", factor), ("attention_factor", attention)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= FLOAT_MAX:
-            raise SailorError(f"model config {cfg.source}: rope {key} must be a positive number, not {short(value)}")
     return tuple(sorted({"type": "longrope", **lists, "original_max_position_embeddings": float(original),
-                         "attention_factor": float(attention)}.items()))
+                         "attention_factor": cfg.number("rope attention_factor", attention)}.items()))
 
 
 def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
