@@ -51,7 +51,11 @@ def rule_for(model: ModelSpec, logical: str) -> tuple[WeightRule, int]:
                       "this model cannot be converted")
 
 
-def hf_names(rule: WeightRule, block: int) -> tuple[str, ...]:
+def hf_names(rule: WeightRule, block: int, experts: int = 0) -> tuple[str, ...]:
+    """The rule's Hugging Face names in block `block`; rules of expert tensors ({e} in their names)
+    name every expert's, expert by expert."""
+    if any("{e}" in name for name in rule.hf):
+        return tuple(name.format(i=block, e=e) for e in range(experts) for name in rule.hf)
     return tuple(name.format(i=block) for name in rule.hf)
 
 
@@ -88,6 +92,10 @@ def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torc
         return list(tensor.unbind(0))
     if op == "gate_up_cat":
         return [tensor.reshape(-1, *tensor.shape[2:])]
+    if op == "experts":  # [E, ...] -> one tensor per expert
+        return list(tensor.unbind(0))
+    if op == "experts_gate_up":  # [E, 2, ffn, h] -> each expert's gate and up
+        return [part for expert in tensor.unbind(0) for part in expert.unbind(0)]
     raise ValueError(f"unknown weight op {op!r}")
 
 
@@ -120,6 +128,11 @@ def local_slice(weights: "HFWeights", model: ModelSpec, rule: WeightRule, names:
         ffn = shard.logical_shape[1]
         lo, hi = (0, ffn) if dim is None else (start, stop)
         out = torch.stack([weights.get(names[0], 0, o + lo, o + hi) for o in (0, ffn)])
+    elif op == "experts":  # logical [E, ...], each expert's tensor sliced along the same dimension
+        out = torch.stack([weights.get(n, None if dim is None else dim - 1, start, stop) for n in names])
+    elif op == "experts_gate_up":  # logical [E, 2, ffn, h] split along ffn: each expert's gate and up rows
+        rows = (None, None, None) if dim is None else (0, start, stop)
+        out = torch.stack([weights.get(n, *rows) for n in names]).reshape(-1, 2, *shard.local_shape[2:])
     elif op in ("qkv", "qkv_cat", "qkv_cat_t"):
         per_group = (model.heads // model.num_query_groups + 2) * model.head_dim  # fused rows of one group
         g0, g1 = (0, model.num_query_groups) if dim is None else (start // per_group, stop // per_group)
@@ -233,7 +246,8 @@ def load_stage(stage, directory: str | Path, params: dict[str, torch.Tensor] | N
         for name, param in (params or dict(stage.named_parameters())).items():
             shard = stage.shards[name]
             rule, block = rule_for(model, shard.name)
-            shard.view(param).copy_(local_slice(weights, model, rule, hf_names(rule, block), shard))
+            names = hf_names(rule, block, model.experts)
+            shard.view(param).copy_(local_slice(weights, model, rule, names, shard))
     finally:
         weights.close()
 
@@ -244,7 +258,7 @@ def hf_state_dict(model: ModelSpec, logical: dict[str, torch.Tensor], dtype: tor
     out = {}
     for name in sorted(logical):
         rule, block = rule_for(model, name)
-        for hf_name, tensor in zip(hf_names(rule, block), to_hf(model, rule, logical[name])):
+        for hf_name, tensor in zip(hf_names(rule, block, model.experts), to_hf(model, rule, logical[name])):
             out[hf_name] = tensor.to(dtype).contiguous()
     return out
 

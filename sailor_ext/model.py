@@ -10,10 +10,10 @@ them in `loss.py`).
 
 Every choice between families is a ModelSpec field, read here and nowhere
 else: the norm (LayerNorm or RMSNorm), pre- or post-norm blocks, the MLP
-(GELU, tanh-GELU, ReLU, or SwiGLU with fc1 = [gate; up]), which linears have
-biases, grouped-query attention, per-head q/k norms, rotary positions (megatron's
-apply_rotary_pos_emb, frequencies from sailor_ext.attention; Gemma 3's windowed
-blocks have their own), the attention scale, per-block attention windows,
+(GELU, tanh-GELU, ReLU, or SwiGLU with fc1 = [gate; up]; a mixture of experts
+in moe.py), which linears have biases, grouped-query attention, per-head q/k
+norms, rotary positions (megatron's apply_rotary_pos_emb, frequencies from
+sailor_ext.attention; Gemma 3's windowed blocks have their own), the attention scale, per-block attention windows,
 Gemma's touches ((1 + w) norms, a norm on each sublayer's output, soft caps on
 attention scores and logits) and the multipliers of Gemma and Granite (word
 embeddings, residual branches, logits). A block is megatron's `SelfAttention`
@@ -65,6 +65,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 
 from planner.specs.model import BLOCK, EMBEDDING, FINAL_NORM, ModelSpec  # noqa: E402
 from sailor_ext.attention import FusedCoreAttention, rotary_embedding, rotary_mscale, window_mask  # noqa: E402
+from sailor_ext.moe import ExpertWeights, MoE  # noqa: E402
 from sailor_ext.sharding import ParamShard  # noqa: E402
 
 INIT_STD = 0.02
@@ -118,7 +119,8 @@ class KernelFusion:
 
     def applied(self, model: ModelSpec) -> list[str]:
         """The fusions this model has the layers for."""
-        return [name for name, on in (("swiglu", self.swiglu and model.gated_mlp and model.activation == "silu"),
+        return [name for name, on in (("swiglu", self.swiglu and model.gated_mlp and model.activation == "silu"
+                                                 and not model.experts),
                                       ("rope", self.rope and not model.learned_positions)) if on]
 
 
@@ -282,9 +284,12 @@ class Block(nn.Module):
                                             pg_collection=pg)
         if not model.shared_norm:
             self.pre_mlp_layernorm = norm(model, model.hidden)
-        mlp = MLPSubmodules(linear_fc1=with_bias(ColumnParallelLinear, model.mlp_bias),
-                            linear_fc2=with_bias(RowParallelLinear, model.mlp_bias))
-        self.mlp = MLP(config, mlp, ffn_hidden_size=model.ffn_hidden, tp_group=pg.tp)
+        if model.experts:
+            self.mlp = MoE(model, spec.tp, pg.tp, ACTIVATIONS[model.activation])
+        else:
+            mlp = MLPSubmodules(linear_fc1=with_bias(ColumnParallelLinear, model.mlp_bias),
+                                linear_fc2=with_bias(RowParallelLinear, model.mlp_bias))
+            self.mlp = MLP(config, mlp, ffn_hidden_size=model.ffn_hidden, tp_group=pg.tp)
         if model.sandwich_norm:
             self.post_attention_layernorm = norm(model, model.hidden)
             self.post_mlp_layernorm = norm(model, model.hidden)
@@ -438,7 +443,9 @@ class StageModel(nn.Module):
             for pname, param in module.named_parameters(recurse=False):
                 name = f"{module_name}.{pname}"
                 dim = None
-                if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+                if isinstance(module, ExpertWeights):
+                    dim = module.partition_dim
+                elif isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
                     dim = 0  # output features / vocabulary rows (weight and bias)
                 elif isinstance(module, RowParallelLinear) and pname == "weight":
                     dim = 1  # input features; the bias is added after the all-reduce
@@ -450,12 +457,15 @@ class StageModel(nn.Module):
                 shape = list(param.shape)
                 if dim is not None:
                     shape[dim] *= spec.tp
-                if dim is not None and spec.model.gated_mlp and module_name.endswith("mlp.linear_fc1"):
+                if isinstance(module, ExpertWeights):
+                    shape = list(module.logical_shape)
+                elif dim is not None and spec.model.gated_mlp and module_name.endswith("mlp.linear_fc1"):
                     # megatron's SwiGLU fc1: each TP rank holds [its gate rows; its up rows], so the
                     # logical tensor is [2, ffn, ...] split along dim 1
                     shape = [2, shape[0] // 2, *shape[1:]]
                     dim = 1
-                partial = module_name.endswith(("self_attention.q_layernorm", "self_attention.k_layernorm"))
+                partial = module_name.endswith(("self_attention.q_layernorm", "self_attention.k_layernorm",
+                                                "mlp.router"))
                 out[name] = ParamShard(logical, tuple(shape), dim, spec.tp, spec.tp_rank,
                                        chunks if dim is not None else 1, stages, partial_grad=partial)
         return out

@@ -175,6 +175,8 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
         attention += 2 * (model.q_dim + model.kv_dim)
     if model.attn_softcap:
         attention += (2 if DTYPE_BYTES[precision] == 4 else 4) * model.heads * model.seq_len
+    if model.experts:
+        return norms + attention / tp + model.moe_activation_floats(tp, DTYPE_BYTES[precision])
     fused = model.gated_mlp and model.activation == "silu"
     mlp = model._mlp_in() + (3 if model.gated_mlp and not fused else 1) * model.ffn_hidden
     return norms + (attention + mlp) / tp

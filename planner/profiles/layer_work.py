@@ -120,15 +120,25 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
         scores = model.heads * model.seq_len  # S
         fused = d < 4  # Megatron's fused softmax takes 16-bit inputs only; fp32 runs PyTorch's ops
         rope = 0.0 if model.learned_positions else 6.0 * (q + kv) / t * model.rotary_fraction
-        gated = model.gated_mlp
-        linear_io = 4 * h + (q + 2 * kv + q + f_in + f) / t
+        gated, mlps = model.gated_mlp, model.active_mlps  # mlps: the MLPs (experts) a token passes through
+        linear_io = 4 * h + (q + 2 * kv + q + mlps * (f_in + f)) / t
         norms = model.block_norms
         fwd = (norms * norm_f * h + 2 * 3 * h + linear_io + (4 if fused else 7) * scores / t
-               + (3 if gated else 2) * f / t + 2 * q / t + rope)
+               + mlps * (3 if gated else 2) * f / t + 2 * q / t + rope)
         bwd = (norms * norm_b * h + 2 * 3 * h + 2 * linear_io + (7 if fused else 9) * scores / t
-               + (5 if gated else 3) * f / t + 2 * q / t + rope)
+               + mlps * (5 if gated else 3) * f / t + 2 * q / t + rope)
         k_f = 14 + (0 if fused else 1) + norms * norm_kf - 2 + (0 if model.learned_positions else 6) + 2 * gated
         k_b = 30 + (0 if fused else 3) + norms * norm_kb - 4 + (0 if model.learned_positions else 12) + 4 * gated
+        if model.experts:
+            # routing (sailor_ext/moe.py): the router's E scores, their fp32 softmax (written, read) and top k
+            # (values moved per token in units of d: 4/d per fp32 value); each of the k experts' tokens gathered
+            # (h read, h written), its output weighted (h read, h written) and added into the sum (h read, h
+            # written), twice as much in backward; about 8 kernels per expert and pass (index, 2 GEMMs, the
+            # activation, weighting, index_add) and 8 for routing; backward twice as many
+            e = model.experts
+            fwd += 2 * e + 3 * 4 / d * e + mlps * 6 * h
+            bwd += 2 * e + 3 * 4 / d * e + mlps * 12 * h
+            k_f, k_b = k_f + 8 * e + 8, k_b + 16 * e + 8
         if model.qk_norm:  # two more norms, over q and k (q + kv values per token, split over TP)
             fwd, bwd = fwd + norm_f * (q + kv) / t, bwd + norm_b * (q + kv) / t
             k_f, k_b = k_f + 2 * norm_kf, k_b + 2 * norm_kb

@@ -51,7 +51,8 @@ class ModelSpec:
     """
 
     name: str
-    family: str  # opt | gpt2 | gpt-neo | gpt-neox | llama | phi3 | gemma | gemma2 | starcoder2 | cohere (families/)
+    family: str  # opt | gpt2 | gpt-neo | gpt-neox | llama | mixtral | qwen3_moe | phi3 | gemma | gemma2 | starcoder2
+    # | cohere (families/)
     hidden: int
     num_blocks: int
     heads: int
@@ -97,6 +98,12 @@ class ModelSpec:
     norm_bias: bool = True  # LayerNorms have a bias (Cohere's have none)
     shared_norm: bool = False  # a parallel residual whose one norm feeds attention and MLP (Cohere)
     rotary_interleaved: bool = False  # rotary positions rotate adjacent pairs (2i, 2i + 1) (Cohere), not halves
+    # mixture of experts (Mixtral, Qwen3-MoE): each block's MLP is `experts` MLPs of ffn_hidden each, and a
+    # router (a linear hidden -> experts) sends each token to the `experts_per_token` with the highest softmax
+    # probabilities, whose outputs it sums weighted by those (renormalised to sum to 1 with expert_renorm)
+    experts: int = 0  # 0: a dense MLP
+    experts_per_token: int = 0
+    expert_renorm: bool = True
     hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
@@ -140,6 +147,18 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1e30:
                 raise SailorError(f"model {self.name!r}: {field} must be a positive finite number, not {short(value)}")
+        for field in ("experts", "experts_per_token"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1 << 16:
+                raise SailorError(f"model {self.name!r}: {field} must be an integer from 0 to {1 << 16}, not "
+                                  f"{short(value)}")
+        if self.experts and not 1 <= self.experts_per_token <= self.experts:
+            raise SailorError(f"model {self.name!r}: each token goes to 1 to {self.experts} of the {self.experts} "
+                              f"experts, not {self.experts_per_token} (num_experts_per_tok)")
+        if self.experts and self.mlp_bias:
+            raise SailorError(f"model {self.name!r}: experts' linears have no biases (mlp_bias)")
+        if self.experts_per_token and not self.experts:
+            raise SailorError(f"model {self.name!r}: experts_per_token {self.experts_per_token} without experts")
         if self.norm_offset and not self.rms_norm:
             raise SailorError(f"model {self.name!r}: (1 + w) norms are RMSNorms; a model with them has RMSNorms "
                               "(rms_norm)")
@@ -245,10 +264,23 @@ class ModelSpec:
         return out
 
     # -- per-layer facts -----------------------------------------------------
+    def _attention_weights(self) -> int:
+        """Weights of QKV and the output projection."""
+        return self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
+
+    def _mlp_weights(self) -> int:
+        """Weights of one MLP (one expert's): fc1 (gate+up) and fc2."""
+        return self.hidden * self._mlp_in() + self.ffn_hidden * self.hidden
+
     def _block_matmul_weights(self) -> int:
-        """Weights of the four matmuls of a block: QKV, proj, fc1 (gate+up), fc2."""
-        h = self.hidden
-        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + h * self._mlp_in() + self.ffn_hidden * h
+        """Weights of a block's matmuls split over TP: QKV, proj, and every expert's fc1 and fc2 (the
+        router is replicated: params())."""
+        return self._attention_weights() + max(1, self.experts) * self._mlp_weights()
+
+    @property
+    def active_mlps(self) -> int:
+        """MLPs each token passes through: 1, or experts_per_token of the experts."""
+        return self.experts_per_token if self.experts else 1
 
     def _mlp_in(self) -> int:
         return (2 if self.gated_mlp else 1) * self.ffn_hidden
@@ -281,6 +313,7 @@ class ModelSpec:
         sharded, replicated = self._block_matmul_weights(), self.block_norms * self._norm_params()
         if self.qk_norm:
             replicated += 2 * self.head_dim  # two RMSNorm weights, each shared by all heads of q (of k)
+        replicated += self.experts * h  # the router
         if self.qkv_bias:
             sharded += self.q_dim + 2 * self.kv_dim  # column-parallel
         if self.mlp_bias:
@@ -302,7 +335,8 @@ class ModelSpec:
         reproduces Sailor's measured llm_info for OPT-350 at TP 1, 2, 4 and 8.
         Sandwich norms add their inputs, 2h; a softcap keeps its tanh, heads*seq/tp.
         Head: the logits and their softmax, 2*V/tp, plus the final norm's
-        input (and the softcap's tanh, V/tp). A projection keeps its input too (word_dim).
+        input (and the softcap's tanh, V/tp). A projection keeps its input too (word_dim). A
+        mixture of experts keeps what moe_activation_floats counts (16-bit) in place of the MLP's f_in/tp.
         """
         h, kind = self.hidden, self.kind(layer)
         extra = self.word_dim if self.projected else 0
@@ -312,12 +346,29 @@ class ModelSpec:
             return float(h)
         if kind == HEAD:
             return (3.0 if self.logit_softcap else 2.0) * self.padded_vocab(tp) / tp + 1.25 * h + extra
-        sharded = (self.q_dim + 2 * self.kv_dim) + self.q_dim + self._mlp_in() + self.heads * self.seq_len
+        mlp = 0 if self.experts else self._mlp_in()
+        sharded = (self.q_dim + 2 * self.kv_dim) + self.q_dim + mlp + self.heads * self.seq_len
         if self.qk_norm:
             sharded += self.q_dim + self.kv_dim  # the q and k norms' inputs
         if self.attn_softcap:
             sharded += self.heads * self.seq_len  # tanh's output, for its backward
-        return (3.0 + self.block_norms - 2) * h + sharded / tp
+        moe = self.moe_activation_floats(tp, 2) if self.experts else 0.0
+        return (3.0 + self.block_norms - 2) * h + sharded / tp + moe
+
+    def moe_activation_floats(self, tp: int, dtype_bytes: int) -> float:
+        """Values (of `dtype_bytes` each) per token that a mixture-of-experts MLP keeps beyond its input,
+        as sailor_ext/moe.py runs it (autograd's saved tensors; tests/runtime/test_units.py):
+
+            router         its input's copy h, the fp32 probabilities 4E/b, the chosen experts and
+                           their order 2 * 8k/b (int64), with renormalisation the chosen
+                           probabilities and their sum 4(k + 1)/b
+            each of the k  the expert's input h, its output h and the weighted output h (replicated
+            experts        over TP); fc1's output, the activation's and the product, 4f/t (SwiGLU;
+                           2f/t plain); its routing weight 4/b and token index 8/b
+        """
+        h, e, k, f, b = self.hidden, self.experts, self.experts_per_token, self.ffn_hidden, dtype_bytes
+        router = h + 4 * e / b + 16 * k / b + (4 * (k + 1) / b if self.expert_renorm else 0)
+        return router + k * (3 * h + (4 if self.gated_mlp else 2) * f / tp + 12 / b)
 
     def output_floats(self, layer: int) -> int:
         """Floats per token a layer hands to the next one (the p2p payload)."""
@@ -326,8 +377,9 @@ class ModelSpec:
     def forward_flops(self, layer: int) -> float:
         """Forward FLOPs per token of the whole layer (all TP ranks together)."""
         kind = self.kind(layer)
-        if kind == BLOCK:
-            return 2.0 * self._block_matmul_weights() + 4.0 * self.seq_len * self.q_dim  # + QK^T and AV
+        if kind == BLOCK:  # the matmuls of attention, of each MLP a token passes through and the router; QK^T, AV
+            return 2.0 * (self._attention_weights() + self.active_mlps * self._mlp_weights() + self.experts *
+                          self.hidden) + 4.0 * self.seq_len * self.q_dim
         if kind == HEAD:
             projection = 2.0 * self.word_dim * self.hidden if self.projected else 0.0
             return 2.0 * self.word_dim * self.padded_vocab(1) + projection

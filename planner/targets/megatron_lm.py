@@ -86,6 +86,13 @@ def megatron_model_args(model) -> list[str]:
         args.append("--disable-bias-linear")
     elif biases != (True, True, True):
         refuse("biases on some linear layers only")
+    if model.experts:
+        # Megatron's router: top k of the logits, then their softmax (the renormalised probabilities), or with
+        # --moe-router-pre-softmax the top k of the softmax; no load-balancing loss, as ours
+        args += [f"--num-experts {model.experts}", f"--moe-router-topk {model.experts_per_token}",
+                 f"--moe-ffn-hidden-size {model.ffn_hidden}", "--moe-router-load-balancing-type none"]
+        if not model.expert_renorm:
+            args.append("--moe-router-pre-softmax")
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     return args

@@ -67,7 +67,8 @@ keys = ("data_parallel_size", "tensor_model_parallel_size", "pipeline_model_para
         "rotary_base", "untie_embeddings_and_output_weights", "decoder_first_pipeline_num_layers",
         "decoder_last_pipeline_num_layers", "pipeline_model_parallel_layout", "mock_data", "tokenizer_type",
         "vocab_size", "recompute_granularity", "bf16", "seq_length", "use_distributed_optimizer",
-        "overlap_grad_reduce", "bias_swiglu_fusion", "apply_rope_fusion")
+        "overlap_grad_reduce", "bias_swiglu_fusion", "apply_rope_fusion", "num_experts", "moe_router_topk",
+        "moe_ffn_hidden_size", "moe_router_pre_softmax", "moe_router_load_balancing_type", "ffn_hidden_size")
 print("RESULT " + json.dumps({k: getattr(args, k, None) for k in keys}, default=str))
 """
 
@@ -141,3 +142,14 @@ def test_recomputing_plan_passes_megatrons_parser(megatron_src, tmp_path):
     recomputing = {**HOMO, "stages": [{**st, "recompute": True} for st in HOMO["stages"]]}
     argv, env, _ = megatron_args(tmp_path, recomputing, "--train-iters", "10")
     assert parse(megatron_src, argv, env, 16)["recompute_granularity"] == "full"
+
+
+def test_mixtral_plan_passes_megatrons_parser(megatron_src, tmp_path):
+    """A mixture of experts: Megatron's MoE layers with the same experts, router and no balancing loss."""
+    mixtral = {**LLAMA, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
+    argv, env, _ = megatron_args(tmp_path, _with_model(tmp_path, HOMO, mixtral), "--train-iters", "10")
+    got = parse(megatron_src, argv, env, 16)
+    assert (got["num_experts"], got["moe_router_topk"], got["moe_ffn_hidden_size"], got["ffn_hidden_size"]) == \
+        (8, 2, 1024, 1024)
+    assert not got["moe_router_pre_softmax"] and got["moe_router_load_balancing_type"] == "none"
+    assert got["tensor_model_parallel_size"] == 2 and got["swiglu"] and not got["add_bias_linear"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -103,6 +104,19 @@ PUBLISHED = {
                     "query_pre_attn_scalar": 256, "sliding_window": 512, "sliding_window_pattern": 6,
                     "rope_theta": 1000000, "rope_local_base_freq": 10000, "rope_scaling": None,
                     "attn_logit_softcapping": None, "final_logit_softcapping": None}, 999_885_952),
+    # mixtures of experts: 46.7 B and 30.5 B parameters as their model cards give them, exactly as transformers counts
+    "Mixtral-8x7B": ({"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                      "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+                      "max_position_embeddings": 32768, "num_local_experts": 8, "num_experts_per_tok": 2,
+                      "rms_norm_eps": 1e-5, "rope_theta": 1e6, "sliding_window": None, "router_aux_loss_coef": 0.02,
+                      "output_router_logits": False, "tie_word_embeddings": False}, 46_702_792_704),
+    "Qwen3-30B-A3B": ({"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+                       "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+                       "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+                       "max_position_embeddings": 40960,
+                       "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "rms_norm_eps": 1e-6,
+                       "rope_theta": 1e6, "use_sliding_window": False, "sliding_window": None, "decoder_sparse_step": 1,
+                       "mlp_only_layers": [], "tie_word_embeddings": False}, 30_532_122_624),
 }
 
 
@@ -352,3 +366,37 @@ def test_cohere_details(tmp_path):
     with pytest.raises(SailorError, match="logit_scale must be a positive number, not 0"):
         get_model(str(_write(tmp_path, {**cfg, "logit_scale": 0})))
     assert model.total_params(padded=False) == transformers_count(cfg)
+
+
+def test_moe_details(tmp_path):
+    """The router's choices and the experts' width; the planner counts the experts a token passes through."""
+    mixtral = get_model(str(_write(tmp_path, PUBLISHED["Mixtral-8x7B"][0])), seq_len=4096)
+    assert (mixtral.family, mixtral.experts, mixtral.experts_per_token, mixtral.expert_renorm, mixtral.ffn_hidden) \
+        == ("mixtral", 8, 2, True, 14336)
+    qwen = get_model(str(_write(tmp_path, PUBLISHED["Qwen3-30B-A3B"][0])), seq_len=4096)
+    assert (qwen.experts, qwen.experts_per_token, qwen.expert_renorm, qwen.ffn_hidden, qwen.qk_norm) == \
+        (128, 8, True, 768, True)
+    dense = replace(qwen, experts=0, experts_per_token=0)
+    # a block's forward FLOPs: 8 of the 128 experts' MLPs and the router (2 * 128 * h), not all 128
+    mlp = 2 * 3 * 2048 * 768
+    assert qwen.forward_flops(1) - dense.forward_flops(1) == 7 * mlp + 2 * 128 * 2048
+    assert qwen.params(1, tp=4) - dense.params(1, tp=4) == 127 * 3 * 2048 * 768 // 4 + 128 * 2048
+    # about 3.3 B parameters take part in a token's forward, as Qwen3-30B-A3B's model card says
+    active = qwen.total_params(padded=False) - qwen.num_blocks * 120 * 3 * 2048 * 768
+    assert 3.3e9 <= active < 3.4e9
+
+
+@pytest.mark.parametrize("name, change, needle", [
+    ("Mixtral-8x7B", {"output_router_logits": True}, "output_router_logits adds a load-balancing loss"),
+    ("Mixtral-8x7B", {"router_jitter_noise": 0.1}, "router_jitter_noise is not supported; set it to 0"),
+    ("Mixtral-8x7B", {"num_experts_per_tok": 9}, "each token goes to 1 to 8 of the 8 experts, not 9"),
+    ("Mixtral-8x7B", {"num_local_experts": "8"}, "num_local_experts must be a positive integer"),
+    ("Mixtral-8x7B", {"mlp_bias": True}, "experts' linears have no biases"),
+    ("Qwen3-30B-A3B", {"mlp_only_layers": [0]}, "dense blocks among the experts'"),
+    ("Qwen3-30B-A3B", {"decoder_sparse_step": 2}, "dense blocks among the experts'"),
+    ("Qwen3-30B-A3B", {"moe_intermediate_size": 0}, "moe_intermediate_size must be a positive integer"),
+    ("Qwen3-30B-A3B", {"model_type": "qwen2_moe"}, "its shared expert beside the routed ones is not supported"),
+])
+def test_bad_moe_config_is_one_clear_error(tmp_path, name, change, needle):
+    with pytest.raises(SailorError, match=needle):
+        get_model(str(_write(tmp_path, {**PUBLISHED[name][0], **change})))

@@ -301,3 +301,29 @@ def test_bf16_losses_do_not_depend_on_where_the_stages_are_cut(runs_dir, llama_c
     assert [m["grad_norm"] for m in a.metrics] == pytest.approx([m["grad_norm"] for m in b.metrics], rel=1e-12)
     mine, theirs = logical_params(a), logical_params(b)
     assert all(torch.equal(mine[n], theirs[n]) for n in theirs)
+
+
+# A Mixtral-shaped mixture of experts (4 experts, 2 per token) from the seed: the replicas' TP 4 and 2
+# shard every expert differently, the router's gradient is summed over each TP group, and a stage
+# recomputes its blocks (routing again in backward).
+MIXTRAL = {**LLAMA, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}
+
+
+@pytest.fixture(scope="module")
+def mixtral_config(tmp_path_factory):
+    config = tmp_path_factory.mktemp("mixtral") / "config.json"
+    config.write_text(json.dumps(MIXTRAL))
+    return config
+
+
+@pytest.mark.parametrize("name", ["tp_per_replica", "combined_recompute"])
+def test_mixture_of_experts_plan_matches_single_process(name, runs_dir, reference, mixtral_config):
+    config = mixtral_config
+    plan = llama_plan(name, config)
+    world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
+    sharded = ["--use-distributed-optimizer"] if name == "tp_per_replica" else []
+    run = run_plan(runs_dir / f"mixtral-{name}", plan, world, common_args(SGD) + sharded)
+    assert_ok(run)
+    assert ("distributed optimizer" in run.log(0)) == bool(sharded)
+    ref = plan_dict([((0, 6), [1])], [(12, 1)], model=str(config))
+    assert_same_training(run, reference("mixtral-sgd", ref, 1, SGD))

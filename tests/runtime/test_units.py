@@ -242,15 +242,22 @@ def test_kernel_fusion_applies_where_the_model_has_the_layers(tmp_path):
 def test_capped_attention_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
     """A Gemma 2 block (sandwich norms, GeGLU, capped attention, which runs as our own code on CPU
     and CUDA alike): the tensors autograd saves, per sample, are what the planner's estimate counts
-    for our runtime (the rotary angles and the mask do not grow with the batch: two batch sizes)."""
+    for our runtime."""
+    measured, counted = _block_saved_floats({"model_type": "gemma2", "head_dim": 16, "sliding_window": 8}, tmp_path)
+    assert measured == pytest.approx(counted, rel=0.01)
+
+
+def _block_saved_floats(cfg: dict, tmp_path) -> tuple[float, float]:
+    """(measured, counted) fp32 values per token that block 1 of a small model of `cfg` keeps for backward:
+    autograd's saved tensors (two batch sizes: the rotary angles and masks do not grow with the batch)
+    and the planner's estimate for our runtime."""
     import json
 
     from sailor_ext.model import StageModel, StageSpec, init_from_seed
     from planner.profiles.estimate import activation_floats
 
-    cfg = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300,
-           "max_position_embeddings": 64, "sliding_window": 8}
+    cfg = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 300, "max_position_embeddings": 64, **cfg}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     model = get_model(str(tmp_path / "config.json"), seq_len=32)
     stage = StageModel(StageSpec(model, 1, 1, 1, 0, model.padded_vocab(1)), dist.group.WORLD, torch.device("cpu"))
@@ -272,4 +279,18 @@ def test_capped_attention_block_keeps_what_the_estimator_counts(world_of_one, tm
         saved_bytes[batch] = sum(storages.values())
     per_token = (saved_bytes[3] - saved_bytes[1]) / 2 / model.seq_len / 4  # fp32 values
     # the estimate counts the block's input with its first norm; here it is x, left out
-    assert per_token + model.hidden == pytest.approx(activation_floats(model, 1, 1, "sailor", "fp32"), rel=0.01)
+    return per_token + model.hidden, activation_floats(model, 1, 1, "sailor", "fp32")
+
+
+def test_moe_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
+    """What a mixture-of-experts MLP keeps per token grows with the experts, the experts per token
+    and renormalisation as ModelSpec.moe_activation_floats counts (compared as differences between
+    blocks alike but for that: the attention's share on CPU is not the CUDA one the estimate counts)."""
+    base = {"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+            "head_dim": 16}
+    variants = [base, {**base, "num_experts": 8}, {**base, "num_experts": 8, "num_experts_per_tok": 4},
+                {**base, "norm_topk_prob": True}]
+    (m0, c0), *others = [_block_saved_floats(cfg, tmp_path) for cfg in variants]
+    assert c0 == pytest.approx(m0, rel=0.02)
+    for measured, counted in others:
+        assert counted - c0 == pytest.approx(measured - m0, rel=1e-3)

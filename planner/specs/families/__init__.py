@@ -1,8 +1,8 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
-One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3 and Granite; gemma.py Gemma 1,
-2 and 3; phi3.py, starcoder2.py, cohere.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds,
-as data, everything family-specific:
+One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3 and Granite; moe.py Mixtral and
+Qwen3-MoE; gemma.py Gemma 1, 2 and 3; phi3.py, starcoder2.py, cohere.py, gpt_neox.py, opt.py, gpt2.py,
+gpt_neo.py). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -31,7 +31,7 @@ class WeightRule:
     """One logical tensor of ours and the Hugging Face tensor(s) it is made of.
 
     ours: the name inside its pipeline layer (`layers.<L>.` is prepended);
-    hf: Hugging Face names, `{i}` standing for the 0-based block index;
+    hf: Hugging Face names, `{i}` standing for the 0-based block index (and `{e}` for the expert's);
     op: how the layouts differ:
       copy       the same tensor
       t          transposed (GPT-2's Conv1D keeps weights as [in, out])
@@ -43,6 +43,8 @@ class WeightRule:
       gate_up_cat  one tensor holding [gate; up] along its rows -> the same
       vocab      the word embedding or output layer: rows beyond the vocabulary are
                  padding that the runtime adds (and export drops)
+      experts    one tensor per expert -> all of them stacked, [E, ...]
+      experts_gate_up  each expert's gate and up projections -> [E, 2, ffn, h]
     """
 
     ours: str
@@ -68,10 +70,11 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import cohere, gemma, gpt2, gpt_neo, gpt_neox, llama, opt, phi3, starcoder2
+    from planner.specs.families import cohere, gemma, gpt2, gpt_neo, gpt_neox, llama, moe, opt, phi3, starcoder2
 
-    return {f.name: f for f in (llama.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
-                                cohere.FAMILY, opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
+    return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN3_MOE, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2,
+                                starcoder2.FAMILY, cohere.FAMILY, opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY,
+                                gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -211,9 +214,12 @@ def to_hf_config(spec: ModelSpec) -> dict:
 
 # model types close to a supported one, and what to do instead
 _UNSUPPORTED = {"gemma3": "it is a multimodal Gemma 3; train its language model from a gemma3_text config (its "
-                          "text_config with model_type gemma3_text)"}
+                          "text_config with model_type gemma3_text)",
+                "qwen2_moe": "its shared expert beside the routed ones is not supported; mixtral and qwen3_moe "
+                             "are the mixtures of experts sailor trains"}
 _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                   "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                   "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM", "phi3": "Phi3ForCausalLM",
                   "starcoder2": "Starcoder2ForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM",
-                  "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM", "cohere": "CohereForCausalLM"}
+                  "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM", "cohere": "CohereForCausalLM",
+                  "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}

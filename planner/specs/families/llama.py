@@ -20,6 +20,7 @@ from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRu
 from planner.specs.model import MAX_BLOCKS, ModelSpec
 
 ROPE_TYPES = ("default", "llama3", "linear", "longrope")
+QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 QWEN3_HEAD_DIM = 128  # transformers' Qwen3Config default, whatever hidden_size / num_attention_heads is
 _ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
               "linear": ("factor",), "default": ()}
@@ -84,6 +85,8 @@ def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
     """Sliding-window width per block (0: full attention)."""
     window = cfg.cfg.get("sliding_window")
     layer_types = cfg.cfg.get("layer_types")
+    if model_type == "qwen3_moe":  # every block windowed, or none
+        return (cfg.int("sliding_window"),) * blocks if cfg.bool("use_sliding_window", False) else ()
     if model_type in ("qwen2", "qwen3") and layer_types is None:
         if not cfg.bool("use_sliding_window", False):
             return ()
@@ -122,7 +125,7 @@ def from_hf(cfg, model_type: str) -> dict:
         head_dim_override=head_dim if head_dim * heads != hidden else 0,
         activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("rms_norm_eps", 1e-6),
         windows=_windows(cfg, model_type, blocks), rope_theta=theta, rope_scaling=scaling,
-        pad_token=cfg.pad_token(None), qk_norm=model_type == "qwen3",
+        pad_token=cfg.pad_token(None), qk_norm=model_type in QK_NORM_TYPES,
         **(_granite(cfg) if model_type == "granite" else {}),
     )
 
@@ -148,7 +151,7 @@ def to_hf(spec: ModelSpec) -> dict:
         spec.attention_scale
     model_type = spec.hf_model_type or ("qwen3" if spec.qk_norm else "granite" if scaled else
                                         "qwen2" if spec.qkv_bias and not spec.out_bias else "llama")
-    if spec.qk_norm != (model_type == "qwen3"):
+    if spec.qk_norm != (model_type in QK_NORM_TYPES):
         raise SailorError(f"{spec.name}: per-head q/k norms are qwen3's alone; the model and its model_type "
                           f"{model_type} disagree")
     if scaled and model_type != "granite":

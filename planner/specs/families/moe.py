@@ -1,0 +1,77 @@
+"""Mixtral and Qwen3-MoE: LLaMA's and Qwen3's attention, a mixture of experts in place of the MLP.
+
+Every block's MLP is `experts` SwiGLU MLPs and a router (ModelSpec.experts; the runtime's
+sailor_ext/moe.py). Mixtral (num_local_experts, intermediate_size per expert) renormalises the
+chosen experts' probabilities; Qwen3-MoE (num_experts, moe_intermediate_size) does where
+norm_topk_prob says so. Checkpoints keep one tensor per expert (`experts.{e}.w1`, or
+`gate_proj`), as the published ones and transformers' save_pretrained do.
+
+Refused, each with the field that asks for it: a load-balancing loss (output_router_logits), which
+our training does not add; router jitter; Qwen3-MoE's dense blocks among the sparse ones
+(mlp_only_layers, decoder_sparse_step).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner.errors import SailorError
+from planner.specs.families import Family, WeightMap, WeightRule, llama
+from planner.specs.model import ModelSpec
+
+_LAYER = "model.layers.{i}."
+
+
+def from_hf(cfg, model_type: str) -> dict:
+    if cfg.bool("output_router_logits", False):
+        raise SailorError(f"model config {cfg.source}: output_router_logits adds a load-balancing loss, which sailor "
+                          "does not train with; set it to false")
+    fields = llama.from_hf(cfg, model_type)
+    # the expert count: num_local_experts, or its alias num_experts (Qwen3-MoE's published configs)
+    key = "num_local_experts" if cfg.has("num_local_experts") else "num_experts"
+    if model_type == "mixtral":
+        if cfg.cfg.get("router_jitter_noise") not in (None, 0, 0.0):
+            raise SailorError(f"model config {cfg.source}: router_jitter_noise is not supported; set it to 0")
+        experts, renorm, top_k = cfg.int(key, 8), True, cfg.int("num_experts_per_tok", 2)
+    else:
+        if cfg.cfg.get("mlp_only_layers") not in (None, []) or cfg.int("decoder_sparse_step", 1) != 1:
+            raise SailorError(f"model config {cfg.source}: dense blocks among the experts' (mlp_only_layers, "
+                              "decoder_sparse_step) are not supported; every block must have experts")
+        experts, renorm, top_k = cfg.int(key, 128), cfg.bool("norm_topk_prob", False), cfg.int("num_experts_per_tok", 8)
+        fields["ffn_hidden"] = cfg.int("moe_intermediate_size", 768)
+    fields.update(experts=experts, experts_per_token=top_k, expert_renorm=renorm)
+    return fields
+
+
+def to_hf(spec: ModelSpec) -> dict:
+    model_type = spec.hf_model_type or "mixtral"
+    if spec.windows and len(set(spec.windows)) > 1:
+        raise SailorError(f"{spec.name}: {model_type}'s config windows every block or none, not some of them")
+    if model_type == "mixtral" and (spec.qk_norm or spec.qkv_bias or not spec.expert_renorm):
+        raise SailorError(f"{spec.name}: mixtral's config cannot express q/k norms, q/k/v biases or unrenormalised "
+                          "expert weights")
+    base = "qwen3" if model_type == "qwen3_moe" else "mistral"
+    cfg = llama.to_hf(replace(spec, experts=0, experts_per_token=0, hf_model_type=base))
+    cfg.update(model_type=model_type, num_experts_per_tok=spec.experts_per_token, output_router_logits=False)
+    if model_type == "mixtral":
+        cfg.update(num_local_experts=spec.experts, router_jitter_noise=0.0)
+    else:
+        cfg.update(num_experts=spec.experts, moe_intermediate_size=spec.ffn_hidden, norm_topk_prob=spec.expert_renorm,
+                   decoder_sparse_step=1, mlp_only_layers=[])
+    return cfg
+
+
+def _weights(router: str, experts: str, gate: str, up: str, down: str) -> WeightMap:
+    """llama.WEIGHTS with the MLP's rules replaced by the router's and the experts' ({e}: expert index)."""
+    block = tuple(r for r in llama.WEIGHTS.block if not r.ours.startswith("mlp."))
+    moe = (WeightRule("mlp.router.weight", (_LAYER + router,)),
+           WeightRule("mlp.linear_fc1.weight", (_LAYER + experts + gate, _LAYER + experts + up), "experts_gate_up"),
+           WeightRule("mlp.linear_fc2.weight", (_LAYER + experts + down,), "experts"))
+    return replace(llama.WEIGHTS, block=block + moe)
+
+
+MIXTRAL = Family("mixtral", ("mixtral",), from_hf, to_hf,
+                 _weights("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.", "w1.weight", "w3.weight",
+                          "w2.weight"))
+QWEN3_MOE = Family("qwen3_moe", ("qwen3_moe",), from_hf, to_hf,
+                   _weights("mlp.gate.weight", "mlp.experts.{e}.", "gate_proj.weight", "up_proj.weight",
+                            "down_proj.weight"))

@@ -1,0 +1,101 @@
+"""A block's mixture-of-experts MLP (Mixtral, Qwen3-MoE), sharded over the TP group.
+
+A router (a linear hidden -> E experts, no bias) scores each token; the softmax of its scores, in
+fp32, picks the k experts of highest probability, and the token's output is the sum of those
+experts' outputs weighted by their probabilities (renormalised to sum to 1 where the model says
+so: ModelSpec.expert_renorm). Each expert is an MLP like a dense block's (SwiGLU or plain, no
+biases).
+
+Tensor parallelism is Megatron's expert tensor parallelism at the TP degree, without expert
+parallelism: every TP rank holds every expert, and of each its slice of fc1's rows ([gate; up] of
+its rows with SwiGLU) and of fc2's columns, as a dense MLP's column- and row-parallel linears. A
+rank computes the partial outputs of every expert for the tokens routed to it and their weighted
+sum, which one all-reduce completes, as a dense fc2's.
+
+The router is replicated: every rank routes the same input with the same weight, so all route
+alike. In backward each rank's routing gradient covers its own partial outputs only, so the
+router weight's gradient is the sum over the TP ranks (ParamShard.partial_grad), and the gradient
+the router sends to its input is summed by the all-reduce that the experts' input takes in
+backward anyway (copy_to_tensor_model_parallel_region), the router reading that same input.
+
+Training adds no load-balancing loss: transformers adds one only with output_router_logits, which
+the published configs leave off (families/moe.py refuses it).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sailor_ext import compat  # noqa: F401  (installs warning filters before megatron imports)
+from megatron.core.tensor_parallel.mappings import (  # noqa: E402
+    copy_to_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+)
+
+from planner.specs.model import ModelSpec  # noqa: E402
+
+
+class ExpertWeights(nn.Module):
+    """One weight of every expert, stacked: logical [E, ...], this rank's slice along
+    `partition_dim` (fc1 [E, 2, ffn, h] with SwiGLU or [E, ffn, h], split along ffn; fc2
+    [E, h, ffn], split along its last dimension)."""
+
+    def __init__(self, logical_shape: tuple[int, ...], partition_dim: int, tp: int):
+        super().__init__()
+        shape = list(logical_shape)
+        shape[partition_dim] //= tp
+        # built on the CPU as megatron's layers are (use_cpu_initialization); the stage moves it to its device
+        self.weight = nn.Parameter(torch.empty(shape, device=torch.device("cpu")))
+        self.logical_shape, self.partition_dim = tuple(logical_shape), partition_dim
+
+
+class MoE(nn.Module):
+    """forward(x [s, b, h]) -> (output [s, b, h], None), as megatron's MLP returns (output, bias)."""
+
+    def __init__(self, model: ModelSpec, tp: int, tp_group, activation):
+        super().__init__()
+        experts, h, f = model.experts, model.hidden, model.ffn_hidden
+        self.top_k, self.renorm, self.gated = model.experts_per_token, model.expert_renorm, model.gated_mlp
+        self.activation, self.tp_group = activation, tp_group
+        self.router = nn.Linear(h, experts, bias=False)
+        self.linear_fc1 = ExpertWeights((experts, 2, f, h) if self.gated else (experts, f, h), 2 if self.gated else 1,
+                                        tp)
+        self.linear_fc2 = ExpertWeights((experts, h, f), 2, tp)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        shape = x.shape
+        # [tokens, h]; backward all-reduces the gradient the router and the experts send to it
+        x = copy_to_tensor_model_parallel_region(x.reshape(-1, shape[-1]), group=self.tp_group)
+        probs = torch.softmax(F.linear(x, self.router.weight).float(), dim=-1)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # [tokens, k], fp32
+        if self.renorm:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        # the (token, slot) pairs grouped by expert, experts in order (transformers' order of summation)
+        flat = chosen.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.router.out_features).tolist()
+        weights = weights.flatten()
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, count in enumerate(counts):
+            if not count:
+                continue
+            picks = order[start:start + count]
+            start += count
+            tokens = picks // self.top_k
+            y = self._expert(expert, x[tokens])
+            out.index_add_(0, tokens, (y * weights[picks, None]).to(out.dtype))
+        out = reduce_from_tensor_model_parallel_region(out, group=self.tp_group)
+        return out.view(shape), None
+
+    def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        """This rank's partial output of one expert for its tokens x [n, h]."""
+        fc1 = self.linear_fc1.weight[expert]
+        hidden = F.linear(x, fc1.reshape(-1, fc1.size(-1)))
+        if self.gated:
+            gate, up = hidden.chunk(2, dim=-1)
+            hidden = self.activation(gate) * up
+        else:
+            hidden = self.activation(hidden)
+        return F.linear(hidden, self.linear_fc2.weight[expert])
