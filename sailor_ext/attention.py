@@ -79,7 +79,8 @@ def inverse_frequencies(model: ModelSpec, local: bool = False) -> torch.Tensor:
     original_context/low_freq_factor by `factor`, and interpolates smoothly in
     between; linear scaling divides all by `factor`; LongRoPE divides each by its own factor,
     the long ones when the training sequence is longer than the original context, else the
-    short ones (its attention factor scales cos and sin: rotary_mscale). local: Gemma 3's
+    short ones (its attention factor scales cos and sin: rotary_mscale); YaRN blends each
+    frequency and its interpolation by a ramp over the pairs (_yarn). local: Gemma 3's and OLMo 3's
     windowed blocks, with their own base (local_rope_theta) and no scaling.
     """
     d = model.rotary_dim  # (head_dim unless only a share of each head rotates)
@@ -94,6 +95,8 @@ def inverse_frequencies(model: ModelSpec, local: bool = False) -> torch.Tensor:
                       theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     if kind == "linear":
         return inv_freq / scaling["factor"]
+    if kind == "yarn":
+        return _yarn(d, theta, scaling)
     if kind == "llama3":
         factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         context = scaling["original_max_position_embeddings"]
@@ -106,8 +109,27 @@ def inverse_frequencies(model: ModelSpec, local: bool = False) -> torch.Tensor:
     return inv_freq
 
 
+def _yarn(d: int, theta: float, scaling: dict) -> torch.Tensor:
+    """YaRN's frequencies (planner/specs/families/llama._yarn). Pair i turns r_i = L / (2 pi theta^(2i/d))
+    times over the original context L; solved for i, r rotations sit at dimension
+    i(r) = d ln(L / (2 pi r)) / (2 ln theta). Pairs below i(beta_fast) keep their frequency (extrapolated),
+    pairs above i(beta_slow) are divided by the factor (interpolated), a linear ramp in between."""
+    def dim(rotations: float) -> float:
+        return d * math.log(scaling["original_max_position_embeddings"] / (rotations * 2 * math.pi)) / \
+            (2 * math.log(theta))
+
+    low, high = dim(scaling["beta_fast"]), dim(scaling["beta_slow"])
+    if scaling["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low if high != low else 0.001)).clamp(0, 1)
+    keep = 1 - ramp  # the share of each pair's original frequency
+    wavelength = theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)  # over 2 pi; transformers' order:
+    return 1.0 / (scaling["factor"] * wavelength) * (1 - keep) + 1.0 / wavelength * keep
+
+
 def rotary_mscale(model: ModelSpec) -> float:
-    """The factor on cos and sin of the rotary positions: LongRoPE's attention factor, else 1."""
+    """The factor on cos and sin of the rotary positions: LongRoPE's and YaRN's attention factor, else 1."""
     return float(dict(model.rope_scaling).get("attention_factor", 1.0))
 
 

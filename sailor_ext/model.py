@@ -12,11 +12,12 @@ Every choice between families is a ModelSpec field, read here and nowhere
 else: the norm (LayerNorm or RMSNorm), pre- or post-norm blocks, the MLP
 (GELU, tanh-GELU, ReLU, or SwiGLU with fc1 = [gate; up]; a mixture of experts
 in moe.py), which linears have biases, grouped-query attention, per-head q/k
-norms, rotary positions (megatron's apply_rotary_pos_emb, frequencies from
-sailor_ext.attention; Gemma 3's windowed blocks have their own), the attention scale, per-block attention windows,
-Gemma's touches ((1 + w) norms, a norm on each sublayer's output, soft caps on
-attention scores and logits) and the multipliers of Gemma and Granite (word
-embeddings, residual branches, logits). A block is megatron's `SelfAttention`
+norms (OLMo 2's across all heads), rotary positions (megatron's apply_rotary_pos_emb, frequencies
+from sailor_ext.attention; Gemma 3's and OLMo 3's windowed blocks have their own, unscaled), the
+attention scale, per-block attention windows, Gemma's touches ((1 + w) norms, a norm on each
+sublayer's output, soft caps on attention scores and logits), OLMo 2's norms on the sublayers'
+outputs only, and the multipliers of Gemma and Granite (word embeddings, residual branches,
+logits). A block is megatron's `SelfAttention`
 and `MLP` with their column/row-parallel linears, wired as a residual block
 here (megatron's TransformerLayer knows only pre-norm). Every module gets its
 TP group explicitly; megatron's global parallel state is never set up.
@@ -38,6 +39,7 @@ more forward of compute; dropout 0 makes the rerun exact).
 """
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import zlib
@@ -154,7 +156,7 @@ def transformer_config(model: ModelSpec, tp: int, fusion: KernelFusion = KernelF
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
-        qk_layernorm=model.qk_norm,
+        qk_layernorm=model.qk_norm and not model.qk_norm_full,  # (full-width q/k norms: WidthRMSNorm)
         rotary_interleaved=model.rotary_interleaved,
     )
     config.sailor_rope_fusion = fusion.rope  # read by _rotary below (megatron's own flag wants Transformer Engine)
@@ -234,6 +236,44 @@ class HeadOffsetRMSNorm(OffsetRMSNorm):
         super().__init__(hidden_size, eps=eps)
 
 
+class _SumOverGroup(torch.autograd.Function):
+    """All-reduce (sum) over a TP group, forward and backward: every rank uses the sum, so each
+    rank's share gets the sum of every rank's gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class WidthRMSNorm(nn.Module):
+    """OLMo 2's q (k) norm: one RMSNorm over all heads' q (k) together, width heads * head_dim. Each
+    TP rank holds its heads and their slice of the weight; the sum of squares is all-reduced over
+    the group. Computed in fp32, the weight applied before the cast back (transformers' OLMo 2's order)."""
+
+    def __init__(self, width: int, tp: int, eps: float, tp_group):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width // tp, device=torch.device("cpu")))  # moved with the stage
+        self.width, self.tp, self.eps, self.tp_group = width, tp, eps, tp_group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [s, b, local heads, head_dim]."""
+        x32 = x.float()
+        squares = x32.pow(2).sum(dim=(-2, -1), keepdim=True)
+        if self.tp > 1:
+            squares = _SumOverGroup.apply(squares, self.tp_group)
+        out = x32 * torch.rsqrt(squares / self.width + self.eps)
+        return (out * self.weight.float().view(x.shape[-2:])).type_as(x)
+
+
 class Embedding(nn.Module):
     """Word embedding (vocabulary-parallel), OPT-350m's projection, learned positions."""
 
@@ -267,7 +307,8 @@ class Block(nn.Module):
     """Self-attention and MLP, each in a residual: x + f(norm(x)), or with
     post-norm (OPT-350m) norm(x + f(x)), or side by side (GPT-NeoX's parallel
     residual) x + attn(norm1(x)) + mlp(norm2(x)) (Cohere: one norm for both), or with sandwich norms
-    (Gemma 2, 3) x + norm2(f(norm1(x))); Granite scales each branch, x + m * f(norm(x))."""
+    (Gemma 2, 3) x + norm2(f(norm1(x))), or (OLMo 2) x + norm(f(x)); Granite scales each branch,
+    x + m * f(norm(x))."""
 
     def __init__(self, spec: StageSpec, config: TransformerConfig, pg: ProcessGroupCollection, layer_number: int):
         super().__init__()
@@ -275,14 +316,22 @@ class Block(nn.Module):
         self.post_norm, self.parallel_residual, self.shared_norm = model.post_norm, model.parallel_residual, \
             model.shared_norm
         self.residual_multiplier = model.residual_multiplier
-        self.input_layernorm = norm(model, model.hidden)
-        head_norm = (HeadOffsetRMSNorm if model.norm_offset else HeadRMSNorm) if model.qk_norm else None
+        if model.input_norms:
+            self.input_layernorm = norm(model, model.hidden)
+        head_norm = (HeadOffsetRMSNorm if model.norm_offset else HeadRMSNorm) \
+            if model.qk_norm and not model.qk_norm_full else None
         attention = SelfAttentionSubmodules(
             linear_qkv=with_bias(ColumnParallelLinear, model.qkv_bias), core_attention=FusedCoreAttention,
             linear_proj=with_bias(RowParallelLinear, model.out_bias), q_layernorm=head_norm, k_layernorm=head_norm)
+        if model.local_rope_theta and model.window(layer_number - 1):  # rotary positions of their own, unscaled
+            config = copy.copy(config)
+            config.sailor_rope_mscale = 1.0
         self.self_attention = SelfAttention(config, attention, layer_number, attn_mask_type=AttnMaskType.causal,
                                             pg_collection=pg)
-        if not model.shared_norm:
+        if model.qk_norm_full:  # megatron calls q_layernorm(query [s, b, heads, head_dim]) where set
+            self.self_attention.q_layernorm = WidthRMSNorm(model.q_dim, spec.tp, model.norm_eps, pg.tp)
+            self.self_attention.k_layernorm = WidthRMSNorm(model.kv_dim, spec.tp, model.norm_eps, pg.tp)
+        if model.input_norms and not model.shared_norm:
             self.pre_mlp_layernorm = norm(model, model.hidden)
         if model.experts:
             self.mlp = MoE(model, spec.tp, pg.tp, ACTIVATIONS[model.activation])
@@ -295,7 +344,7 @@ class Block(nn.Module):
             self.post_mlp_layernorm = norm(model, model.hidden)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rotary: torch.Tensor | None) -> torch.Tensor:
-        h = x if self.post_norm else self.input_layernorm(x)
+        h = self._input(x, "input_layernorm")
         out, bias = self.self_attention(h, attention_mask=mask, rotary_pos_emb=rotary)
         if self.parallel_residual:  # the MLP reads the block's input too, not the attention's output
             mlp, mlp_bias = self.mlp(h if self.shared_norm else self.pre_mlp_layernorm(x))
@@ -304,10 +353,13 @@ class Block(nn.Module):
         x = x + self._branch(out if bias is None else out + bias, "post_attention_layernorm")
         if self.post_norm:
             x = self.input_layernorm(x)
-        h = x if self.post_norm else self.pre_mlp_layernorm(x)
-        out, bias = self.mlp(h)
+        out, bias = self.mlp(self._input(x, "pre_mlp_layernorm"))
         x = x + self._branch(out if bias is None else out + bias, "post_mlp_layernorm")
         return self.pre_mlp_layernorm(x) if self.post_norm else x
+
+    def _input(self, x: torch.Tensor, norm_name: str) -> torch.Tensor:
+        """A sublayer's input: x normalised by its pre-norm, or x itself (post-norm blocks; OLMo 2)."""
+        return x if self.post_norm or not hasattr(self, norm_name) else getattr(self, norm_name)(x)
 
     def _branch(self, out: torch.Tensor, post_norm: str | None = None) -> torch.Tensor:
         """A sublayer's output as the residual adds it: normalised (sandwich norms), scaled (Granite)."""
@@ -445,6 +497,8 @@ class StageModel(nn.Module):
                 dim = None
                 if isinstance(module, ExpertWeights):
                     dim = module.partition_dim
+                elif isinstance(module, WidthRMSNorm):
+                    dim = 0  # split with the heads
                 elif isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
                     dim = 0  # output features / vocabulary rows (weight and bias)
                 elif isinstance(module, RowParallelLinear) and pname == "weight":
@@ -464,8 +518,8 @@ class StageModel(nn.Module):
                     # logical tensor is [2, ffn, ...] split along dim 1
                     shape = [2, shape[0] // 2, *shape[1:]]
                     dim = 1
-                partial = module_name.endswith(("self_attention.q_layernorm", "self_attention.k_layernorm",
-                                                "mlp.router"))
+                partial = dim is None and module_name.endswith(
+                    ("self_attention.q_layernorm", "self_attention.k_layernorm", "mlp.router"))
                 out[name] = ParamShard(logical, tuple(shape), dim, spec.tp, spec.tp_rank,
                                        chunks if dim is not None else 1, stages, partial_grad=partial)
         return out

@@ -145,7 +145,8 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
         norms          2h per LayerNorm (input, output), 3h per RMSNorm (input, normalised,
                        output), two per block (one when shared: Cohere); sandwich norms (Gemma
                        2, 3) add two whose output goes into an add: input and normalised, 2h
-                       each (h for a LayerNorm)
+                       each (h for a LayerNorm); without pre-norms (OLMo 2) the sublayers'
+                       inputs, h each
         attention      Q, K and V as the fused attention saves them, (q + 2kv)/t, and its
                        output q/t (also the projection's input)
         MLP            the first linear's output f_in/t and the activation's output f/t
@@ -167,8 +168,9 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
     if RUNTIME_WORK[runtime].attention == "eager" or model.kind(layer) != BLOCK:
         return model.activation_floats(layer, tp)
     pre = 3 if model.rms_norm else 2
-    before = 1 if model.shared_norm else 2  # the norms before the sublayers; sandwich norms come after
-    norms = (before * pre + (model.block_norms - before) * (pre - 1)) * model.hidden
+    before = ((1 if model.shared_norm else 2) if model.input_norms else 0)  # norms before the sublayers; sandwich after
+    inputs = 0 if model.input_norms else 2  # without pre-norms the sublayers' first linears keep their inputs
+    norms = (before * pre + (model.block_norms - before) * (pre - 1) + inputs) * model.hidden
     kv = model.q_dim if model.attn_softcap else model.kv_dim
     attention = (model.q_dim + 2 * kv) + model.q_dim
     if model.qk_norm:  # the q and k norms' inputs and normalised values (rotary keeps none of its input)

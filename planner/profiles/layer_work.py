@@ -142,6 +142,8 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
         if model.qk_norm:  # two more norms, over q and k (q + kv values per token, split over TP)
             fwd, bwd = fwd + norm_f * (q + kv) / t, bwd + norm_b * (q + kv) / t
             k_f, k_b = k_f + 2 * norm_kf, k_b + 2 * norm_kb
+        qk_sums = 2 * ar if model.qk_norm_full else 0.0  # norms across the heads of all TP ranks: their sums of
+        # squares all-reduced, one per norm and pass (a value per token: their latency counts, not their bytes)
         if model.attn_softcap:
             fwd, bwd, k_f, k_b = fwd + 6 * scores / t, bwd + 7 * scores / t, k_f + 3, k_b + 3
         if model.residual_multiplier != 1:
@@ -156,8 +158,9 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
             fwd += (2 * q + 2 * kv) / t - (4 if fused else 7) * scores / t
             bwd += (4 * q + 4 * kv) / t - (7 if fused else 9) * scores / t
             k_f, k_b = k_f - 2 - (0 if fused else 1), k_b - 2 - (0 if fused else 3)
-        return (Work(flops, n * fwd * d + weights, 0.0, k_f + 2 * ar, 2 * comm, 2 * ar),
-                Work(bwd_flops, 0.0, n * bwd * d + 2 * weights, k_b + 2 * ar, 2 * comm, 2 * ar, True))
+        return (Work(flops, n * fwd * d + weights, 0.0, k_f + 2 * ar + qk_sums, 2 * comm, 2 * ar + qk_sums),
+                Work(bwd_flops, 0.0, n * bwd * d + 2 * weights, k_b + 2 * ar + qk_sums, 2 * comm, 2 * ar + qk_sums,
+                     True))
     if kind == HEAD:
         vocab = model.padded_vocab(t) / t
         own_norm = model.final_norm and not model.separate_final_norm

@@ -51,8 +51,8 @@ class ModelSpec:
     """
 
     name: str
-    family: str  # opt | gpt2 | gpt-neo | gpt-neox | llama | mixtral | qwen3_moe | phi3 | gemma | gemma2 | starcoder2
-    # | cohere (families/)
+    family: str  # opt | gpt2 | gpt-neo | gpt-neox | llama | mixtral | qwen3_moe | olmoe | olmo2 | phi3 | gemma
+    # | gemma2 | starcoder2 | cohere (families/)
     hidden: int
     num_blocks: int
     heads: int
@@ -85,11 +85,13 @@ class ModelSpec:
     rope_scaling: tuple[tuple[str, float | str | tuple[float, ...]], ...] = ()
     pad_token: int = -1  # the token whose embedding row gets no gradient (Hugging Face's padding_idx); -1: none
     qk_norm: bool = False  # an RMSNorm over each head's q and k, before rotary positions (Qwen3)
+    qk_norm_full: bool = False  # the q (k) norm spans all heads together, its weight split over TP (OLMo 2, OLMoE)
     rotary_fraction: float = 1.0  # share of each head's dimensions that rotary positions rotate (partial rotary)
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX) instead of one after the other
     norm_offset: bool = False  # RMSNorms scale by (1 + w), w kept and initialised at 0 (Gemma)
     embedding_multiplier: float = 1.0  # word embeddings times it, rounded to the compute dtype (Gemma: sqrt(hidden))
     sandwich_norm: bool = False  # each sublayer's output is normalised too, before its residual add (Gemma 2, 3)
+    input_norms: bool = True  # a norm before each sublayer; False: only the sandwich norms after them (OLMo 2)
     attn_softcap: float = 0.0  # attention scores c * tanh(scores / c) before the mask (Gemma 2); 0: none
     logit_softcap: float = 0.0  # the same on the logits (Gemma 2); 0: none
     local_rope_theta: float = 0.0  # rotary base of the windowed blocks, unscaled (Gemma 3); 0: as every block
@@ -159,6 +161,11 @@ class ModelSpec:
             raise SailorError(f"model {self.name!r}: experts' linears have no biases (mlp_bias)")
         if self.experts_per_token and not self.experts:
             raise SailorError(f"model {self.name!r}: experts_per_token {self.experts_per_token} without experts")
+        if self.qk_norm_full and not self.qk_norm:
+            raise SailorError(f"model {self.name!r}: q/k norms across all heads (qk_norm_full) are q/k norms (qk_norm)")
+        if not self.input_norms and not self.sandwich_norm:
+            raise SailorError(f"model {self.name!r}: a block without norms before its sublayers (input_norms) "
+                              "normalises their outputs (sandwich_norm)")
         if self.norm_offset and not self.rms_norm:
             raise SailorError(f"model {self.name!r}: (1 + w) norms are RMSNorms; a model with them has RMSNorms "
                               "(rms_norm)")
@@ -290,9 +297,10 @@ class ModelSpec:
 
     @property
     def block_norms(self) -> int:
-        """Norms over the hidden width in a block: before each sublayer (one for both with shared_norm),
-        and after each with sandwich_norm."""
-        return 1 if self.shared_norm else 4 if self.sandwich_norm else 2
+        """Norms over the hidden width in a block: before each sublayer (one for both with shared_norm;
+        none without input_norms), and after each with sandwich_norm."""
+        before = (1 if self.shared_norm else 2) if self.input_norms else 0
+        return before + (2 if self.sandwich_norm else 0)
 
     def params(self, layer: int, tp: int = 1, padded: bool = True) -> int:
         """Parameters one GPU of a TP group holds for `layer` (padded=False: the
@@ -311,7 +319,9 @@ class ModelSpec:
             return int(vocab * self.word_dim) + own_norm + projection
         # transformer block
         sharded, replicated = self._block_matmul_weights(), self.block_norms * self._norm_params()
-        if self.qk_norm:
+        if self.qk_norm_full:
+            sharded += self.q_dim + self.kv_dim  # two RMSNorm weights as wide as q and k, split with the heads
+        elif self.qk_norm:
             replicated += 2 * self.head_dim  # two RMSNorm weights, each shared by all heads of q (of k)
         replicated += self.experts * h  # the router
         if self.qkv_bias:

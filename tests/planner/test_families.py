@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from planner.errors import SailorError
+from planner.specs.families import hf_types
 from planner.specs.model import get_model
 
 # The architecture fields of each model's published config.json, and its published size.
@@ -193,7 +194,10 @@ def test_llama3_rope_scaling_is_read(tmp_path):
     ({"num_hidden_layers": 10**6}, "beyond 4096"),
     ({"num_key_value_heads": 5}, "32 heads not divisible by kv_heads 5"),
     ({"hidden_act": "mish"}, "hidden_act 'mish' is not supported"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn' is not supported"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope type 'dynamic' is not supported"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope original_max_position_embeddings must be"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192,
+                       "truncate": "no"}}, "rope truncate must be true or false, not 'no'"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope low_freq_factor must be a positive number"),
     ({"pad_token_id": 200000}, "pad token 200000 is outside the vocabulary"),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
@@ -400,3 +404,84 @@ def test_moe_details(tmp_path):
 def test_bad_moe_config_is_one_clear_error(tmp_path, name, change, needle):
     with pytest.raises(SailorError, match=needle):
         get_model(str(_write(tmp_path, {**PUBLISHED[name][0], **change})))
+
+
+OLMO2_7B = {"model_type": "olmo2", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 100352, "max_position_embeddings": 4096,
+            "rope_theta": 500000, "rms_norm_eps": 1e-6, "attention_bias": False, "tie_word_embeddings": False,
+            "pad_token_id": 100277, "eos_token_id": 100257}
+OLMOE_1B_7B = {"model_type": "olmoe", "hidden_size": 2048, "intermediate_size": 1024, "num_hidden_layers": 16,
+               "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 50304,
+               "max_position_embeddings": 4096, "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
+               "clip_qkv": None, "rope_theta": 10000, "rms_norm_eps": 1e-5, "pad_token_id": 1, "eos_token_id": 50279,
+               "tie_word_embeddings": False}
+
+
+def test_olmo_details(tmp_path):
+    """OLMo-2-7B and OLMoE-1B-7B: 7.3 B and 6.9 B parameters (1.3 B of them active in OLMoE) as their model
+    cards round them, exactly transformers' count (checked live where installed)."""
+    olmo2 = get_model(str(_write(tmp_path, OLMO2_7B)))
+    assert olmo2.family == "olmo2" and olmo2.qk_norm_full and olmo2.sandwich_norm and not olmo2.input_norms
+    assert olmo2.block_norms == 2 and olmo2.pad_token == 100277
+    assert round(olmo2.total_params(padded=False) / 1e9, 1) == 7.3
+    assert olmo2.total_params(padded=False) == transformers_count(OLMO2_7B)
+    # the q and k norms are as wide as q and k, split over TP with the heads
+    per_head = replace(olmo2, qk_norm_full=False)
+    assert olmo2.params(1, tp=4) - per_head.params(1, tp=4) == 2 * 4096 // 4 - 2 * 128
+    olmoe = get_model(str(_write(tmp_path, OLMOE_1B_7B)))
+    assert (olmoe.family, olmoe.experts, olmoe.experts_per_token, olmoe.expert_renorm, olmoe.ffn_hidden) == \
+        ("olmoe", 64, 8, False, 1024)
+    assert olmoe.qk_norm_full and olmoe.input_norms and not olmoe.sandwich_norm
+    total = olmoe.total_params(padded=False)
+    assert round(total / 1e9, 1) == 6.9 and total == transformers_count(OLMOE_1B_7B)
+    assert round((total - 16 * 56 * 3 * 2048 * 1024) / 1e9, 1) == 1.3
+    no_pad = get_model(str(_write(tmp_path, {k: v for k, v in OLMOE_1B_7B.items() if k != "pad_token_id"})))
+    assert no_pad.pad_token == 1  # transformers' default for both: that row is never trained
+    with pytest.raises(SailorError, match="clip_qkv is not supported; set it to null"):
+        get_model(str(_write(tmp_path, {**OLMOE_1B_7B, "clip_qkv": 8.0})))
+
+
+def test_olmo3_details(tmp_path):
+    """OLMo 3's shape (7B, 65k context by YaRN on its full blocks): three blocks in four windowed, the
+    windowed ones unscaled; the older rope_theta/rope_scaling fields read as transformers reads them."""
+    cfg = {**OLMO2_7B, "model_type": "olmo3", "vocab_size": 100278, "max_position_embeddings": 65536,
+           "sliding_window": 4096, "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32, "beta_slow": 1,
+                                                    "original_max_position_embeddings": 8192,
+                                                    "attention_factor": 1.2079441541679836}}
+    model = get_model(str(_write(tmp_path, cfg)), seq_len=4096)
+    assert model.family == "olmo2" and model.hf_model_type == "olmo3" and model.qk_norm_full
+    assert model.windows == (4096, 4096, 4096, 0) * 8
+    scaling = dict(model.rope_scaling)
+    assert (scaling["type"], scaling["factor"], model.rope_theta, model.local_rope_theta) == \
+        ("yarn", 8.0, 500000.0, 500000.0)
+    assert model.total_params(padded=False) == transformers_count(cfg)
+    per_type = {**{k: v for k, v in cfg.items() if k != "rope_scaling"}, "layer_types": ["full_attention"] * 32,
+                "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+    unwindowed = get_model(str(_write(tmp_path, per_type)))
+    assert unwindowed.windows == () and unwindowed.local_rope_theta == 0 and unwindowed.rope_theta == 1e6
+    with pytest.raises(SailorError, match="rope type 'linear' is not supported for olmo3's sliding-window blocks"):
+        bad = {**per_type, "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}}
+        get_model(str(_write(tmp_path, bad)))
+
+
+_BASE = {"hidden_size": 256, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 32,
+         "vocab_size": 300, "max_position_embeddings": 64}
+_MINIMAL = {"gpt2": {"n_embd": 256, "n_layer": 2, "n_head": 32, "vocab_size": 300, "n_positions": 64},
+            "gpt_neo": {"hidden_size": 256, "num_layers": 2, "num_heads": 32, "vocab_size": 300,
+                        "max_position_embeddings": 64, "attention_types": [[["global", "local"], 1]]},
+            "opt": {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 32, "ffn_dim": 96,
+                    "vocab_size": 300, "max_position_embeddings": 64},
+            "phi3": {**_BASE, "vocab_size": 32064}}  # (its default pad token, 32000, must be in the vocabulary)
+
+
+@pytest.mark.parametrize("model_type", sorted(hf_types()))
+def test_fields_a_config_leaves_out_are_transformers_defaults(model_type, tmp_path):
+    """A config.json with only the shape reads as the config transformers builds from it and saves with
+    every field filled in: the same model, field for field."""
+    transformers = pytest.importorskip("transformers")
+    cfg = {"model_type": model_type, **_MINIMAL.get(model_type, _BASE)}
+    ours = get_model(str(_write(tmp_path, cfg)))
+    transformers.AutoConfig.for_model(**cfg).save_pretrained(tmp_path / "saved")
+    theirs = get_model(str(tmp_path / "saved"))
+    assert replace(ours, name="").to_dict() == replace(theirs, name="").to_dict()

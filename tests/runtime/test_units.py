@@ -243,23 +243,27 @@ def test_capped_attention_block_keeps_what_the_estimator_counts(world_of_one, tm
     """A Gemma 2 block (sandwich norms, GeGLU, capped attention, which runs as our own code on CPU
     and CUDA alike): the tensors autograd saves, per sample, are what the planner's estimate counts
     for our runtime."""
-    measured, counted = _block_saved_floats({"model_type": "gemma2", "head_dim": 16, "sliding_window": 8}, tmp_path)
+    model = _small_model({"model_type": "gemma2", "head_dim": 16, "sliding_window": 8}, tmp_path)
+    measured, counted = _block_saved_floats(model)
     assert measured == pytest.approx(counted, rel=0.01)
 
 
-def _block_saved_floats(cfg: dict, tmp_path) -> tuple[float, float]:
-    """(measured, counted) fp32 values per token that block 1 of a small model of `cfg` keeps for backward:
-    autograd's saved tensors (two batch sizes: the rotary angles and masks do not grow with the batch)
-    and the planner's estimate for our runtime."""
+def _small_model(cfg: dict, tmp_path):
     import json
-
-    from sailor_ext.model import StageModel, StageSpec, init_from_seed
-    from planner.profiles.estimate import activation_floats
 
     cfg = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 2, "vocab_size": 300, "max_position_embeddings": 64, **cfg}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    model = get_model(str(tmp_path / "config.json"), seq_len=32)
+    return get_model(str(tmp_path / "config.json"), seq_len=32)
+
+
+def _block_saved_floats(model) -> tuple[float, float]:
+    """(measured, counted) fp32 values per token that block 1 of `model` keeps for backward: autograd's
+    saved tensors (two batch sizes: the rotary angles and masks do not grow with the batch) and the
+    planner's estimate for our runtime."""
+    from sailor_ext.model import StageModel, StageSpec, init_from_seed
+    from planner.profiles.estimate import activation_floats
+
     stage = StageModel(StageSpec(model, 1, 1, 1, 0, model.padded_vocab(1)), dist.group.WORLD, torch.device("cpu"))
     init_from_seed(stage, seed=1)
     weights = {p.untyped_storage().data_ptr() for p in stage.parameters()}
@@ -290,7 +294,20 @@ def test_moe_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
             "head_dim": 16}
     variants = [base, {**base, "num_experts": 8}, {**base, "num_experts": 8, "num_experts_per_tok": 4},
                 {**base, "norm_topk_prob": True}]
-    (m0, c0), *others = [_block_saved_floats(cfg, tmp_path) for cfg in variants]
+    (m0, c0), *others = [_block_saved_floats(_small_model(cfg, tmp_path)) for cfg in variants]
     assert c0 == pytest.approx(m0, rel=0.02)
     for measured, counted in others:
         assert counted - c0 == pytest.approx(measured - m0, rel=1e-3)
+
+
+def test_olmo2_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
+    """OLMo 2's block against the same block with per-head q/k norms and with pre-norms too: what the
+    full-width q/k norms and the missing pre-norms change in the tensors kept is what the planner counts."""
+    from dataclasses import replace
+
+    olmo2 = _small_model({"model_type": "olmo2"}, tmp_path)
+    m0, c0 = _block_saved_floats(olmo2)
+    for variant in (replace(olmo2, qk_norm_full=False), replace(olmo2, input_norms=True)):
+        measured, counted = _block_saved_floats(variant)
+        # (measured: per-head norms keep 4 values more per token, not counted; pre-norms 4h + 2 more, 4h counted)
+        assert abs((measured - m0) - (counted - c0)) <= 0.02 * m0, (measured - m0, counted - c0)

@@ -1,8 +1,8 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
-One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3 and Granite; moe.py Mixtral and
-Qwen3-MoE; gemma.py Gemma 1, 2 and 3; phi3.py, starcoder2.py, cohere.py, gpt_neox.py, opt.py, gpt2.py,
-gpt_neo.py). Each holds, as data, everything family-specific:
+One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3 and Granite; moe.py Mixtral,
+Qwen3-MoE and OLMoE; olmo.py OLMo 2; gemma.py Gemma 1, 2 and 3; phi3.py, starcoder2.py, cohere.py,
+gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -70,11 +70,11 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import cohere, gemma, gpt2, gpt_neo, gpt_neox, llama, moe, opt, phi3, starcoder2
+    from planner.specs.families import cohere, gemma, gpt2, gpt_neo, gpt_neox, llama, moe, olmo, opt, phi3, starcoder2
 
-    return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN3_MOE, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2,
-                                starcoder2.FAMILY, cohere.FAMILY, opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY,
-                                gpt_neox.FAMILY)}
+    return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN3_MOE, moe.OLMOE, olmo.FAMILY, phi3.FAMILY,
+                                gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY, cohere.FAMILY, opt.FAMILY, gpt2.FAMILY,
+                                gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -196,6 +196,7 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
     elif not name.isprintable():
         raise SailorError(f"model config {p}: _name_or_path {short(name)} has a line break, tab or control "
                           "character; remove it (it names the model in plans and tables)")
+    cfg = {**HF_DEFAULTS.get(model_type, {}), **cfg}  # (a field set to null stays null, as transformers keeps it)
     spec_fields = fam.from_hf(ConfigReader(cfg, str(p)), model_type)
     context = spec_fields["max_positions"]
     if seq_len is None:
@@ -212,6 +213,17 @@ def to_hf_config(spec: ModelSpec) -> dict:
     return cfg
 
 
+# transformers' defaults (its config classes', 5.24) for fields a config.json leaves out, where they differ from
+# what the family's reader assumes (LLaMA's for the families built on llama.from_hf)
+HF_DEFAULTS = {
+    "mistral": {"num_key_value_heads": 8, "sliding_window": 4096}, "mixtral": {
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6}, "qwen3_moe": {"num_key_value_heads": 4},
+    "olmo2": {"rms_norm_eps": 1e-5}, "olmo3": {"rms_norm_eps": 1e-5}, "olmoe": {"rms_norm_eps": 1e-5},
+    "gemma": {"num_key_value_heads": 16}, "gemma2": {"num_key_value_heads": 4},
+    "gemma3_text": {"num_key_value_heads": 4},
+    "starcoder2": {"num_key_value_heads": 2}, "cohere": {"rope_theta": 500000.0},
+    "phi3": {"rms_norm_eps": 1e-5, "pad_token_id": 32000},
+}
 # model types close to a supported one, and what to do instead
 _UNSUPPORTED = {"gemma3": "it is a multimodal Gemma 3; train its language model from a gemma3_text config (its "
                           "text_config with model_type gemma3_text)",
@@ -222,4 +234,5 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM", "phi3": "Phi3ForCausalLM",
                   "starcoder2": "Starcoder2ForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM",
                   "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM", "cohere": "CohereForCausalLM",
-                  "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+                  "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
+                  "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM"}

@@ -19,7 +19,7 @@ from planner.inputs import FLOAT_MAX, short
 from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRule
 from planner.specs.model import MAX_BLOCKS, ModelSpec
 
-ROPE_TYPES = ("default", "llama3", "linear", "longrope")
+ROPE_TYPES = ("default", "llama3", "linear", "longrope", "yarn")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 QWEN3_HEAD_DIM = 128  # transformers' Qwen3Config default, whatever hidden_size / num_attention_heads is
 _ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
@@ -47,6 +47,8 @@ def _rope(cfg) -> tuple[float, tuple]:
     theta = params.get("rope_theta", 10000.0)
     if kind == "longrope":
         return cfg.number("rope rope_theta", theta), _longrope(cfg, params)
+    if kind == "yarn":
+        return cfg.number("rope rope_theta", theta), _yarn(cfg, params)
     values = {key: cfg.number(f"rope {key}", theta if key == "rope_theta" else params.get(key))
               for key in ("rope_theta", *_ROPE_KEYS[kind])}
     scaling = () if kind == "default" else tuple(sorted({"type": kind, **{k: values[k] for k in _ROPE_KEYS[kind]}}
@@ -67,18 +69,52 @@ def _longrope(cfg, params: dict) -> tuple:
             raise SailorError(f"model config {cfg.source}: rope {key} must be a list of positive numbers, not "
                               f"{short(value)}")
         lists[key] = tuple(float(x) for x in value)
-    original = params.get("original_max_position_embeddings", cfg.cfg.get("original_max_position_embeddings"))
-    if isinstance(original, bool) or not isinstance(original, (int, float)) or not 1 < original <= FLOAT_MAX or \
-            original != int(original):
-        raise SailorError(f"model config {cfg.source}: rope original_max_position_embeddings must be the original "
-                          f"context length, a whole number of tokens above 1, not {short(original)}")
+    original = _original_context(cfg, params)
     factor = params.get("factor")
     factor = cfg.int("max_position_embeddings") / original if factor is None else cfg.number("rope factor", factor)
     attention = params.get("attention_factor")
     if attention is None:
         attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
-    return tuple(sorted({"type": "longrope", **lists, "original_max_position_embeddings": float(original),
+    return tuple(sorted({"type": "longrope", **lists, "original_max_position_embeddings": original,
                          "attention_factor": cfg.number("rope attention_factor", attention)}.items()))
+
+
+def _original_context(cfg, params: dict) -> float:
+    original = params.get("original_max_position_embeddings", cfg.cfg.get("original_max_position_embeddings"))
+    if isinstance(original, bool) or not isinstance(original, (int, float)) or not 1 < original <= FLOAT_MAX or \
+            original != int(original):
+        raise SailorError(f"model config {cfg.source}: rope original_max_position_embeddings must be the original "
+                          f"context length, a whole number of tokens above 1, not {short(original)}")
+    return float(original)
+
+
+def _yarn(cfg, params: dict) -> tuple:
+    """YaRN (Qwen2.5/3 long context, OLMo 3, DeepSeek): frequencies with fewer than beta_slow rotations
+    over the original context are divided by `factor`, those with more than beta_fast are kept, and a
+    linear ramp over the dimensions in between blends the two (sailor_ext.attention); cos and sin are
+    scaled by an attention factor, 0.1 ln(factor) + 1 unless the config sets it or gives mscale and
+    mscale_all_dim (the ratio of that form with each). factor: the context over the original one
+    unless set; truncate: the ramp's ends rounded outwards to whole dimensions (default)."""
+    original = _original_context(cfg, params)
+    factor = params.get("factor")
+    factor = cfg.int("max_position_embeddings") / original if factor is None else cfg.number("rope factor", factor)
+
+    def mscale(scale: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
+
+    attention = params.get("attention_factor")
+    if attention is None:
+        m, m_all = (params.get(k) for k in ("mscale", "mscale_all_dim"))
+        attention = mscale(cfg.number("rope mscale", m)) / mscale(cfg.number("rope mscale_all_dim", m_all)) \
+            if m and m_all else mscale(1.0)
+    truncate = params.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise SailorError(f"model config {cfg.source}: rope truncate must be true or false, not {short(truncate)}")
+    return tuple(sorted({"type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+                         "attention_factor": cfg.number("rope attention_factor", attention),
+                         "beta_fast": cfg.number("rope beta_fast", params.get("beta_fast") or 32),
+                         "beta_slow": cfg.number("rope beta_slow", params.get("beta_slow") or 1),
+                         "truncate": float(truncate)}.items()))
 
 
 def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
@@ -142,7 +178,7 @@ def hf_rope(spec: ModelSpec) -> dict:
     rope = {"rope_type": scaling.pop("type", "default"), "rope_theta": spec.rope_theta}
     for key, value in scaling.items():
         rope[key] = list(value) if isinstance(value, tuple) else \
-            int(value) if key == "original_max_position_embeddings" else value
+            int(value) if key == "original_max_position_embeddings" else bool(value) if key == "truncate" else value
     return rope
 
 

@@ -1,21 +1,23 @@
-"""Mixtral and Qwen3-MoE: LLaMA's and Qwen3's attention, a mixture of experts in place of the MLP.
+"""Mixtral, Qwen3-MoE and OLMoE: LLaMA's, Qwen3's and OLMo 2's attention, a mixture of experts in place of
+the MLP.
 
 Every block's MLP is `experts` SwiGLU MLPs and a router (ModelSpec.experts; the runtime's
 sailor_ext/moe.py). Mixtral (num_local_experts, intermediate_size per expert) renormalises the
-chosen experts' probabilities; Qwen3-MoE (num_experts, moe_intermediate_size) does where
-norm_topk_prob says so. Checkpoints keep one tensor per expert (`experts.{e}.w1`, or
-`gate_proj`), as the published ones and transformers' save_pretrained do.
+chosen experts' probabilities; Qwen3-MoE (num_experts, moe_intermediate_size) and OLMoE
+(num_experts, intermediate_size) do where norm_topk_prob says so. OLMoE normalises q and k across
+all heads, as OLMo 2 (olmo.py), with LLaMA's pre-norms. Checkpoints keep one tensor per expert
+(`experts.{e}.w1`, or `gate_proj`), as the published ones and transformers' save_pretrained do.
 
 Refused, each with the field that asks for it: a load-balancing loss (output_router_logits), which
 our training does not add; router jitter; Qwen3-MoE's dense blocks among the sparse ones
-(mlp_only_layers, decoder_sparse_step).
+(mlp_only_layers, decoder_sparse_step); OLMoE's clipped q, k and v (clip_qkv).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from planner.errors import SailorError
-from planner.specs.families import Family, WeightMap, WeightRule, llama
+from planner.specs.families import Family, WeightMap, WeightRule, llama, olmo
 from planner.specs.model import ModelSpec
 
 _LAYER = "model.layers.{i}."
@@ -32,6 +34,11 @@ def from_hf(cfg, model_type: str) -> dict:
         if cfg.cfg.get("router_jitter_noise") not in (None, 0, 0.0):
             raise SailorError(f"model config {cfg.source}: router_jitter_noise is not supported; set it to 0")
         experts, renorm, top_k = cfg.int(key, 8), True, cfg.int("num_experts_per_tok", 2)
+    elif model_type == "olmoe":
+        if cfg.has("clip_qkv"):
+            raise SailorError(f"model config {cfg.source}: clip_qkv is not supported; set it to null")
+        experts, renorm, top_k = cfg.int(key, 64), cfg.bool("norm_topk_prob", False), cfg.int("num_experts_per_tok", 8)
+        fields.update(qk_norm=True, qk_norm_full=True, pad_token=cfg.pad_token(olmo.PAD_TOKEN))
     else:
         if cfg.cfg.get("mlp_only_layers") not in (None, []) or cfg.int("decoder_sparse_step", 1) != 1:
             raise SailorError(f"model config {cfg.source}: dense blocks among the experts' (mlp_only_layers, "
@@ -49,14 +56,19 @@ def to_hf(spec: ModelSpec) -> dict:
     if model_type == "mixtral" and (spec.qk_norm or spec.qkv_bias or not spec.expert_renorm):
         raise SailorError(f"{spec.name}: mixtral's config cannot express q/k norms, q/k/v biases or unrenormalised "
                           "expert weights")
-    base = "qwen3" if model_type == "qwen3_moe" else "mistral"
-    cfg = llama.to_hf(replace(spec, experts=0, experts_per_token=0, hf_model_type=base))
+    # the attention's fields as the dense model of the same attention writes them (OLMoE's q/k norms: its own)
+    base = {"qwen3_moe": "qwen3", "olmoe": "llama"}.get(model_type, "mistral")
+    cfg = llama.to_hf(replace(spec, experts=0, experts_per_token=0, qk_norm=spec.qk_norm and base == "qwen3",
+                              qk_norm_full=False, hf_model_type=base))
     cfg.update(model_type=model_type, num_experts_per_tok=spec.experts_per_token, output_router_logits=False)
     if model_type == "mixtral":
         cfg.update(num_local_experts=spec.experts, router_jitter_noise=0.0)
     else:
-        cfg.update(num_experts=spec.experts, moe_intermediate_size=spec.ffn_hidden, norm_topk_prob=spec.expert_renorm,
-                   decoder_sparse_step=1, mlp_only_layers=[])
+        cfg.update(num_experts=spec.experts, norm_topk_prob=spec.expert_renorm)
+    if model_type == "qwen3_moe":
+        cfg.update(moe_intermediate_size=spec.ffn_hidden, decoder_sparse_step=1, mlp_only_layers=[])
+    if model_type == "olmoe":
+        cfg.update(clip_qkv=None)
     return cfg
 
 
@@ -75,3 +87,4 @@ MIXTRAL = Family("mixtral", ("mixtral",), from_hf, to_hf,
 QWEN3_MOE = Family("qwen3_moe", ("qwen3_moe",), from_hf, to_hf,
                    _weights("mlp.gate.weight", "mlp.experts.{e}.", "gate_proj.weight", "up_proj.weight",
                             "down_proj.weight"))
+OLMOE = Family("olmoe", ("olmoe",), from_hf, to_hf, QWEN3_MOE.weights)  # the same tensor names
