@@ -519,7 +519,7 @@ class StageModel(nn.Module):
                     shape = [2, shape[0] // 2, *shape[1:]]
                     dim = 1
                 partial = dim is None and module_name.endswith(
-                    ("self_attention.q_layernorm", "self_attention.k_layernorm", "mlp.router"))
+                    ("self_attention.q_layernorm", "self_attention.k_layernorm", "mlp.router", "mlp.shared_gate"))
                 out[name] = ParamShard(logical, tuple(shape), dim, spec.tp, spec.tp_rank,
                                        chunks if dim is not None else 1, stages, partial_grad=partial)
         return out

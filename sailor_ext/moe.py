@@ -1,10 +1,11 @@
-"""A block's mixture-of-experts MLP (Mixtral, Qwen3-MoE), sharded over the TP group.
+"""A block's mixture-of-experts MLP (Mixtral, Qwen2/3-MoE, OLMoE), sharded over the TP group.
 
 A router (a linear hidden -> E experts, no bias) scores each token; the softmax of its scores, in
 fp32, picks the k experts of highest probability, and the token's output is the sum of those
 experts' outputs weighted by their probabilities (renormalised to sum to 1 where the model says
 so: ModelSpec.expert_renorm). Each expert is an MLP like a dense block's (SwiGLU or plain, no
-biases).
+biases). Qwen2-MoE adds a shared expert that every token passes through, its output scaled by
+sigmoid(x . w_gate), a replicated linear hidden -> 1.
 
 Tensor parallelism is Megatron's expert tensor parallelism at the TP degree, without expert
 parallelism: every TP rank holds every expert, and of each its slice of fc1's rows ([gate; up] of
@@ -12,11 +13,12 @@ its rows with SwiGLU) and of fc2's columns, as a dense MLP's column- and row-par
 rank computes the partial outputs of every expert for the tokens routed to it and their weighted
 sum, which one all-reduce completes, as a dense fc2's.
 
-The router is replicated: every rank routes the same input with the same weight, so all route
-alike. In backward each rank's routing gradient covers its own partial outputs only, so the
-router weight's gradient is the sum over the TP ranks (ParamShard.partial_grad), and the gradient
-the router sends to its input is summed by the all-reduce that the experts' input takes in
-backward anyway (copy_to_tensor_model_parallel_region), the router reading that same input.
+The router (and the shared expert's gate) is replicated: every rank routes the same input with the
+same weight, so all route alike. In backward each rank's routing gradient covers its own partial
+outputs only, so the router weight's gradient is the sum over the TP ranks
+(ParamShard.partial_grad), and the gradient the router sends to its input is summed by the
+all-reduce that the experts' input takes in backward anyway (copy_to_tensor_model_parallel_region),
+the router reading that same input.
 
 Training adds no load-balancing loss: transformers adds one only with output_router_logits, which
 the published configs leave off (families/moe.py refuses it).
@@ -39,7 +41,7 @@ from planner.specs.model import ModelSpec  # noqa: E402
 class ExpertWeights(nn.Module):
     """One weight of every expert, stacked: logical [E, ...], this rank's slice along
     `partition_dim` (fc1 [E, 2, ffn, h] with SwiGLU or [E, ffn, h], split along ffn; fc2
-    [E, h, ffn], split along its last dimension)."""
+    [E, h, ffn], split along its last dimension); the shared expert's without the E."""
 
     def __init__(self, logical_shape: tuple[int, ...], partition_dim: int, tp: int):
         super().__init__()
@@ -62,6 +64,12 @@ class MoE(nn.Module):
         self.linear_fc1 = ExpertWeights((experts, 2, f, h) if self.gated else (experts, f, h), 2 if self.gated else 1,
                                         tp)
         self.linear_fc2 = ExpertWeights((experts, h, f), 2, tp)
+        if model.shared_expert_ffn:
+            fs = model.shared_expert_ffn
+            self.shared_expert = nn.Module()
+            self.shared_expert.linear_fc1 = ExpertWeights((2, fs, h) if self.gated else (fs, h), int(self.gated), tp)
+            self.shared_expert.linear_fc2 = ExpertWeights((h, fs), 1, tp)
+            self.shared_gate = nn.Linear(h, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
         shape = x.shape
@@ -84,18 +92,20 @@ class MoE(nn.Module):
             picks = order[start:start + count]
             start += count
             tokens = picks // self.top_k
-            y = self._expert(expert, x[tokens])
+            y = self._mlp(x[tokens], self.linear_fc1.weight[expert], self.linear_fc2.weight[expert])
             out.index_add_(0, tokens, (y * weights[picks, None]).to(out.dtype))
+        if hasattr(self, "shared_expert"):
+            shared = self._mlp(x, self.shared_expert.linear_fc1.weight, self.shared_expert.linear_fc2.weight)
+            out = out + torch.sigmoid(F.linear(x, self.shared_gate.weight)) * shared
         out = reduce_from_tensor_model_parallel_region(out, group=self.tp_group)
         return out.view(shape), None
 
-    def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        """This rank's partial output of one expert for its tokens x [n, h]."""
-        fc1 = self.linear_fc1.weight[expert]
+    def _mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor) -> torch.Tensor:
+        """This rank's partial output of one expert (its fc1 and fc2 slices) for its tokens x [n, h]."""
         hidden = F.linear(x, fc1.reshape(-1, fc1.size(-1)))
         if self.gated:
             gate, up = hidden.chunk(2, dim=-1)
             hidden = self.activation(gate) * up
         else:
             hidden = self.activation(hidden)
-        return F.linear(hidden, self.linear_fc2.weight[expert])
+        return F.linear(hidden, fc2)

@@ -106,6 +106,9 @@ class ModelSpec:
     experts: int = 0  # 0: a dense MLP
     experts_per_token: int = 0
     expert_renorm: bool = True
+    # a shared expert beside the routed ones (Qwen2-MoE): an MLP this wide that every token passes through, its
+    # output scaled by sigmoid(x . w_gate) and added to the routed experts'; 0: none
+    shared_expert_ffn: int = 0
     hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
@@ -149,18 +152,17 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1e30:
                 raise SailorError(f"model {self.name!r}: {field} must be a positive finite number, not {short(value)}")
-        for field in ("experts", "experts_per_token"):
+        for field, hi in (("experts", 1 << 16), ("experts_per_token", 1 << 16), ("shared_expert_ffn", 1 << 22)):
             value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1 << 16:
-                raise SailorError(f"model {self.name!r}: {field} must be an integer from 0 to {1 << 16}, not "
-                                  f"{short(value)}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
+                raise SailorError(f"model {self.name!r}: {field} must be an integer from 0 to {hi}, not {short(value)}")
         if self.experts and not 1 <= self.experts_per_token <= self.experts:
             raise SailorError(f"model {self.name!r}: each token goes to 1 to {self.experts} of the {self.experts} "
                               f"experts, not {self.experts_per_token} (num_experts_per_tok)")
         if self.experts and self.mlp_bias:
             raise SailorError(f"model {self.name!r}: experts' linears have no biases (mlp_bias)")
-        if self.experts_per_token and not self.experts:
-            raise SailorError(f"model {self.name!r}: experts_per_token {self.experts_per_token} without experts")
+        if (self.experts_per_token or self.shared_expert_ffn) and not self.experts:
+            raise SailorError(f"model {self.name!r}: experts_per_token or a shared expert without experts")
         if self.qk_norm_full and not self.qk_norm:
             raise SailorError(f"model {self.name!r}: q/k norms across all heads (qk_norm_full) are q/k norms (qk_norm)")
         if not self.input_norms and not self.sandwich_norm:
@@ -265,7 +267,7 @@ class ModelSpec:
         kv = self.num_query_groups
         out, t = [], 1
         while t <= max_tp:
-            if self.heads % t == 0 and kv % t == 0 and self.ffn_hidden % t == 0:
+            if self.heads % t == 0 and kv % t == 0 and self.ffn_hidden % t == 0 and self.shared_expert_ffn % t == 0:
                 out.append(t)
             t *= 2
         return out
@@ -275,14 +277,16 @@ class ModelSpec:
         """Weights of QKV and the output projection."""
         return self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
 
-    def _mlp_weights(self) -> int:
-        """Weights of one MLP (one expert's): fc1 (gate+up) and fc2."""
-        return self.hidden * self._mlp_in() + self.ffn_hidden * self.hidden
+    def _mlp_weights(self, ffn: int = 0) -> int:
+        """Weights of one MLP (one expert's; ffn: another width, the shared expert's): fc1 (gate+up) and fc2."""
+        ffn = ffn or self.ffn_hidden
+        return (3 if self.gated_mlp else 2) * self.hidden * ffn
 
     def _block_matmul_weights(self) -> int:
         """Weights of a block's matmuls split over TP: QKV, proj, and every expert's fc1 and fc2 (the
-        router is replicated: params())."""
-        return self._attention_weights() + max(1, self.experts) * self._mlp_weights()
+        router and the shared expert's gate are replicated: params())."""
+        shared = self._mlp_weights(self.shared_expert_ffn) if self.shared_expert_ffn else 0
+        return self._attention_weights() + max(1, self.experts) * self._mlp_weights() + shared
 
     @property
     def active_mlps(self) -> int:
@@ -323,7 +327,7 @@ class ModelSpec:
             sharded += self.q_dim + self.kv_dim  # two RMSNorm weights as wide as q and k, split with the heads
         elif self.qk_norm:
             replicated += 2 * self.head_dim  # two RMSNorm weights, each shared by all heads of q (of k)
-        replicated += self.experts * h  # the router
+        replicated += self.experts * h + (h if self.shared_expert_ffn else 0)  # the router, the shared expert's gate
         if self.qkv_bias:
             sharded += self.q_dim + 2 * self.kv_dim  # column-parallel
         if self.mlp_bias:
@@ -375,10 +379,14 @@ class ModelSpec:
             each of the k  the expert's input h, its output h and the weighted output h (replicated
             experts        over TP); fc1's output, the activation's and the product, 4f/t (SwiGLU;
                            2f/t plain); its routing weight 4/b and token index 8/b
+            shared expert  fc1's output, the activation's and the product, 4f_s/t (2f_s/t plain), its
+                           output h and its gate's sigmoid, 1
         """
         h, e, k, f, b = self.hidden, self.experts, self.experts_per_token, self.ffn_hidden, dtype_bytes
+        mlp = 4 if self.gated_mlp else 2
         router = h + 4 * e / b + 16 * k / b + (4 * (k + 1) / b if self.expert_renorm else 0)
-        return router + k * (3 * h + (4 if self.gated_mlp else 2) * f / tp + 12 / b)
+        shared = mlp * self.shared_expert_ffn / tp + h + 1 if self.shared_expert_ffn else 0.0
+        return router + k * (3 * h + mlp * f / tp + 12 / b) + shared
 
     def output_floats(self, layer: int) -> int:
         """Floats per token a layer hands to the next one (the p2p payload)."""
@@ -388,8 +396,9 @@ class ModelSpec:
         """Forward FLOPs per token of the whole layer (all TP ranks together)."""
         kind = self.kind(layer)
         if kind == BLOCK:  # the matmuls of attention, of each MLP a token passes through and the router; QK^T, AV
+            shared = self._mlp_weights(self.shared_expert_ffn) + self.hidden if self.shared_expert_ffn else 0
             return 2.0 * (self._attention_weights() + self.active_mlps * self._mlp_weights() + self.experts *
-                          self.hidden) + 4.0 * self.seq_len * self.q_dim
+                          self.hidden + shared) + 4.0 * self.seq_len * self.q_dim
         if kind == HEAD:
             projection = 2.0 * self.word_dim * self.hidden if self.projected else 0.0
             return 2.0 * self.word_dim * self.padded_vocab(1) + projection

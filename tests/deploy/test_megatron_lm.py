@@ -68,7 +68,8 @@ keys = ("data_parallel_size", "tensor_model_parallel_size", "pipeline_model_para
         "decoder_last_pipeline_num_layers", "pipeline_model_parallel_layout", "mock_data", "tokenizer_type",
         "vocab_size", "recompute_granularity", "bf16", "seq_length", "use_distributed_optimizer",
         "overlap_grad_reduce", "bias_swiglu_fusion", "apply_rope_fusion", "num_experts", "moe_router_topk",
-        "moe_ffn_hidden_size", "moe_router_pre_softmax", "moe_router_load_balancing_type", "ffn_hidden_size")
+        "moe_ffn_hidden_size", "moe_router_pre_softmax", "moe_router_load_balancing_type", "ffn_hidden_size",
+        "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "add_qkv_bias")
 print("RESULT " + json.dumps({k: getattr(args, k, None) for k in keys}, default=str))
 """
 
@@ -144,8 +145,8 @@ def test_recomputing_plan_passes_megatrons_parser(megatron_src, tmp_path):
     assert parse(megatron_src, argv, env, 16)["recompute_granularity"] == "full"
 
 
-def test_mixtral_plan_passes_megatrons_parser(megatron_src, tmp_path):
-    """A mixture of experts: Megatron's MoE layers with the same experts, router and no balancing loss."""
+def test_mixture_of_experts_plans_pass_megatrons_parser(megatron_src, tmp_path):
+    """Mixtures of experts: Megatron's MoE layers with the same experts, router and no balancing loss."""
     mixtral = {**LLAMA, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
     argv, env, _ = megatron_args(tmp_path, _with_model(tmp_path, HOMO, mixtral), "--train-iters", "10")
     got = parse(megatron_src, argv, env, 16)
@@ -153,3 +154,12 @@ def test_mixtral_plan_passes_megatrons_parser(megatron_src, tmp_path):
         (8, 2, 1024, 1024)
     assert not got["moe_router_pre_softmax"] and got["moe_router_load_balancing_type"] == "none"
     assert got["tensor_model_parallel_size"] == 2 and got["swiglu"] and not got["add_bias_linear"]
+    assert got["moe_shared_expert_intermediate_size"] is None and not got["moe_shared_expert_gate"]
+    # Qwen2-MoE: the chosen probabilities as they are, a gated shared expert, q/k/v biases
+    qwen2 = {**LLAMA, "model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2,
+             "moe_intermediate_size": 256, "shared_expert_intermediate_size": 1024}
+    argv, env, _ = megatron_args(tmp_path, _with_model(tmp_path, HOMO, qwen2), "--train-iters", "10")
+    got = parse(megatron_src, argv, env, 16)
+    assert (got["num_experts"], got["moe_ffn_hidden_size"], got["moe_shared_expert_intermediate_size"]) == \
+        (8, 256, 1024)
+    assert got["moe_router_pre_softmax"] and got["moe_shared_expert_gate"] and got["add_qkv_bias"]

@@ -399,7 +399,8 @@ def test_moe_details(tmp_path):
     ("Qwen3-30B-A3B", {"mlp_only_layers": [0]}, "dense blocks among the experts'"),
     ("Qwen3-30B-A3B", {"decoder_sparse_step": 2}, "dense blocks among the experts'"),
     ("Qwen3-30B-A3B", {"moe_intermediate_size": 0}, "moe_intermediate_size must be a positive integer"),
-    ("Qwen3-30B-A3B", {"model_type": "qwen2_moe"}, "its shared expert beside the routed ones is not supported"),
+    ("Qwen3-30B-A3B", {"model_type": "qwen2_moe", "shared_expert_intermediate_size": 1.5},
+     "shared_expert_intermediate_size must be a positive integer"),
 ])
 def test_bad_moe_config_is_one_clear_error(tmp_path, name, change, needle):
     with pytest.raises(SailorError, match=needle):
@@ -485,3 +486,24 @@ def test_fields_a_config_leaves_out_are_transformers_defaults(model_type, tmp_pa
     transformers.AutoConfig.for_model(**cfg).save_pretrained(tmp_path / "saved")
     theirs = get_model(str(tmp_path / "saved"))
     assert replace(ours, name="").to_dict() == replace(theirs, name="").to_dict()
+
+
+def test_qwen2_moe_details(tmp_path):
+    """Qwen1.5-MoE-A2.7B: 14.3 B parameters, 2.7 B of them active (4 of 60 experts and the shared one), as its
+    model card rounds them, exactly transformers' count; its published config's window is off."""
+    cfg = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+           "shared_expert_intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 16,
+           "num_key_value_heads": 16, "vocab_size": 151936, "max_position_embeddings": 8192, "num_experts": 60,
+           "num_experts_per_tok": 4, "norm_topk_prob": False, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+           "tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 32768,
+           "max_window_layers": 21, "decoder_sparse_step": 1}
+    model = get_model(str(_write(tmp_path, cfg)))
+    assert (model.experts, model.experts_per_token, model.ffn_hidden, model.shared_expert_ffn) == (60, 4, 1408, 5632)
+    assert model.qkv_bias and not model.out_bias and model.windows == () and not model.expert_renorm
+    total = model.total_params(padded=False)
+    assert round(total / 1e9, 1) == 14.3 and total == transformers_count(cfg)
+    assert round((total - 24 * 56 * 3 * 2048 * 1408) / 1e9, 1) == 2.7
+    windowed = get_model(str(_write(tmp_path, {**cfg, "use_sliding_window": True, "sliding_window": 4096})))
+    assert windowed.windows == (4096, 0) * 10 + (4096,) + (0,) * 3  # odd blocks below max_window_layers (21)
+    assert model.tp_degrees(8) == [1, 2, 4, 8]
+    assert replace(model, shared_expert_ffn=5636).tp_degrees(8) == [1, 2, 4]  # the shared expert splits over TP too

@@ -16,7 +16,7 @@ microbatch sizes and counts (6 processes). We check, in fp32:
     ADAM_EPS for why single elements may move by rounding), and the exported
     directory loads with `from_pretrained` and gives the same logits.
 
-The mixtures of experts (Mixtral, Qwen3-MoE) route every token to 2 of 4 (3 of 6) experts, so
+The mixtures of experts (Mixtral, Qwen2/3-MoE, OLMoE) route every token to 2 of 4 (3 of 6) experts, so
 routing, the router's gradient (summed over the TP ranks) and per-expert checkpoint tensors are
 exercised. The sequence (32) is longer than the sliding windows (8) of Mistral, Qwen3, Mixtral,
 Phi-3, Gemma 2 and 3, StarCoder2 and GPT-Neo, and longer than the original context (16) in
@@ -69,6 +69,9 @@ def _small(kind: str):
     if kind == "qwen3_moe":  # 6 narrower experts, 3 per token, not renormalised; Qwen3's q/k norms
         return transformers.Qwen3MoeConfig(**llama, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=48,
                                            head_dim=24, use_sliding_window=True, sliding_window=8)
+    if kind == "qwen2_moe":  # q/k/v biases, 4 experts, 2 per token, and a shared expert behind a sigmoid gate
+        return transformers.Qwen2MoeConfig(**llama, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                           shared_expert_intermediate_size=64)
     if kind == "olmo2":  # norms after the sublayers only, q and k normalised across all heads (split over TP)
         return transformers.Olmo2Config(**llama, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     if kind == "olmo3":  # OLMo 2's block, one windowed and one full, a rotary base per layer type, YaRN on the full
@@ -131,8 +134,8 @@ def _small(kind: str):
 LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one per rotated pair of dimensions
 # logits that the weights' rounding-level differences after training move more than 1e-5: measured 4.1e-5
 # (Qwen3-MoE), 1.7e-5 (OLMo 3)
-SENSITIVE = ("mixtral", "qwen3_moe", "olmoe", "olmo3")
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "mixtral", "qwen3_moe", "olmoe", "olmo2", "olmo3", "phi3",
+SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "phi3",
             "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "opt", "opt-350m", "gpt2", "gpt_neo",
             "gpt_neox")
 

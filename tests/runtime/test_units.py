@@ -287,8 +287,8 @@ def _block_saved_floats(model) -> tuple[float, float]:
 
 
 def test_moe_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
-    """What a mixture-of-experts MLP keeps per token grows with the experts, the experts per token
-    and renormalisation as ModelSpec.moe_activation_floats counts (compared as differences between
+    """What a mixture-of-experts MLP keeps per token grows with the experts, the experts per token,
+    renormalisation and a shared expert as ModelSpec.moe_activation_floats counts (compared as differences between
     blocks alike but for that: the attention's share on CPU is not the CUDA one the estimate counts)."""
     base = {"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
             "head_dim": 16}
@@ -298,6 +298,11 @@ def test_moe_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
     assert c0 == pytest.approx(m0, rel=0.02)
     for measured, counted in others:
         assert counted - c0 == pytest.approx(measured - m0, rel=1e-3)
+    from dataclasses import replace
+
+    qwen2 = _small_model({**base, "model_type": "qwen2_moe", "shared_expert_intermediate_size": 64}, tmp_path)
+    (m0, c0), (m1, c1) = _block_saved_floats(replace(qwen2, shared_expert_ffn=0)), _block_saved_floats(qwen2)
+    assert c1 - c0 == pytest.approx(m1 - m0, rel=1e-3)
 
 
 def test_olmo2_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):

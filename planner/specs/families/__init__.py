@@ -1,7 +1,7 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
 One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3 and Granite; moe.py Mixtral,
-Qwen3-MoE and OLMoE; olmo.py OLMo 2; gemma.py Gemma 1, 2 and 3; phi3.py, starcoder2.py, cohere.py,
+Qwen2/3-MoE and OLMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3; phi3.py, starcoder2.py, cohere.py,
 gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
@@ -72,9 +72,9 @@ class Family:
 def _families() -> dict[str, Family]:
     from planner.specs.families import cohere, gemma, gpt2, gpt_neo, gpt_neox, llama, moe, olmo, opt, phi3, starcoder2
 
-    return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN3_MOE, moe.OLMOE, olmo.FAMILY, phi3.FAMILY,
-                                gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY, cohere.FAMILY, opt.FAMILY, gpt2.FAMILY,
-                                gpt_neo.FAMILY, gpt_neox.FAMILY)}
+    return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, olmo.FAMILY,
+                                phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY, cohere.FAMILY, opt.FAMILY,
+                                gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -218,6 +218,7 @@ def to_hf_config(spec: ModelSpec) -> dict:
 HF_DEFAULTS = {
     "mistral": {"num_key_value_heads": 8, "sliding_window": 4096}, "mixtral": {
         "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6}, "qwen3_moe": {"num_key_value_heads": 4},
+    "qwen2_moe": {"num_key_value_heads": 16},
     "olmo2": {"rms_norm_eps": 1e-5}, "olmo3": {"rms_norm_eps": 1e-5}, "olmoe": {"rms_norm_eps": 1e-5},
     "gemma": {"num_key_value_heads": 16}, "gemma2": {"num_key_value_heads": 4},
     "gemma3_text": {"num_key_value_heads": 4},
@@ -226,13 +227,12 @@ HF_DEFAULTS = {
 }
 # model types close to a supported one, and what to do instead
 _UNSUPPORTED = {"gemma3": "it is a multimodal Gemma 3; train its language model from a gemma3_text config (its "
-                          "text_config with model_type gemma3_text)",
-                "qwen2_moe": "its shared expert beside the routed ones is not supported; mixtral and qwen3_moe "
-                             "are the mixtures of experts sailor trains"}
+                          "text_config with model_type gemma3_text)"}
 _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                   "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                   "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM", "phi3": "Phi3ForCausalLM",
                   "starcoder2": "Starcoder2ForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM",
                   "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM", "cohere": "CohereForCausalLM",
                   "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
+                  "qwen2_moe": "Qwen2MoeForCausalLM",
                   "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM"}

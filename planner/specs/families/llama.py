@@ -123,6 +123,11 @@ def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
     layer_types = cfg.cfg.get("layer_types")
     if model_type == "qwen3_moe":  # every block windowed, or none
         return (cfg.int("sliding_window"),) * blocks if cfg.bool("use_sliding_window", False) else ()
+    if model_type == "qwen2_moe" and layer_types is None:  # odd blocks below max_window_layers, if any
+        if not cfg.bool("use_sliding_window", False):
+            return ()
+        first = cfg.int("max_window_layers", 28)
+        layer_types = ["sliding_attention" if (i + 1) % 2 and i < first else "full_attention" for i in range(blocks)]
     if model_type in ("qwen2", "qwen3") and layer_types is None:
         if not cfg.bool("use_sliding_window", False):
             return ()

@@ -1,11 +1,12 @@
-"""Mixtral, Qwen3-MoE and OLMoE: LLaMA's, Qwen3's and OLMo 2's attention, a mixture of experts in place of
-the MLP.
+"""Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE: LLaMA's, Qwen2's, Qwen3's and OLMo 2's attention, a mixture of
+experts in place of the MLP.
 
 Every block's MLP is `experts` SwiGLU MLPs and a router (ModelSpec.experts; the runtime's
 sailor_ext/moe.py). Mixtral (num_local_experts, intermediate_size per expert) renormalises the
-chosen experts' probabilities; Qwen3-MoE (num_experts, moe_intermediate_size) and OLMoE
-(num_experts, intermediate_size) do where norm_topk_prob says so. OLMoE normalises q and k across
-all heads, as OLMo 2 (olmo.py), with LLaMA's pre-norms. Checkpoints keep one tensor per expert
+chosen experts' probabilities; Qwen2/3-MoE (num_experts, moe_intermediate_size) and OLMoE
+(num_experts, intermediate_size) do where norm_topk_prob says so. Qwen2-MoE adds a shared expert
+(shared_expert_intermediate_size) gated by a sigmoid, and its q/k/v biases are `qkv_bias`. OLMoE
+normalises q and k across all heads, as OLMo 2 (olmo.py), with LLaMA's pre-norms. Checkpoints keep one tensor per expert
 (`experts.{e}.w1`, or `gate_proj`), as the published ones and transformers' save_pretrained do.
 
 Refused, each with the field that asks for it: a load-balancing loss (output_router_logits), which
@@ -21,6 +22,7 @@ from planner.specs.families import Family, WeightMap, WeightRule, llama, olmo
 from planner.specs.model import ModelSpec
 
 _LAYER = "model.layers.{i}."
+QWEN_DEFAULTS = {"qwen2_moe": (60, 4, 1408), "qwen3_moe": (128, 8, 768)}  # experts, per token, width (transformers')
 
 
 def from_hf(cfg, model_type: str) -> dict:
@@ -39,12 +41,17 @@ def from_hf(cfg, model_type: str) -> dict:
             raise SailorError(f"model config {cfg.source}: clip_qkv is not supported; set it to null")
         experts, renorm, top_k = cfg.int(key, 64), cfg.bool("norm_topk_prob", False), cfg.int("num_experts_per_tok", 8)
         fields.update(qk_norm=True, qk_norm_full=True, pad_token=cfg.pad_token(olmo.PAD_TOKEN))
-    else:
+    else:  # Qwen2-MoE and Qwen3-MoE
         if cfg.cfg.get("mlp_only_layers") not in (None, []) or cfg.int("decoder_sparse_step", 1) != 1:
             raise SailorError(f"model config {cfg.source}: dense blocks among the experts' (mlp_only_layers, "
                               "decoder_sparse_step) are not supported; every block must have experts")
-        experts, renorm, top_k = cfg.int(key, 128), cfg.bool("norm_topk_prob", False), cfg.int("num_experts_per_tok", 8)
-        fields["ffn_hidden"] = cfg.int("moe_intermediate_size", 768)
+        count, top, width = QWEN_DEFAULTS[model_type]
+        experts, renorm, top_k = cfg.int(key, count), cfg.bool("norm_topk_prob", False), cfg.int("num_experts_per_tok",
+                                                                                                  top)
+        fields["ffn_hidden"] = cfg.int("moe_intermediate_size", width)
+        if model_type == "qwen2_moe":
+            fields.update(shared_expert_ffn=cfg.int("shared_expert_intermediate_size", 5632),
+                          qkv_bias=cfg.bool("qkv_bias", True), out_bias=False)
     fields.update(experts=experts, experts_per_token=top_k, expert_renorm=renorm)
     return fields
 
@@ -57,16 +64,19 @@ def to_hf(spec: ModelSpec) -> dict:
         raise SailorError(f"{spec.name}: mixtral's config cannot express q/k norms, q/k/v biases or unrenormalised "
                           "expert weights")
     # the attention's fields as the dense model of the same attention writes them (OLMoE's q/k norms: its own)
-    base = {"qwen3_moe": "qwen3", "olmoe": "llama"}.get(model_type, "mistral")
-    cfg = llama.to_hf(replace(spec, experts=0, experts_per_token=0, qk_norm=spec.qk_norm and base == "qwen3",
+    base = {"qwen3_moe": "qwen3", "qwen2_moe": "qwen2", "olmoe": "llama"}.get(model_type, "mistral")
+    cfg = llama.to_hf(replace(spec, experts=0, experts_per_token=0, shared_expert_ffn=0,
+                              qk_norm=spec.qk_norm and base == "qwen3",
                               qk_norm_full=False, hf_model_type=base))
     cfg.update(model_type=model_type, num_experts_per_tok=spec.experts_per_token, output_router_logits=False)
     if model_type == "mixtral":
         cfg.update(num_local_experts=spec.experts, router_jitter_noise=0.0)
     else:
         cfg.update(num_experts=spec.experts, norm_topk_prob=spec.expert_renorm)
-    if model_type == "qwen3_moe":
+    if model_type in QWEN_DEFAULTS:
         cfg.update(moe_intermediate_size=spec.ffn_hidden, decoder_sparse_step=1, mlp_only_layers=[])
+    if model_type == "qwen2_moe":
+        cfg.update(shared_expert_intermediate_size=spec.shared_expert_ffn, qkv_bias=spec.qkv_bias)
     if model_type == "olmoe":
         cfg.update(clip_qkv=None)
     return cfg
@@ -88,3 +98,9 @@ QWEN3_MOE = Family("qwen3_moe", ("qwen3_moe",), from_hf, to_hf,
                    _weights("mlp.gate.weight", "mlp.experts.{e}.", "gate_proj.weight", "up_proj.weight",
                             "down_proj.weight"))
 OLMOE = Family("olmoe", ("olmoe",), from_hf, to_hf, QWEN3_MOE.weights)  # the same tensor names
+QWEN2_MOE = Family("qwen2_moe", ("qwen2_moe",), from_hf, to_hf, replace(QWEN3_MOE.weights, block=(
+    *QWEN3_MOE.weights.block,
+    WeightRule("mlp.shared_expert.linear_fc1.weight", (_LAYER + "mlp.shared_expert.gate_proj.weight",
+                                                       _LAYER + "mlp.shared_expert.up_proj.weight"), "gate_up"),
+    WeightRule("mlp.shared_expert.linear_fc2.weight", (_LAYER + "mlp.shared_expert.down_proj.weight",)),
+    WeightRule("mlp.shared_gate.weight", (_LAYER + "mlp.shared_expert_gate.weight",)))))
