@@ -464,6 +464,8 @@ def test_olmo3_details(tmp_path):
     with pytest.raises(SailorError, match="rope type 'linear' is not supported for olmo3's sliding-window blocks"):
         bad = {**per_type, "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}}
         get_model(str(_write(tmp_path, bad)))
+    with pytest.raises(SailorError, match="rope type 'longrope' is not supported for olmo3; use yarn"):
+        get_model(str(_write(tmp_path, {**cfg, "rope_scaling": {"rope_type": "longrope", "factor": 2.0}})))
 
 
 _BASE = {"hidden_size": 256, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 32,

@@ -65,7 +65,7 @@ def _gemma3_rope(cfg) -> tuple[float, tuple, float]:
 
 
 def _no_longrope(cfg, scaling: tuple) -> None:
-    """LongRoPE scales cos and sin of every block; Gemma 3's windowed blocks have their own, unscaled."""
+    """No Gemma 3 uses LongRoPE's short and long factors, and no test trains them beside its windowed blocks."""
     if dict(scaling).get("type") == "longrope":
         raise SailorError(f"model config {cfg.source}: rope type 'longrope' is not supported for gemma3_text; use "
                           "default, linear or llama3")

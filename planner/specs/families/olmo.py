@@ -51,9 +51,11 @@ def _olmo3(cfg) -> tuple[ConfigReader, dict]:
         full, local = {**(raw.get("rope_scaling") or {}), "rope_theta": theta}, {"rope_theta": theta}
     if not isinstance(full, dict) or not isinstance(local, dict):
         raise SailorError(f"model config {cfg.source}: rope_parameters must map each layer type to an object")
-    if local.get("rope_type", "default") != "default" or full.get("rope_type", full.get("type")) == "longrope":
-        raise SailorError(f"model config {cfg.source}: rope type {short(local.get('rope_type', 'longrope'))} is not "
-                          "supported for olmo3's sliding-window blocks (nor longrope for its full ones); use default")
+    if local.get("rope_type", "default") != "default":
+        raise SailorError(f"model config {cfg.source}: rope type {short(local.get('rope_type'))} is not supported for "
+                          "olmo3's sliding-window blocks; use default")
+    if full.get("rope_type", full.get("type")) == "longrope":  # (no OLMo 3 uses it; untested)
+        raise SailorError(f"model config {cfg.source}: rope type 'longrope' is not supported for olmo3; use yarn")
     raw.pop("rope_scaling", None)
     raw.update(rope_parameters={"rope_theta": OLMO3_THETA, **full})
     return ConfigReader(raw, cfg.source), local
