@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -236,24 +237,6 @@ class HeadOffsetRMSNorm(OffsetRMSNorm):
         super().__init__(hidden_size, eps=eps)
 
 
-class _SumOverGroup(torch.autograd.Function):
-    """All-reduce (sum) over a TP group, forward and backward: every rank uses the sum, so each
-    rank's share gets the sum of every rank's gradient."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        x = x.clone()
-        dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
 class WidthRMSNorm(nn.Module):
     """OLMo 2's q (k) norm: one RMSNorm over all heads' q (k) together, width heads * head_dim. Each
     TP rank holds its heads and their slice of the weight; the sum of squares is all-reduced over
@@ -269,7 +252,7 @@ class WidthRMSNorm(nn.Module):
         x32 = x.float()
         squares = x32.pow(2).sum(dim=(-2, -1), keepdim=True)
         if self.tp > 1:
-            squares = _SumOverGroup.apply(squares, self.tp_group)
+            squares = dist_nn.all_reduce(squares, group=self.tp_group)  # summed in backward too: every rank uses it
         out = x32 * torch.rsqrt(squares / self.width + self.eps)
         return (out * self.weight.float().view(x.shape[-2:])).type_as(x)
 
