@@ -32,8 +32,10 @@ def pytest_configure(config):
 # heartbeats and deadlines. Under the README's `-n auto --dist loadfile` they run one after another on one
 # worker, beside the single-process files on the others: two of them at once on a 2-core machine starved
 # an agent's heartbeat and a job's shutdown past their limits. (xdist's own --dist loadgroup does not
-# group tests under pytest 9.)
+# group tests under pytest 9.) The deploy files that only run `sailor launch` and a client's parser, one
+# process at a time, are not among them: beside the others they even out the two workers' loads.
 PROCESS_DIRS = ("elastic", "runtime", "deploy", "profiler")
+PARSE_ONLY = ("test_megatron_lm.py", "test_targets.py")
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -45,7 +47,8 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             parts = Path(path).parts
-            many = (len(parts) > 2 and parts[1] in PROCESS_DIRS) or parts[-1] == "test_readme.py"
+            many = (len(parts) > 2 and parts[1] in PROCESS_DIRS and parts[-1] not in PARSE_ONLY) \
+                or parts[-1] == "test_readme.py"
             return "processes" if many else path
 
     return ProcessFilesTogether(config, log)

@@ -133,8 +133,8 @@ def _small(kind: str):
 
 LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one per rotated pair of dimensions
 # logits that the weights' rounding-level differences after training move more than 1e-5: measured 4.1e-5
-# (Qwen3-MoE), 1.7e-5 (OLMo 3)
-SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo3")
+# (Qwen3-MoE), 1.7e-5 (OLMo 3), 3.4e-5 (OLMo 2, in one run of several)
+SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3")
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "phi3",
             "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "opt", "opt-350m", "gpt2", "gpt_neo",
             "gpt_neox")
@@ -261,7 +261,6 @@ def test_sharded_checkpoints_load_and_export(tmp_path):
     assert done.returncode == 0, done.stderr
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
-    import shutil; shutil.copytree(out, "/tmp/moe_export", dirs_exist_ok=True)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tokens = _batch(1)[:, :-1]
     with torch.no_grad():
