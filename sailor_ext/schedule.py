@@ -12,7 +12,9 @@ Each microbatch's loss is the sum of its token losses divided by the number
 of tokens in the *global* batch, so the gradients summed over all
 microbatches of all pipelines are exactly the gradient of the global batch's
 mean token loss. With fp16 the loss is multiplied by `loss_scale` before its
-backward pass (precision.LossScaler); the loss returned is unscaled.
+backward pass (precision.LossScaler); the loss returned is unscaled. A MoE
+block's load-balancing loss takes the same scale, per sequence of the global
+batch (sailor_ext/moe.py).
 
 The model computes in its parameters' dtype (precision.py casts the whole
 stage), so activations and their gradients arrive and leave in that dtype.
@@ -39,6 +41,10 @@ class PipelineShape:
     seq_len: int
     hidden: int
     global_tokens: int  # tokens in the global batch: the loss denominator
+
+    @property
+    def global_sequences(self) -> int:
+        return self.global_tokens // self.seq_len
 
     @property
     def activation(self) -> torch.Size:
@@ -106,6 +112,8 @@ class OneFOneB:
         links = self.links
         inflight: deque = deque()
         loss_sum = torch.zeros((), device=self.topology.device)
+        for moe in self.model.moe_layers:  # the load-balancing loss's scale, as the token losses' (moe.py)
+            moe.aux_step_scale = self.loss_scale / self.shape.global_sequences
 
         def recv_forward():
             return None if first else links.exchange(recv_prev=act)[0]

@@ -72,6 +72,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--adam-beta2", type=number(0.0, below=1.0), default=0.95)
     g.add_argument("--adam-eps", type=number(0.0), default=1e-8)
     g.add_argument("--clip-grad", type=number(0.0), default=1.0, help="global gradient-norm clip (0: off)")
+    g = p.add_argument_group("mixtures of experts (sailor_ext/moe.py)")
+    g.add_argument("--moe-aux-loss-coeff", type=number(0.0, 1e3), default=0.0,
+                   help="weight of the per-sequence load-balancing loss of each MoE block, as Megatron-LM's "
+                        "seq_aux_loss (default 0: off; 1e-3 to 1e-2 is usual)")
     g = p.add_argument_group("precision (sailor_ext/precision.py)")
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 parameters and activations, fp32 main gradients and master weights (default: the "
@@ -197,7 +201,15 @@ def check_plan_flags(args, plan: Plan) -> ModelSpec:
     if args.micro_batch_size is not None and sizes != {args.micro_batch_size}:
         raise SailorError(f"--micro-batch-size {args.micro_batch_size} disagrees with the plan's microbatch "
                           f"sizes {sorted(sizes)}; drop the flag (the plan sets them per pipeline)")
+    check_model_flags(args, model)
     return model
+
+
+def check_model_flags(args, model: ModelSpec) -> None:
+    """The flags that only some models take."""
+    if args.moe_aux_loss_coeff and not model.experts:
+        raise SailorError(f"--moe-aux-loss-coeff balances the experts of a mixture of experts, and {model.name} has "
+                          "none; drop the flag")
 
 
 def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:
@@ -209,6 +221,7 @@ def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:
         if not args.model:
             raise SailorError("give --plan plan.json, or --model with the parallel sizes for a uniform plan")
         model = get_model(args.model, seq_len=args.seq_length)
+        check_model_flags(args, model)
         gbs = args.global_batch_size or world_size
         mbs = args.micro_batch_size or 1
         # torchrun's nodes are the plan's nodes: GPUs per node = processes per node

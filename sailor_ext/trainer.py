@@ -99,15 +99,23 @@ class StepResult:
 
     step: int
     lr: float
-    stats: torch.Tensor  # [global gradient sum of squares, loss, stop requests]: float64, on the device
+    # [global gradient sum of squares, loss, stop requests, sum of MoE sequence balances]: float64, on the device
+    stats: torch.Tensor
     started: float  # time.perf_counter() when the step began
     skipped: bool = False  # fp16: a gradient overflowed; the weights and the optimizer did not move
     loss_scale: float | None = None  # fp16: the scale this step's loss was multiplied by
+    balances: int = 0  # with a load-balancing loss: how many sequence balances the sum counts (blocks x batch)
 
     @functools.cached_property
-    def _host(self) -> tuple[float, float, bool, float]:
-        sumsq, loss, stop = self.stats.tolist()
-        return sumsq, loss, stop > 0, time.perf_counter() - self.started
+    def _host(self) -> tuple[float, float, bool, float, float]:
+        sumsq, loss, stop, balance = self.stats.tolist()
+        return sumsq, loss, stop > 0, time.perf_counter() - self.started, balance
+
+    @property
+    def load_balance(self) -> float | None:
+        """The mean over MoE blocks and sequences of E / (s k) * sum_e n_e P_e (sailor_ext/moe.py): 1 when
+        routing is even, up to E when every token goes to the same experts; None without the loss."""
+        return self._host[4] / self.balances if self.balances else None
 
     @property
     def loss(self) -> float:
@@ -134,6 +142,8 @@ class StepResult:
                "lr": self.lr}
         if self.loss_scale is not None:
             out.update(loss_scale=self.loss_scale, skipped=self.skipped)
+        if self.balances:
+            out["load_balance"] = self.load_balance
         return out
 
     def line(self) -> str:
@@ -141,7 +151,8 @@ class StepResult:
         if self.skipped:
             return f"loss {self.loss:.6f} | skipped: a gradient overflowed at loss scale {self.loss_scale:g}"
         scale = f" | loss scale {self.loss_scale:g}" if self.loss_scale is not None else ""
-        return f"loss {self.loss:.6f} | grad norm {self.grad_norm:.4f} | lr {self.lr:.3g}{scale}"
+        balance = f" | load balance {self.load_balance:.4f}" if self.balances else ""
+        return f"loss {self.loss:.6f} | grad norm {self.grad_norm:.4f} | lr {self.lr:.3g}{scale}{balance}"
 
 
 class MetricsWriter:
@@ -195,7 +206,8 @@ class Trainer:
             padded_vocab=padded_vocab or pad_vocab(model_spec, topology.max_tp, args.make_vocab_size_divisible_by),
             embedding_stages=embedding_stages, stage=topology.stage,
             stage_chunks=topology.stage_tp(topology.stage),
-            embedding_chunks=max(topology.stage_tp(s) for s in embedding_stages), recompute=stage.recompute)
+            embedding_chunks=max(topology.stage_tp(s) for s in embedding_stages), recompute=stage.recompute,
+            moe_aux_loss_coeff=args.moe_aux_loss_coeff)
         fusion = KernelFusion.default(device, swiglu=args.swiglu_fusion, rope=args.rope_fusion)
         self.model = StageModel(self.spec, topology.tp_group, device, fusion)
         self.fused = fusion.applied(model_spec)
@@ -291,10 +303,12 @@ class Trainer:
         if scale != 1.0:
             self.optimizer.unscale(scale)
         counts_loss = topo.is_last_stage and topo.tp_rank == 0  # one copy of each pipeline's loss
+        balance = self.model.take_balance()
         stats = torch.stack([self.optimizer.local_grad_sumsq(),
                              (loss_sum if counts_loss else torch.zeros_like(loss_sum)).double(),
-                             torch.full((), float(stop), dtype=torch.float64, device=loss_sum.device)])  # no host copy
-        dist.all_reduce(stats, group=topo.world_group)  # grad norm, loss and stop requests in one collective
+                             torch.full((), float(stop), dtype=torch.float64, device=loss_sum.device),
+                             balance if topo.tp_rank == 0 else torch.zeros_like(balance)])  # no host copy
+        dist.all_reduce(stats, group=topo.world_group)  # grad norm, loss, stop requests, balance: one collective
         skipped = False
         if self.scaler is not None:
             # fp16 only: skipping is the host's decision, so it reads the norm (as Megatron reads found_inf).
@@ -310,7 +324,8 @@ class Trainer:
         self.grad_sync.zero_grad()
         self.step += 1
         self.consumed += self.plan.global_batch_size
-        return StepResult(self.step, lr, stats, start, skipped, scale if self.scaler is not None else None)
+        balances = self.model_spec.num_blocks * self.plan.global_batch_size if self.args.moe_aux_loss_coeff else 0
+        return StepResult(self.step, lr, stats, start, skipped, scale if self.scaler is not None else None, balances)
 
     def _inject_overflow(self) -> None:
         """The test hook: an inf in this rank's first gradient (after the sync), as an fp16 overflow leaves it."""

@@ -640,9 +640,10 @@ def _train_args(args, model) -> tuple[list[str], int, int]:
     if not any(a == "--train-iters" or a.startswith("--train-iters=") for a in rest):
         raise SailorError("sailor run needs the number of training steps: add -- --train-iters N at the end (training "
                           "arguments go after '--')")
-    from sailor_ext.train import check_save_dir, check_train_args  # torch-free: argument parsing only
+    from sailor_ext.train import check_model_flags, check_save_dir, check_train_args  # torch-free: parsing only
 
     parsed = check_train_args(rest)
+    check_model_flags(parsed, model)
     rest = _with_precision(getattr(args, "precision", None), parsed, rest)
     if parsed.model is not None and parsed.model != args.model:
         raise SailorError(f"training argument --model {parsed.model} contradicts sailor run --model {args.model}")

@@ -88,9 +88,9 @@ def megatron_model_args(model) -> list[str]:
         refuse("biases on some linear layers only")
     if model.experts:
         # Megatron's router: top k of the logits, then their softmax (the renormalised probabilities), or with
-        # --moe-router-pre-softmax the top k of the softmax; no load-balancing loss, as ours
+        # --moe-router-pre-softmax the top k of the softmax (its load balancing: training_args)
         args += [f"--num-experts {model.experts}", f"--moe-router-topk {model.experts_per_token}",
-                 f"--moe-ffn-hidden-size {model.ffn_hidden}", "--moe-router-load-balancing-type none"]
+                 f"--moe-ffn-hidden-size {model.ffn_hidden}"]
         if not model.expert_renorm:
             args.append("--moe-router-pre-softmax")
         if model.shared_expert_ffn:  # Qwen2-MoE's, behind its sigmoid gate
@@ -114,6 +114,7 @@ def _train_options() -> argparse.ArgumentParser:
     p.add_argument("--lr-decay-style", default="constant")
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
     p.add_argument("--log-interval", type=int, default=1)
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     p.add_argument("--dist-timeout", type=float)
@@ -170,6 +171,12 @@ def training_args(train_args: list[str], plan, model) -> list[str]:
            f"--lr-decay-style {a.lr_decay_style}", f"--weight-decay {a.weight_decay:g}", f"--clip-grad {a.clip_grad:g}",
            f"--seed {a.seed}", f"--log-interval {a.log_interval}",
            f"--make-vocab-size-divisible-by {a.make_vocab_size_divisible_by}"]
+    if model.experts:  # sailor's load-balancing loss is Megatron's per-sequence one (sailor_ext/moe.py)
+        out += [f"--moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff {a.moe_aux_loss_coeff:g}"
+                if a.moe_aux_loss_coeff else "--moe-router-load-balancing-type none"]
+    elif a.moe_aux_loss_coeff:
+        raise SailorError(f"--moe-aux-loss-coeff balances the experts of a mixture of experts, and {model.name} has "
+                          "none; drop the flag")
     if a.optimizer == "adam":
         out += [f"--adam-beta1 {a.adam_beta1:g}", f"--adam-beta2 {a.adam_beta2:g}", f"--adam-eps {a.adam_eps:g}"]
     else:

@@ -391,7 +391,9 @@ def test_moe_details(tmp_path):
 
 
 @pytest.mark.parametrize("name, change, needle", [
-    ("Mixtral-8x7B", {"output_router_logits": True}, "output_router_logits adds a load-balancing loss"),
+    ("Mixtral-8x7B", {"output_router_logits": True}, "output_router_logits adds a load-balancing loss pooled over "
+     "all blocks and the whole batch, which no pipeline of microbatches computes; set it to false and balance per "
+     "sequence with the training argument --moe-aux-loss-coeff 0.02"),
     ("Mixtral-8x7B", {"router_jitter_noise": 0.1}, "router_jitter_noise is not supported; set it to 0"),
     ("Mixtral-8x7B", {"num_experts_per_tok": 9}, "each token goes to 1 to 8 of the 8 experts, not 9"),
     ("Mixtral-8x7B", {"num_local_experts": "8"}, "num_local_experts must be a positive integer"),

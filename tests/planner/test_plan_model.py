@@ -216,6 +216,7 @@ def test_simulate_seq_length(tmp_path, sailor_data):
     (["--seq-length", "32", "--", "--train-iters", "5", "--seq-length", "16"],
      "--seq-length 16 contradicts the job's sequence length 32"),
     (["--", "--train-iters", "5", "--model", "opt-125m"], "--model opt-125m contradicts sailor run --model tiny"),
+    (["--", "--train-iters", "5", "--moe-aux-loss-coeff", "0.01"], "tiny has none; drop the flag"),
 ])
 def test_sailor_run_checks_seq_length_before_starting(extra, fragment):
     if "--" not in extra:

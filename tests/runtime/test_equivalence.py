@@ -305,8 +305,11 @@ def test_bf16_losses_do_not_depend_on_where_the_stages_are_cut(runs_dir, llama_c
 
 # A Mixtral-shaped mixture of experts (4 experts, 2 per token) from the seed: the replicas' TP 4 and 2
 # shard every expert differently, the router's gradient is summed over each TP group, and a stage
-# recomputes its blocks (routing again in backward).
+# recomputes its blocks (routing again in backward). The combined plan also trains with the load-balancing
+# loss: its gradient starts in every stage's backward, 1/tp of it on each TP rank, once per microbatch
+# where the forward ran twice (recomputation), and the balance of every sequence counts once.
 MIXTRAL = {**LLAMA, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}
+AUX = ["--moe-aux-loss-coeff", "0.1"]
 
 
 @pytest.fixture(scope="module")
@@ -322,8 +325,32 @@ def test_mixture_of_experts_plan_matches_single_process(name, runs_dir, referenc
     plan = llama_plan(name, config)
     world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
     sharded = ["--use-distributed-optimizer"] if name == "tp_per_replica" else []
-    run = run_plan(runs_dir / f"mixtral-{name}", plan, world, common_args(SGD) + sharded)
+    aux = AUX if name == "combined_recompute" else []
+    run = run_plan(runs_dir / f"mixtral-{name}", plan, world, common_args(SGD + aux) + sharded)
     assert_ok(run)
     assert ("distributed optimizer" in run.log(0)) == bool(sharded)
-    ref = plan_dict([((0, 6), [1])], [(12, 1)], model=str(config))
-    assert_same_training(run, reference("mixtral-sgd", ref, 1, SGD))
+    ref = reference("mixtral-sgd" + "-aux" * bool(aux), plan_dict([((0, 6), [1])], [(12, 1)], model=str(config)), 1,
+                    SGD + aux)
+    assert_same_training(run, ref)
+    balances = [m.get("load_balance") for m in run.metrics]
+    if aux:
+        assert balances == pytest.approx([m["load_balance"] for m in ref.metrics], rel=RTOL)
+        assert all(b > 1 for b in balances), balances
+    else:
+        assert balances == [None] * STEPS
+
+
+def test_fp16_loss_scale_scales_the_load_balancing_gradient(runs_dir, mixtral_config):
+    """In fp16 the load-balancing loss's gradient takes the loss scale, as the token losses' does, and the
+    optimizer's unscaling gives back fp32's gradient: with a coefficient large enough that balancing
+    dominates the gradient (10), the first step's gradient norm under a loss scale of 1024 is fp32's within
+    fp16's error; without the balancing loss it is another."""
+    plan = llama_plan("combined_recompute", mixtral_config)
+    norms = {}
+    for name, extra in (("fp32", AUX[:1] + ["10"]), ("fp16", AUX[:1] + ["10", "--fp16", "--loss-scale", "1024"]),
+                        ("fp32-no-aux", [])):
+        run = run_plan(runs_dir / f"mixtral-{name}", plan, 6, ["--train-iters", "1", "--seed", "7", *extra])
+        assert_ok(run)
+        norms[name] = run.metrics[0]["grad_norm"]
+    assert norms["fp16"] == pytest.approx(norms["fp32"], rel=1e-2)
+    assert abs(norms["fp32-no-aux"] / norms["fp32"] - 1) > 0.1, norms

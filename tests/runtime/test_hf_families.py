@@ -163,22 +163,31 @@ def _hf_loss(model, tokens: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1))
 
 
-def _hf_train(model) -> tuple[list[float], list[float]]:
+def _hf_train(model, objective=None) -> tuple[list[float], list[float]]:
     """STEPS AdamW steps as our runtime takes them (no decay on biases and norms, global-norm clip):
-    the loss and the gradient norm before clipping of each."""
+    the loss and the gradient norm before clipping of each. objective(model, tokens) -> (what backward
+    starts from, the loss reported); default: the mean token loss for both."""
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() > 1], "weight_decay": WEIGHT_DECAY},
               {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=ADAM_EPS)
     losses, norms = [], []
     for step in range(STEPS):
-        loss = _hf_loss(model, _batch(step))
-        loss.backward()
+        total, loss = objective(model, _batch(step)) if objective else (_hf_loss(model, _batch(step)),) * 2
+        total.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(params, CLIP).item())
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
     return losses, norms
+
+
+def _args(hf_dir, *more: str) -> list[str]:
+    """Our runtime's arguments for the training _hf_train does."""
+    return ["--load-hf", str(hf_dir), "--seq-length", str(SEQ), "--train-iters", str(STEPS), "--seed", "7",
+            "--optimizer", "adam", "--lr", str(LR), "--adam-beta1", str(BETAS[0]), "--adam-beta2", str(BETAS[1]),
+            "--adam-eps", str(ADAM_EPS), "--weight-decay", str(WEIGHT_DECAY), "--clip-grad", str(CLIP), "--save",
+            "ckpt", "--dist-timeout", "60", *more]
 
 
 def _plan(model_dir, num_layers: int) -> dict:
@@ -196,11 +205,7 @@ def test_family_trains_like_transformers(kind, tmp_path):
     hf_dir = tmp_path / "hf"
     reference = _hf_model(kind, hf_dir)
     spec = get_model(str(hf_dir), seq_len=SEQ)
-    run = run_plan(tmp_path / "run", _plan(hf_dir, spec.num_layers), 6,
-                   ["--load-hf", str(hf_dir), "--seq-length", str(SEQ), "--train-iters", str(STEPS), "--seed", "7",
-                    "--optimizer", "adam", "--lr", str(LR), "--adam-beta1", str(BETAS[0]), "--adam-beta2",
-                    str(BETAS[1]), "--adam-eps", str(ADAM_EPS), "--weight-decay", str(WEIGHT_DECAY), "--clip-grad",
-                    str(CLIP), "--save", "ckpt", "--dist-timeout", "60"])
+    run = run_plan(tmp_path / "run", _plan(hf_dir, spec.num_layers), 6, _args(hf_dir))
     assert_ok(run)
     losses, norms = _hf_train(reference)
     assert [m["loss"] for m in run.metrics] == pytest.approx(losses, rel=1e-5)
@@ -234,6 +239,46 @@ def test_family_trains_like_transformers(kind, tmp_path):
             assert torch.equal(logits, as_reference(tokens).logits)
         torch.testing.assert_close(logits, reference(tokens).logits, rtol=1e-4,
                                    atol=1e-4 if kind in SENSITIVE else 1e-5)
+
+
+AUX_COEFF = 0.05
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+def test_load_balancing_loss_is_transformers_per_sequence(kind, tmp_path):
+    """--moe-aux-loss-coeff c trains on the token loss plus, for every block and every sequence, c / B times
+    transformers' own load-balancing loss of that sequence's router logits in that block, divided by k
+    (Megatron-LM's seq_aux_loss; transformers' load_balancing_loss_func is the oracle). The losses, the
+    gradient norms (the balance's gradient in them) and the balance reported per step are transformers'."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    from planner.specs.model import get_model
+
+    hf_dir = tmp_path / "hf"
+    reference = _hf_model(kind, hf_dir)
+    spec = get_model(str(hf_dir), seq_len=SEQ)
+    experts, k = spec.experts, spec.experts_per_token
+    run = run_plan(tmp_path / "run", _plan(hf_dir, spec.num_layers), 6,
+                   _args(hf_dir, "--moe-aux-loss-coeff", str(AUX_COEFF)))
+    assert_ok(run)
+    balances = []
+
+    def objective(model, tokens):
+        out = model(tokens[:, :-1], output_router_logits=True)
+        logits = out.logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
+                                                 tokens[:, 1:].reshape(-1))
+        per_block = [torch.stack([load_balancing_loss_func((seq,), experts, k) / k for seq in block.split(SEQ)]).mean()
+                     for block in out.router_logits]  # each block's [B * s, E], sequence after sequence
+        assert len(per_block) == spec.num_blocks
+        balances.append(torch.stack(per_block).mean().item())
+        return loss + AUX_COEFF * sum(per_block), loss
+
+    losses, norms = _hf_train(reference, objective)
+    assert [m["loss"] for m in run.metrics] == pytest.approx(losses, rel=1e-5)
+    assert [m["grad_norm"] for m in run.metrics] == pytest.approx(norms, rel=1e-5)
+    assert [m["load_balance"] for m in run.metrics] == pytest.approx(balances, rel=1e-5)
+    assert "load balance" in run.log(0)
 
 
 def test_sharded_checkpoints_load_and_export(tmp_path):

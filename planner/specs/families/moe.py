@@ -9,9 +9,11 @@ chosen experts' probabilities; Qwen2/3-MoE (num_experts, moe_intermediate_size) 
 normalises q and k across all heads, as OLMo 2 (olmo.py), with LLaMA's pre-norms. Checkpoints keep one tensor per expert
 (`experts.{e}.w1`, or `gate_proj`), as the published ones and transformers' save_pretrained do.
 
-Refused, each with the field that asks for it: a load-balancing loss (output_router_logits), which
-our training does not add; router jitter; Qwen3-MoE's dense blocks among the sparse ones
-(mlp_only_layers, decoder_sparse_step); OLMoE's clipped q, k and v (clip_qkv).
+Refused, each with the field that asks for it: transformers' load-balancing loss (output_router_logits),
+pooled over all blocks and the whole batch, which a pipeline of microbatches cannot compute (the
+runtime's --moe-aux-loss-coeff balances per block and sequence instead, sailor_ext/moe.py); router
+jitter; Qwen3-MoE's dense blocks among the sparse ones (mlp_only_layers, decoder_sparse_step); OLMoE's
+clipped q, k and v (clip_qkv).
 """
 from __future__ import annotations
 
@@ -27,8 +29,11 @@ QWEN_DEFAULTS = {"qwen2_moe": (60, 4, 1408), "qwen3_moe": (128, 8, 768)}  # expe
 
 def from_hf(cfg, model_type: str) -> dict:
     if cfg.bool("output_router_logits", False):
-        raise SailorError(f"model config {cfg.source}: output_router_logits adds a load-balancing loss, which sailor "
-                          "does not train with; set it to false")
+        coeff = cfg.cfg.get("router_aux_loss_coef")
+        coeff = f"{coeff:g}" if isinstance(coeff, (int, float)) and not isinstance(coeff, bool) else "C"
+        raise SailorError(f"model config {cfg.source}: output_router_logits adds a load-balancing loss pooled over all "
+                          "blocks and the whole batch, which no pipeline of microbatches computes; set it to false "
+                          f"and balance per sequence with the training argument --moe-aux-loss-coeff {coeff}")
     fields = llama.from_hf(cfg, model_type)
     # the expert count: num_local_experts, or its alias num_experts (Qwen3-MoE's published configs)
     key = "num_local_experts" if cfg.has("num_local_experts") else "num_experts"
