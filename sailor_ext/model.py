@@ -93,7 +93,8 @@ class StageSpec:
     stage_chunks: int = 1  # finest common chunking of this stage's sharded weights
     embedding_chunks: int = 1  # finest common chunking of the word embedding
     recompute: bool = False  # checkpoint every block: keep its input, rerun its forward in backward
-    moe_aux_loss_coeff: float = 0.0  # the load-balancing loss's weight (sailor_ext/moe.py)
+    moe_aux_loss_coeff: float = 0.0  # the router losses' weights (sailor_ext/moe.py): load balancing, z-loss
+    moe_z_loss_coeff: float = 0.0
 
     @property
     def layers(self) -> range:
@@ -318,7 +319,8 @@ class Block(nn.Module):
         if model.input_norms and not model.shared_norm:
             self.pre_mlp_layernorm = norm(model, model.hidden)
         if model.experts:
-            self.mlp = MoE(model, spec.tp, pg.tp, ACTIVATIONS[model.activation], spec.moe_aux_loss_coeff)
+            self.mlp = MoE(model, spec.tp, pg.tp, ACTIVATIONS[model.activation], spec.moe_aux_loss_coeff,
+                           spec.moe_z_loss_coeff)
         else:
             mlp = MLPSubmodules(linear_fc1=with_bias(ColumnParallelLinear, model.mlp_bias),
                                 linear_fc2=with_bias(RowParallelLinear, model.mlp_bias))
@@ -433,11 +435,12 @@ class StageModel(nn.Module):
     def moe_layers(self) -> list[MoE]:
         return [m.mlp for m in self.layers.values() if isinstance(m, Block) and isinstance(m.mlp, MoE)]
 
-    def take_balance(self) -> torch.Tensor:
-        """The step's sum of sequence balances over this stage's MoE blocks (float64, on the device); resets it."""
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
+    def take_router_sums(self) -> torch.Tensor:
+        """The step's sums of sequence balances and of token z values over this stage's MoE blocks [2]
+        (float64, on the device); resets them."""
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
         for moe in self.moe_layers:
-            total, moe.balance_sum = total + moe.balance_sum, 0.0
+            total, moe.router_sums = total + moe.router_sums, 0.0
         return total
 
     @property

@@ -20,17 +20,19 @@ outputs only, so the router weight's gradient is the sum over the TP ranks
 all-reduce that the experts' input takes in backward anyway (copy_to_tensor_model_parallel_region),
 the router reading that same input.
 
-Load balancing (--moe-aux-loss-coeff c, off by default) adds to the objective, for each MoE block
-and each sequence of the global batch, c / B times the sequence's balance
+Two router losses, each off by default, join the objective, per MoE block:
 
-    balance = E / (s k) * sum_e n_e P_e                                     (1 when routing is even)
-
-with B the global batch in sequences, s tokens per sequence, n_e the (token, slot) pairs routed to
-expert e and P_e its mean router probability over the sequence's tokens; only P_e carries a gradient.
-This is Megatron-LM's seq_aux_loss, and for one sequence and one block transformers' load-balancing
-loss divided by k. Per sequence, it is the same loss under every plan, whatever the microbatching;
-transformers' own (output_router_logits) pools all blocks and the whole batch, which no pipeline of
-microbatches computes, so families/moe.py refuses it and points here.
+  * load balancing (--moe-aux-loss-coeff c): for each sequence of the global batch, c / B times its
+    balance E / (s k) * sum_e n_e P_e (1 when routing is even), with B the global batch in
+    sequences, s tokens per sequence, n_e the (token, slot) pairs routed to expert e and P_e its mean
+    router probability over the sequence's tokens; only P_e carries a gradient. This is Megatron-LM's
+    seq_aux_loss, and for one sequence and one block transformers' load-balancing loss divided by k.
+    Per sequence, it is the same loss under every plan, whatever the microbatching; transformers' own
+    (output_router_logits) pools all blocks and the whole batch, which no pipeline of microbatches
+    computes, so families/moe.py refuses it and points here.
+  * z-loss (--moe-z-loss-coeff c): for each token of the global batch, c / T times the square of the
+    logsumexp of its router logits (ST-MoE; Megatron-LM's --moe-z-loss-coeff), T the global batch in
+    tokens: it keeps the logits small.
 """
 from __future__ import annotations
 
@@ -61,24 +63,24 @@ class ExpertWeights(nn.Module):
         self.logical_shape, self.partition_dim = tuple(logical_shape), partition_dim
 
 
-class _BalanceGradient(torch.autograd.Function):
-    """The identity on a MoE block's output, through which the load-balancing loss joins backward.
+class _RouterLossGradient(torch.autograd.Function):
+    """The identity on a MoE block's output, through which the router losses join backward.
 
-    The loss is no stage's output, so no stage's loss would carry its gradient: backward starts it here,
-    with d(objective)/d(balance sum) = moe.balance_grad(), and adds the microbatch's balance to
-    moe.balance_sum, once per microbatch (a forward that activation recomputation reruns in backward
+    They are no stage's output, so no stage's loss would carry their gradient: backward starts it here,
+    with d(objective)/d(loss) = moe.grad_scale, and adds the microbatch's sums (balances, z) to
+    moe.router_sums, once per microbatch (a forward that activation recomputation reruns in backward
     builds a node whose backward never runs)."""
 
     @staticmethod
-    def forward(ctx, out: torch.Tensor, balance: torch.Tensor, moe: "MoE") -> torch.Tensor:
-        ctx.moe, ctx.balance = moe, balance.detach()
+    def forward(ctx, out: torch.Tensor, loss: torch.Tensor, sums: torch.Tensor, moe: "MoE") -> torch.Tensor:
+        ctx.moe, ctx.sums = moe, sums
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         moe = ctx.moe
-        moe.balance_sum = moe.balance_sum + ctx.balance.double()  # stays on the device
-        return grad, torch.full_like(ctx.balance, moe.balance_grad()), None
+        moe.router_sums = moe.router_sums + ctx.sums  # stays on the device
+        return grad, torch.full((), moe.grad_scale, dtype=torch.float32, device=grad.device), None, None
 
 
 def sequence_balance(probs: torch.Tensor, chosen: torch.Tensor, batch: int) -> torch.Tensor:
@@ -97,12 +99,15 @@ def sequence_balance(probs: torch.Tensor, chosen: torch.Tensor, batch: int) -> t
 class MoE(nn.Module):
     """forward(x [s, b, h]) -> (output [s, b, h], None), as megatron's MLP returns (output, bias)."""
 
-    def __init__(self, model: ModelSpec, tp: int, tp_group, activation, aux_loss_coeff: float = 0.0):
+    def __init__(self, model: ModelSpec, tp: int, tp_group, activation, aux_loss_coeff: float = 0.0,
+                 z_loss_coeff: float = 0.0):
         super().__init__()
-        # load balancing: the coefficient; the step's scale (loss scale / global batch in sequences), set by
-        # the schedule; and the step's sum of sequence balances, read and reset by the trainer
-        self.aux_loss_coeff, self.tp, self.aux_step_scale = aux_loss_coeff, tp, 0.0
-        self.balance_sum: torch.Tensor | float = 0.0
+        # router losses: their coefficients; the step's global batch and gradient scale (start_step); the
+        # step's sums of sequence balances and token z values, read and reset by the trainer
+        self.aux_loss_coeff, self.z_loss_coeff, self.tp = aux_loss_coeff, z_loss_coeff, tp
+        self.sequences = self.tokens = 1
+        self.grad_scale = 0.0
+        self.router_sums: torch.Tensor | float = 0.0
         experts, h, f = model.experts, model.hidden, model.ffn_hidden
         self.top_k, self.renorm, self.gated = model.experts_per_token, model.expert_renorm, model.gated_mlp
         self.activation, self.tp_group = activation, tp_group
@@ -121,10 +126,11 @@ class MoE(nn.Module):
         shape = x.shape
         # [tokens, h]; backward all-reduces the gradient the router and the experts send to it
         x = copy_to_tensor_model_parallel_region(x.reshape(-1, shape[-1]), group=self.tp_group)
-        probs = torch.softmax(F.linear(x, self.router.weight).float(), dim=-1)
+        logits = F.linear(x, self.router.weight).float()
+        probs = torch.softmax(logits, dim=-1)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # [tokens, k], fp32
-        balance = sequence_balance(probs, chosen, shape[1]).sum() \
-            if self.aux_loss_coeff and torch.is_grad_enabled() else None
+        losses = self._router_losses(logits, probs, chosen, shape[1]) \
+            if (self.aux_loss_coeff or self.z_loss_coeff) and torch.is_grad_enabled() else None
         if self.renorm:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         # the (token, slot) pairs grouped by expert, experts in order (transformers' order of summation)
@@ -146,15 +152,23 @@ class MoE(nn.Module):
             shared = self._mlp(x, self.shared_expert.linear_fc1.weight, self.shared_expert.linear_fc2.weight)
             out = out + torch.sigmoid(F.linear(x, self.shared_gate.weight)) * shared
         out = reduce_from_tensor_model_parallel_region(out, group=self.tp_group)
-        if balance is not None:
-            out = _BalanceGradient.apply(out, balance, self)
+        if losses is not None:
+            out = _RouterLossGradient.apply(out, *losses, self)
         return out.view(shape), None
 
-    def balance_grad(self) -> float:
-        """d(objective)/d(this rank's microbatch balance sum): c * loss scale / B, over tp. Every TP rank
-        computes the same balances, and the router's weight gradient and its input's are summed over the TP
-        group (ParamShard.partial_grad; the input's all-reduce), so each rank carries 1/tp of it."""
-        return self.aux_loss_coeff * self.aux_step_scale / self.tp
+    def start_step(self, loss_scale: float, sequences: int, tokens: int) -> None:
+        """The step's global batch (B sequences, T tokens) and loss scale. Every TP rank computes the same
+        router losses, and the router's weight gradient and its input's are summed over the TP group
+        (ParamShard.partial_grad; the input's all-reduce), so each rank carries 1/tp of them."""
+        self.sequences, self.tokens, self.grad_scale = sequences, tokens, loss_scale / self.tp
+
+    def _router_losses(self, logits, probs, chosen, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The microbatch's router loss c_aux / B * sum of balances + c_z / T * sum of z, and the two sums."""
+        zero = logits.new_zeros(())
+        balance = sequence_balance(probs, chosen, batch).sum() if self.aux_loss_coeff else zero
+        z = torch.logsumexp(logits, dim=-1).square().sum() if self.z_loss_coeff else zero
+        loss = self.aux_loss_coeff / self.sequences * balance + self.z_loss_coeff / self.tokens * z
+        return loss, torch.stack([balance, z]).detach().double()
 
     def _mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor) -> torch.Tensor:
         """This rank's partial output of one expert (its fc1 and fc2 slices) for its tokens x [n, h]."""

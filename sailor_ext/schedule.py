@@ -13,8 +13,8 @@ of tokens in the *global* batch, so the gradients summed over all
 microbatches of all pipelines are exactly the gradient of the global batch's
 mean token loss. With fp16 the loss is multiplied by `loss_scale` before its
 backward pass (precision.LossScaler); the loss returned is unscaled. A MoE
-block's load-balancing loss takes the same scale, per sequence of the global
-batch (sailor_ext/moe.py).
+block's router losses take the same scale, over the global batch's sequences
+or tokens (sailor_ext/moe.py).
 
 The model computes in its parameters' dtype (precision.py casts the whole
 stage), so activations and their gradients arrive and leave in that dtype.
@@ -112,8 +112,8 @@ class OneFOneB:
         links = self.links
         inflight: deque = deque()
         loss_sum = torch.zeros((), device=self.topology.device)
-        for moe in self.model.moe_layers:  # the load-balancing loss's scale, as the token losses' (moe.py)
-            moe.aux_step_scale = self.loss_scale / self.shape.global_sequences
+        for moe in self.model.moe_layers:  # the router losses' normalisers and scale, as the token losses'
+            moe.start_step(self.loss_scale, self.shape.global_sequences, self.shape.global_tokens)
 
         def recv_forward():
             return None if first else links.exchange(recv_prev=act)[0]

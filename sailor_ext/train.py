@@ -76,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--moe-aux-loss-coeff", type=number(0.0, 1e3), default=0.0,
                    help="weight of the per-sequence load-balancing loss of each MoE block, as Megatron-LM's "
                         "seq_aux_loss (default 0: off; 1e-3 to 1e-2 is usual)")
+    g.add_argument("--moe-z-loss-coeff", type=number(0.0, 1e3), default=0.0,
+                   help="weight of the router z-loss of each MoE block, logsumexp(router logits)^2 per token "
+                        "(ST-MoE; default 0: off; 1e-3 is usual)")
     g = p.add_argument_group("precision (sailor_ext/precision.py)")
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 parameters and activations, fp32 main gradients and master weights (default: the "
@@ -207,9 +210,11 @@ def check_plan_flags(args, plan: Plan) -> ModelSpec:
 
 def check_model_flags(args, model: ModelSpec) -> None:
     """The flags that only some models take."""
-    if args.moe_aux_loss_coeff and not model.experts:
-        raise SailorError(f"--moe-aux-loss-coeff balances the experts of a mixture of experts, and {model.name} has "
-                          "none; drop the flag")
+    for flag, value in (("--moe-aux-loss-coeff", args.moe_aux_loss_coeff),
+                        ("--moe-z-loss-coeff", args.moe_z_loss_coeff)):
+        if value and not model.experts:
+            raise SailorError(f"{flag} weighs a loss on the router of a mixture of experts, and {model.name} has "
+                              "none; drop the flag")
 
 
 def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:

@@ -99,23 +99,32 @@ class StepResult:
 
     step: int
     lr: float
-    # [global gradient sum of squares, loss, stop requests, sum of MoE sequence balances]: float64, on the device
+    # [global gradient sum of squares, loss, stop requests, sums of MoE sequence balances and token z values]:
+    # float64, on the device
     stats: torch.Tensor
     started: float  # time.perf_counter() when the step began
     skipped: bool = False  # fp16: a gradient overflowed; the weights and the optimizer did not move
     loss_scale: float | None = None  # fp16: the scale this step's loss was multiplied by
-    balances: int = 0  # with a load-balancing loss: how many sequence balances the sum counts (blocks x batch)
+    # with router losses: how many sequence balances (blocks x sequences) and token z values (blocks x tokens)
+    # the sums count; 0 where that loss is off
+    balances: int = 0
+    z_values: int = 0
 
     @functools.cached_property
-    def _host(self) -> tuple[float, float, bool, float, float]:
-        sumsq, loss, stop, balance = self.stats.tolist()
-        return sumsq, loss, stop > 0, time.perf_counter() - self.started, balance
+    def _host(self) -> tuple[float, float, bool, float, float, float]:
+        sumsq, loss, stop, balance, z = self.stats.tolist()
+        return sumsq, loss, stop > 0, time.perf_counter() - self.started, balance, z
 
     @property
     def load_balance(self) -> float | None:
         """The mean over MoE blocks and sequences of E / (s k) * sum_e n_e P_e (sailor_ext/moe.py): 1 when
         routing is even, up to E when every token goes to the same experts; None without the loss."""
         return self._host[4] / self.balances if self.balances else None
+
+    @property
+    def router_z(self) -> float | None:
+        """The mean over MoE blocks and tokens of logsumexp(router logits)^2; None without the z-loss."""
+        return self._host[5] / self.z_values if self.z_values else None
 
     @property
     def loss(self) -> float:
@@ -144,6 +153,8 @@ class StepResult:
             out.update(loss_scale=self.loss_scale, skipped=self.skipped)
         if self.balances:
             out["load_balance"] = self.load_balance
+        if self.z_values:
+            out["router_z"] = self.router_z
         return out
 
     def line(self) -> str:
@@ -152,7 +163,8 @@ class StepResult:
             return f"loss {self.loss:.6f} | skipped: a gradient overflowed at loss scale {self.loss_scale:g}"
         scale = f" | loss scale {self.loss_scale:g}" if self.loss_scale is not None else ""
         balance = f" | load balance {self.load_balance:.4f}" if self.balances else ""
-        return f"loss {self.loss:.6f} | grad norm {self.grad_norm:.4f} | lr {self.lr:.3g}{scale}{balance}"
+        z = f" | router z {self.router_z:.4g}" if self.z_values else ""
+        return f"loss {self.loss:.6f} | grad norm {self.grad_norm:.4f} | lr {self.lr:.3g}{scale}{balance}{z}"
 
 
 class MetricsWriter:
@@ -207,7 +219,7 @@ class Trainer:
             embedding_stages=embedding_stages, stage=topology.stage,
             stage_chunks=topology.stage_tp(topology.stage),
             embedding_chunks=max(topology.stage_tp(s) for s in embedding_stages), recompute=stage.recompute,
-            moe_aux_loss_coeff=args.moe_aux_loss_coeff)
+            moe_aux_loss_coeff=args.moe_aux_loss_coeff, moe_z_loss_coeff=args.moe_z_loss_coeff)
         fusion = KernelFusion.default(device, swiglu=args.swiglu_fusion, rope=args.rope_fusion)
         self.model = StageModel(self.spec, topology.tp_group, device, fusion)
         self.fused = fusion.applied(model_spec)
@@ -303,12 +315,12 @@ class Trainer:
         if scale != 1.0:
             self.optimizer.unscale(scale)
         counts_loss = topo.is_last_stage and topo.tp_rank == 0  # one copy of each pipeline's loss
-        balance = self.model.take_balance()
-        stats = torch.stack([self.optimizer.local_grad_sumsq(),
-                             (loss_sum if counts_loss else torch.zeros_like(loss_sum)).double(),
-                             torch.full((), float(stop), dtype=torch.float64, device=loss_sum.device),
-                             balance if topo.tp_rank == 0 else torch.zeros_like(balance)])  # no host copy
-        dist.all_reduce(stats, group=topo.world_group)  # grad norm, loss, stop requests, balance: one collective
+        router = self.model.take_router_sums()  # [2]
+        stats = torch.cat([torch.stack([self.optimizer.local_grad_sumsq(),
+                                        (loss_sum if counts_loss else torch.zeros_like(loss_sum)).double(),
+                                        torch.full((), float(stop), dtype=torch.float64, device=loss_sum.device)]),
+                           router if topo.tp_rank == 0 else torch.zeros_like(router)])  # no host copy
+        dist.all_reduce(stats, group=topo.world_group)  # grad norm, loss, stop requests, router sums: one collective
         skipped = False
         if self.scaler is not None:
             # fp16 only: skipping is the host's decision, so it reads the norm (as Megatron reads found_inf).
@@ -324,8 +336,10 @@ class Trainer:
         self.grad_sync.zero_grad()
         self.step += 1
         self.consumed += self.plan.global_batch_size
-        balances = self.model_spec.num_blocks * self.plan.global_batch_size if self.args.moe_aux_loss_coeff else 0
-        return StepResult(self.step, lr, stats, start, skipped, scale if self.scaler is not None else None, balances)
+        blocks, batch = self.model_spec.num_blocks, self.plan.global_batch_size
+        return StepResult(self.step, lr, stats, start, skipped, scale if self.scaler is not None else None,
+                          blocks * batch if self.args.moe_aux_loss_coeff else 0,
+                          blocks * batch * self.model_spec.seq_len if self.args.moe_z_loss_coeff else 0)
 
     def _inject_overflow(self) -> None:
         """The test hook: an inf in this rank's first gradient (after the sync), as an fp16 overflow leaves it."""

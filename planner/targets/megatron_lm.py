@@ -115,6 +115,7 @@ def _train_options() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
+    p.add_argument("--moe-z-loss-coeff", type=float, default=0.0)
     p.add_argument("--log-interval", type=int, default=1)
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     p.add_argument("--dist-timeout", type=float)
@@ -174,9 +175,8 @@ def training_args(train_args: list[str], plan, model) -> list[str]:
     if model.experts:  # sailor's load-balancing loss is Megatron's per-sequence one (sailor_ext/moe.py)
         out += [f"--moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff {a.moe_aux_loss_coeff:g}"
                 if a.moe_aux_loss_coeff else "--moe-router-load-balancing-type none"]
-    elif a.moe_aux_loss_coeff:
-        raise SailorError(f"--moe-aux-loss-coeff balances the experts of a mixture of experts, and {model.name} has "
-                          "none; drop the flag")
+        if a.moe_z_loss_coeff:
+            out.append(f"--moe-z-loss-coeff {a.moe_z_loss_coeff:g}")
     if a.optimizer == "adam":
         out += [f"--adam-beta1 {a.adam_beta1:g}", f"--adam-beta2 {a.adam_beta2:g}", f"--adam-eps {a.adam_eps:g}"]
     else:

@@ -69,7 +69,8 @@ keys = ("data_parallel_size", "tensor_model_parallel_size", "pipeline_model_para
         "vocab_size", "recompute_granularity", "bf16", "seq_length", "use_distributed_optimizer",
         "overlap_grad_reduce", "bias_swiglu_fusion", "apply_rope_fusion", "num_experts", "moe_router_topk",
         "moe_ffn_hidden_size", "moe_router_pre_softmax", "moe_router_load_balancing_type", "ffn_hidden_size",
-        "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "add_qkv_bias", "moe_aux_loss_coeff")
+        "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "add_qkv_bias", "moe_aux_loss_coeff",
+        "moe_z_loss_coeff")
 print("RESULT " + json.dumps({k: getattr(args, k, None) for k in keys}, default=str))
 """
 
@@ -150,12 +151,12 @@ def test_mixture_of_experts_plans_pass_megatrons_parser(megatron_src, tmp_path):
     loss (per sequence) as Megatron's seq_aux_loss, or none."""
     mixtral = {**LLAMA, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
     argv, env, _ = megatron_args(tmp_path, _with_model(tmp_path, HOMO, mixtral), "--train-iters", "10",
-                                 "--moe-aux-loss-coeff", "0.01")
+                                 "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001")
     got = parse(megatron_src, argv, env, 16)
     assert (got["num_experts"], got["moe_router_topk"], got["moe_ffn_hidden_size"], got["ffn_hidden_size"]) == \
         (8, 2, 1024, 1024)
     assert not got["moe_router_pre_softmax"] and got["moe_router_load_balancing_type"] == "seq_aux_loss"
-    assert got["moe_aux_loss_coeff"] == 0.01
+    assert got["moe_aux_loss_coeff"] == 0.01 and got["moe_z_loss_coeff"] == 0.001
     assert got["tensor_model_parallel_size"] == 2 and got["swiglu"] and not got["add_bias_linear"]
     assert got["moe_shared_expert_intermediate_size"] is None and not got["moe_shared_expert_gate"]
     # Qwen2-MoE: the chosen probabilities as they are, a gated shared expert, q/k/v biases

@@ -305,11 +305,12 @@ def test_bf16_losses_do_not_depend_on_where_the_stages_are_cut(runs_dir, llama_c
 
 # A Mixtral-shaped mixture of experts (4 experts, 2 per token) from the seed: the replicas' TP 4 and 2
 # shard every expert differently, the router's gradient is summed over each TP group, and a stage
-# recomputes its blocks (routing again in backward). The combined plan also trains with the load-balancing
-# loss: its gradient starts in every stage's backward, 1/tp of it on each TP rank, once per microbatch
-# where the forward ran twice (recomputation), and the balance of every sequence counts once.
+# recomputes its blocks (routing again in backward). The combined plan also trains with the router losses
+# (load balancing, z-loss): their gradient starts in every stage's backward, 1/tp of it on each TP rank, once
+# per microbatch where the forward ran twice (recomputation), and every sequence and token counts once.
 MIXTRAL = {**LLAMA, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}
 AUX = ["--moe-aux-loss-coeff", "0.1"]
+Z = ["--moe-z-loss-coeff", "0.01"]
 
 
 @pytest.fixture(scope="module")
@@ -325,19 +326,20 @@ def test_mixture_of_experts_plan_matches_single_process(name, runs_dir, referenc
     plan = llama_plan(name, config)
     world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
     sharded = ["--use-distributed-optimizer"] if name == "tp_per_replica" else []
-    aux = AUX if name == "combined_recompute" else []
+    aux = AUX + Z if name == "combined_recompute" else []
     run = run_plan(runs_dir / f"mixtral-{name}", plan, world, common_args(SGD + aux) + sharded)
     assert_ok(run)
     assert ("distributed optimizer" in run.log(0)) == bool(sharded)
     ref = reference("mixtral-sgd" + "-aux" * bool(aux), plan_dict([((0, 6), [1])], [(12, 1)], model=str(config)), 1,
                     SGD + aux)
     assert_same_training(run, ref)
-    balances = [m.get("load_balance") for m in run.metrics]
-    if aux:
-        assert balances == pytest.approx([m["load_balance"] for m in ref.metrics], rel=RTOL)
-        assert all(b > 1 for b in balances), balances
-    else:
-        assert balances == [None] * STEPS
+    for key in ("load_balance", "router_z"):
+        values = [m.get(key) for m in run.metrics]
+        if aux:
+            assert values == pytest.approx([m[key] for m in ref.metrics], rel=RTOL)
+            assert all(v > 1 for v in values), (key, values)  # (uneven routing; z of 4 experts >= ln(4)^2)
+        else:
+            assert values == [None] * STEPS
 
 
 def test_fp16_loss_scale_scales_the_load_balancing_gradient(runs_dir, mixtral_config):

@@ -241,16 +241,19 @@ def test_family_trains_like_transformers(kind, tmp_path):
                                    atol=1e-4 if kind in SENSITIVE else 1e-5)
 
 
-AUX_COEFF = 0.05
+AUX_COEFF, Z_COEFF = 0.05, 0.01
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
-def test_load_balancing_loss_is_transformers_per_sequence(kind, tmp_path):
+@pytest.mark.parametrize("kind, z", [("mixtral", True), ("qwen3_moe", False)])
+def test_router_losses_are_transformers_per_sequence_and_token(kind, z, tmp_path):
     """--moe-aux-loss-coeff c trains on the token loss plus, for every block and every sequence, c / B times
     transformers' own load-balancing loss of that sequence's router logits in that block, divided by k
-    (Megatron-LM's seq_aux_loss; transformers' load_balancing_loss_func is the oracle). The losses, the
-    gradient norms (the balance's gradient in them) and the balance reported per step are transformers'."""
+    (Megatron-LM's seq_aux_loss; transformers' load_balancing_loss_func is the oracle); --moe-z-loss-coeff c
+    adds c times each block's z-loss over the whole batch (transformers' Switch Transformers
+    router_z_loss_func is the oracle). The losses, the gradient norms (the router losses' gradients in them)
+    and the balance and z reported per step are transformers'."""
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    from transformers.models.switch_transformers.modeling_switch_transformers import router_z_loss_func
 
     from planner.specs.model import get_model
 
@@ -259,9 +262,9 @@ def test_load_balancing_loss_is_transformers_per_sequence(kind, tmp_path):
     spec = get_model(str(hf_dir), seq_len=SEQ)
     experts, k = spec.experts, spec.experts_per_token
     run = run_plan(tmp_path / "run", _plan(hf_dir, spec.num_layers), 6,
-                   _args(hf_dir, "--moe-aux-loss-coeff", str(AUX_COEFF)))
+                   _args(hf_dir, "--moe-aux-loss-coeff", str(AUX_COEFF), *["--moe-z-loss-coeff", str(Z_COEFF)] * z))
     assert_ok(run)
-    balances = []
+    balances, zs = [], []
 
     def objective(model, tokens):
         out = model(tokens[:, :-1], output_router_logits=True)
@@ -270,15 +273,18 @@ def test_load_balancing_loss_is_transformers_per_sequence(kind, tmp_path):
                                                  tokens[:, 1:].reshape(-1))
         per_block = [torch.stack([load_balancing_loss_func((seq,), experts, k) / k for seq in block.split(SEQ)]).mean()
                      for block in out.router_logits]  # each block's [B * s, E], sequence after sequence
-        assert len(per_block) == spec.num_blocks
+        z_per_block = [router_z_loss_func(block.view(len(tokens), SEQ, experts)) for block in out.router_logits]
+        assert len(per_block) == len(z_per_block) == spec.num_blocks
         balances.append(torch.stack(per_block).mean().item())
-        return loss + AUX_COEFF * sum(per_block), loss
+        zs.append(torch.stack(z_per_block).mean().item())
+        return loss + AUX_COEFF * sum(per_block) + Z_COEFF * z * sum(z_per_block), loss
 
     losses, norms = _hf_train(reference, objective)
     assert [m["loss"] for m in run.metrics] == pytest.approx(losses, rel=1e-5)
     assert [m["grad_norm"] for m in run.metrics] == pytest.approx(norms, rel=1e-5)
     assert [m["load_balance"] for m in run.metrics] == pytest.approx(balances, rel=1e-5)
     assert "load balance" in run.log(0)
+    assert [m.get("router_z") for m in run.metrics] == (pytest.approx(zs, rel=1e-5) if z else [None] * STEPS)
 
 
 def test_sharded_checkpoints_load_and_export(tmp_path):
