@@ -458,9 +458,9 @@ class StageModel(nn.Module):
         return self._masks[key]
 
     def rotary(self, block: int, seq_len: int) -> torch.Tensor | None:
-        """Block `block`'s (1-based) rotary angles; None with learned positions."""
+        """Block `block`'s (1-based) rotary angles; None with learned positions or none (NoPE blocks)."""
         model = self.spec.model
-        if model.learned_positions:
+        if not model.rotary(block - 1):
             return None
         local = bool(model.local_rope_theta and model.window(block - 1))  # Gemma 3's windowed blocks
         if (seq_len, local) not in self._rotary:

@@ -218,13 +218,16 @@ def estimate_profile(model: ModelSpec, gpu: GPUSpec, precision: str = "fp32",
 
 
 def same_work(model: ModelSpec, layer: int, runtime: str = DEFAULT_RUNTIME) -> tuple:
-    """Layers with equal keys do the same work: one of each kind, and under fused attention a
-    windowed block apart from a causal one (eager attention, and capped attention, compute the
-    whole square either way)."""
+    """Layers with equal keys do the same work: one of each kind, a block without rotary positions
+    apart from one with, and under fused attention a windowed block apart from a causal one (eager
+    attention, and capped attention, compute the whole square either way)."""
     kind = model.kind(layer)
-    if kind != BLOCK or RUNTIME_WORK[runtime].attention == "eager" or model.attn_softcap:
+    if kind != BLOCK:
         return (kind,)
-    return (kind, 0 < model.window(layer - 1) < model.seq_len)
+    rotary = model.rotary(layer - 1)
+    if RUNTIME_WORK[runtime].attention == "eager" or model.attn_softcap:
+        return (kind, rotary)
+    return (kind, rotary, 0 < model.window(layer - 1) < model.seq_len)
 
 
 def per_layer(model: ModelSpec, runtimes: tuple[str, ...], fn) -> list:

@@ -119,7 +119,8 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
         q, kv, f, f_in = model.q_dim, model.kv_dim, model.ffn_hidden, model._mlp_in()
         scores = model.heads * model.seq_len  # S
         fused = d < 4  # Megatron's fused softmax takes 16-bit inputs only; fp32 runs PyTorch's ops
-        rope = 0.0 if model.learned_positions else 6.0 * (q + kv) / t * model.rotary_fraction
+        rotary = model.rotary(layer - 1)
+        rope = 6.0 * (q + kv) / t * model.rotary_fraction if rotary else 0.0
         gated, mlps = model.gated_mlp, model.active_mlps  # mlps: the MLPs (experts) a token passes through
         linear_io = 4 * h + (q + 2 * kv + q + mlps * (f_in + f)) / t
         norms = model.block_norms
@@ -127,8 +128,8 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
                + mlps * (3 if gated else 2) * f / t + 2 * q / t + rope)
         bwd = (norms * norm_b * h + 2 * 3 * h + 2 * linear_io + (7 if fused else 9) * scores / t
                + mlps * (5 if gated else 3) * f / t + 2 * q / t + rope)
-        k_f = 14 + (0 if fused else 1) + norms * norm_kf - 2 + (0 if model.learned_positions else 6) + 2 * gated
-        k_b = 30 + (0 if fused else 3) + norms * norm_kb - 4 + (0 if model.learned_positions else 12) + 4 * gated
+        k_f = 14 + (0 if fused else 1) + norms * norm_kf - 2 + (6 if rotary else 0) + 2 * gated
+        k_b = 30 + (0 if fused else 3) + norms * norm_kb - 4 + (12 if rotary else 0) + 4 * gated
         if model.experts:
             # routing (sailor_ext/moe.py): the router's E scores, their fp32 softmax (written, read) and top k
             # (values moved per token in units of d: 4/d per fp32 value); each of the k experts' tokens gathered

@@ -80,6 +80,7 @@ class ModelSpec:
     norm_eps: float = 1e-5
     attention_scale: float = 0.0  # 0: 1/sqrt(head_dim); GPT-Neo uses 1
     windows: tuple[int, ...] = ()  # per block: 0 = full causal attention, w = the last w tokens only
+    nope_blocks: tuple[int, ...] = ()  # blocks (0-based) whose attention has no rotary positions (SmolLM3's NoPE)
     rope_theta: float = 10000.0
     # e.g. (("type", "llama3"), ("factor", 8.0), ...); LongRoPE's factors are tuples, one per rotated pair
     rope_scaling: tuple[tuple[str, float | str | tuple[float, ...]], ...] = ()
@@ -188,6 +189,11 @@ class ModelSpec:
                               "blocks")
         if any(isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= 1 << 30 for w in self.windows):
             raise SailorError(f"model {self.name!r}: attention windows must be token counts >= 0")
+        if any(isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < self.num_blocks for b in
+               self.nope_blocks) or list(self.nope_blocks) != sorted(set(self.nope_blocks)) or \
+                (self.nope_blocks and self.learned_positions):
+            raise SailorError(f"model {self.name!r}: blocks without rotary positions must be block indices from 0 to "
+                              f"{self.num_blocks - 1}, ascending, of a model with rotary positions")
         if not -1 <= self.pad_token < self.vocab:
             raise SailorError(f"model {self.name!r}: pad token {short(self.pad_token)} is outside the vocabulary "
                               f"of {self.vocab}")
@@ -256,6 +262,10 @@ class ModelSpec:
     def window(self, block: int) -> int:
         """Attention window of block `block` (0-based); 0 means full causal attention."""
         return self.windows[block] if self.windows else 0
+
+    def rotary(self, block: int) -> bool:
+        """Whether block `block` (0-based) rotates q and k by their positions."""
+        return not self.learned_positions and block not in self.nope_blocks
 
     def padded_vocab(self, tp: int) -> int:
         """Megatron pads the vocabulary to a multiple of vocab_divisor * tp."""
@@ -409,6 +419,7 @@ class ModelSpec:
         """Every field, JSON-ready (plans and checkpoints carry this)."""
         d = asdict(self)
         d["windows"] = list(self.windows)
+        d["nope_blocks"] = list(self.nope_blocks)
         d["rope_scaling"] = dict(self.rope_scaling)
         return d
 
@@ -448,10 +459,11 @@ def model_from_dict(d: dict, source: str = "model description") -> ModelSpec:
             raise SailorError(f"{source}: {e}") from None
     d = dict(d)
     try:
-        if "windows" in d:
-            if not isinstance(d["windows"], list):
-                raise ValueError(f"windows must be a list, not {short(d['windows'])}")
-            d["windows"] = tuple(d["windows"])
+        for key in ("windows", "nope_blocks"):
+            if key in d:
+                if not isinstance(d[key], list):
+                    raise ValueError(f"{key} must be a list, not {short(d[key])}")
+                d[key] = tuple(d[key])
         if "rope_scaling" in d:
             def number(v) -> bool:
                 return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= FLOAT_MAX

@@ -51,7 +51,8 @@ def megatron_model_args(model) -> list[str]:
                           (model.attn_softcap or model.logit_softcap, "soft caps on attention scores or logits"),
                           (model.local_rope_theta, "a rotary base of its own on the windowed blocks"),
                           (not model.rms_norm and not model.norm_bias, "LayerNorms without bias"),
-                          (model.rotary_interleaved, "rotary positions on adjacent pairs of dimensions")):
+                          (model.rotary_interleaved, "rotary positions on adjacent pairs of dimensions"),
+                          (model.nope_blocks, "blocks without rotary positions (NoPE)")):
         if present:
             refuse(what)
     args = []

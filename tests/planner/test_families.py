@@ -477,7 +477,8 @@ _MINIMAL = {"gpt2": {"n_embd": 256, "n_layer": 2, "n_head": 32, "vocab_size": 30
                         "max_position_embeddings": 64, "attention_types": [[["global", "local"], 1]]},
             "opt": {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 32, "ffn_dim": 96,
                     "vocab_size": 300, "max_position_embeddings": 64},
-            "phi3": {**_BASE, "vocab_size": 32064}}  # (its default pad token, 32000, must be in the vocabulary)
+            # (their default pad tokens, 32000 and 128004, must be in the vocabulary)
+            "phi3": {**_BASE, "vocab_size": 32064}, "smollm3": {**_BASE, "vocab_size": 128256}}
 
 
 @pytest.mark.parametrize("model_type", sorted(hf_types()))
@@ -511,3 +512,34 @@ def test_qwen2_moe_details(tmp_path):
     assert windowed.windows == (4096, 0) * 10 + (4096,) + (0,) * 3  # odd blocks below max_window_layers (21)
     assert model.tp_degrees(8) == [1, 2, 4, 8]
     assert replace(model, shared_expert_ffn=5636).tp_degrees(8) == [1, 2, 4]  # the shared expert splits over TP too
+
+
+def test_smollm3_and_ernie45_details(tmp_path):
+    """SmolLM3-3B's shape: every fourth block without rotary positions (the default of no_rope_layers), which
+    the planner counts without rotary work; ERNIE-4.5-0.3B's: heads of 128 on a 1024-wide model, adjacent pairs
+    rotated. Parameter counts are transformers' own; Megatron-LM launch refuses the NoPE blocks."""
+    from planner.profiles.layer_work import layer_work
+    from planner.targets.megatron_lm import megatron_model_args
+
+    smol = {"model_type": "smollm3", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+            "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 128256,
+            "max_position_embeddings": 65536, "rope_theta": 5e6, "tie_word_embeddings": True}
+    model = get_model(str(_write(tmp_path, smol)), seq_len=4096)
+    assert model.nope_blocks == tuple(range(3, 36, 4)) and model.windows == () and model.tied_embeddings
+    assert model.total_params(padded=False) == transformers_count(smol)
+    assert round(model.total_params(padded=False) / 1e9, 1) == 3.1
+    with_rope, without = (layer_work(model, layer, 1, 1, 2)[0] for layer in (1, 4))  # blocks 0 and 3
+    assert without.bytes < with_rope.bytes and without.kernels == with_rope.kernels - 6
+    explicit = get_model(str(_write(tmp_path, {**smol, "no_rope_layers": [0] + [1] * 35})))
+    assert explicit.nope_blocks == (0,)
+    with pytest.raises(SailorError, match="no_rope_layers must list 1 .* or 0 .* for each of the 36 layers"):
+        get_model(str(_write(tmp_path, {**smol, "no_rope_layers": [1, 0]})))
+    with pytest.raises(SailorError, match="blocks without rotary positions"):
+        megatron_model_args(model)
+    ernie = {"model_type": "ernie4_5", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 18,
+             "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 103424,
+             "max_position_embeddings": 131072, "rope_theta": 500000.0}
+    model = get_model(str(_write(tmp_path, ernie)))
+    assert (model.head_dim, model.rotary_interleaved, model.tied_embeddings, model.qkv_bias) == (128, True, True, False)
+    assert model.total_params(padded=False) == transformers_count(ernie)
+    assert round(model.total_params(padded=False) / 1e9, 2) == 0.36

@@ -99,6 +99,12 @@ def _small(kind: str):
                                        rope_scaling={"type": "longrope", "short_factor": LONGROPE[0],
                                                      "long_factor": LONGROPE[1]},
                                        pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    if kind == "smollm3":  # the second block without rotary positions, and it alone windowed
+        return transformers.SmolLM3Config(**llama, no_rope_layers=[1, 0], use_sliding_window=True, sliding_window=8,
+                                          pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    if kind == "ernie4_5":  # adjacent pairs rotated, biases on every linear, a head dimension of its own, tied
+        return transformers.Ernie4_5Config(**llama, use_bias=True, head_dim=24, pad_token_id=None, bos_token_id=None,
+                                           eos_token_id=None)
     if kind == "granite":  # LLaMA's blocks with multipliers on embeddings, residual branches, attention and logits
         return transformers.GraniteConfig(**llama, embedding_multiplier=3.0, residual_multiplier=0.5,
                                           attention_multiplier=0.2, logits_scaling=2.0)
@@ -135,7 +141,7 @@ LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one 
 # logits that the weights' rounding-level differences after training move more than 1e-5: measured 4.1e-5
 # (Qwen3-MoE), 1.7e-5 (OLMo 3), 3.4e-5 (OLMo 2, in one run of several)
 SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3")
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "phi3",
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "phi3",
             "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "opt", "opt-350m", "gpt2", "gpt_neo",
             "gpt_neox")
 

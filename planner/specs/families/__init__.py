@@ -1,6 +1,6 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
-One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3 and Granite; moe.py Mixtral,
+One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3 and ERNIE 4.5; moe.py Mixtral,
 Qwen2/3-MoE and OLMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3; phi3.py, starcoder2.py, cohere.py,
 gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
 
@@ -224,6 +224,9 @@ HF_DEFAULTS = {
     "gemma3_text": {"num_key_value_heads": 4},
     "starcoder2": {"num_key_value_heads": 2}, "cohere": {"rope_theta": 500000.0},
     "phi3": {"rms_norm_eps": 1e-5, "pad_token_id": 32000},
+    "smollm3": {"num_key_value_heads": 4, "rope_theta": 2e6, "pad_token_id": 128004, "tie_word_embeddings": True},
+    "ernie4_5": {"num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "pad_token_id": 0,
+                 "tie_word_embeddings": True},
 }
 # model types close to a supported one, and what to do instead
 _UNSUPPORTED = {"gemma3": "it is a multimodal Gemma 3; train its language model from a gemma3_text config (its "
@@ -235,4 +238,5 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM", "cohere": "CohereForCausalLM",
                   "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
                   "qwen2_moe": "Qwen2MoeForCausalLM",
-                  "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM"}
+                  "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+                  "ernie4_5": "Ernie4_5ForCausalLM"}

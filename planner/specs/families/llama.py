@@ -1,4 +1,5 @@
-"""LLaMA, Mistral, Qwen2, Qwen3 and Granite: RMSNorm, SwiGLU, rotary positions, grouped-query attention.
+"""LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3 and ERNIE 4.5: RMSNorm, SwiGLU, rotary positions,
+grouped-query attention.
 
 Differences inside the family are config fields: Qwen2 has q/k/v biases,
 Qwen3 normalises each head's q and k (an RMSNorm over the head dimension,
@@ -8,7 +9,10 @@ attention (per layer through `layer_types`), LLaMA 3.1 scales its rotary
 frequencies (`rope_scaling` type llama3), small models tie the head to the
 embedding. Granite multiplies the embeddings (embedding_multiplier) and each
 residual branch (residual_multiplier), scales attention by attention_multiplier
-(1 unless set, not 1/sqrt(head_dim)) and divides the logits (logits_scaling).
+(1 unless set, not 1/sqrt(head_dim)) and divides the logits (logits_scaling). SmolLM3 leaves
+the rotary positions out of some blocks (no_rope_layers: 0 for such a block; by default every
+fourth), which alone may be windowed. ERNIE 4.5 rotates adjacent pairs of dimensions (interleaved),
+has biases on every linear or none (use_bias) and heads of 128 unless its config says otherwise.
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ def _rope(cfg) -> tuple[float, tuple]:
     if kind not in ROPE_TYPES:
         raise SailorError(f"model config {cfg.source}: rope type {short(kind)} is not supported; use one of "
                           f"{', '.join(ROPE_TYPES)}")
-    theta = params.get("rope_theta", 10000.0)
+    theta = params.get("rope_theta", cfg.cfg.get("rope_theta", 10000.0))  # (transformers' order)
     if kind == "longrope":
         return cfg.number("rope rope_theta", theta), _longrope(cfg, params)
     if kind == "yarn":
@@ -135,6 +139,12 @@ def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
         layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(blocks)]
     if model_type == "llama" and layer_types is None:
         return ()
+    if model_type == "smollm3":  # windows on the blocks without rotary positions, and only with use_sliding_window
+        if not cfg.bool("use_sliding_window", False) or window is None:
+            return ()
+        if layer_types is None:
+            nope = set(_nope_blocks(cfg, blocks))
+            layer_types = ["sliding_attention" if i in nope else "full_attention" for i in range(blocks)]
     if layer_types is None:
         if window is None:
             return ()
@@ -149,12 +159,28 @@ def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
     return tuple(width if t == "sliding_attention" else 0 for t in layer_types)
 
 
+def _nope_blocks(cfg, blocks: int) -> tuple[int, ...]:
+    """SmolLM3's blocks without rotary positions: no_rope_layers (1: rotary, 0: none, one per block), or
+    every no_rope_layer_interval-th block (default 4)."""
+    flags = cfg.cfg.get("no_rope_layers")
+    if flags is None:
+        interval = cfg.int("no_rope_layer_interval", 4)
+        return tuple(i for i in range(blocks) if (i + 1) % interval == 0)
+    if not isinstance(flags, list) or len(flags) != blocks or any(f not in (0, 1) or isinstance(f, float)
+                                                                  for f in flags):
+        raise SailorError(f"model config {cfg.source}: no_rope_layers must list 1 (rotary positions) or 0 (none) "
+                          f"for each of the {blocks} layers")
+    return tuple(i for i, f in enumerate(flags) if not f)
+
+
 def from_hf(cfg, model_type: str) -> dict:
     hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
     kv_heads = cfg.int("num_key_value_heads", heads)
     blocks = cfg.int("num_hidden_layers", hi=MAX_BLOCKS)  # before it sizes the per-layer lists
-    head_dim = cfg.int("head_dim", QWEN3_HEAD_DIM if model_type == "qwen3" else hidden // heads if heads else 1)
-    attention_bias = cfg.bool("attention_bias", False)
+    head_dim = cfg.int("head_dim", QWEN3_HEAD_DIM if model_type in ("qwen3", "ernie4_5") else
+                       hidden // heads if heads else 1)
+    attention_bias = cfg.bool("use_bias" if model_type == "ernie4_5" else "attention_bias", False)
+    mlp_bias = attention_bias if model_type == "ernie4_5" else cfg.bool("mlp_bias", False)
     theta, scaling = _rope(cfg)
     return dict(
         hidden=hidden, num_blocks=blocks, heads=heads, ffn_hidden=cfg.int("intermediate_size"),
@@ -162,11 +188,13 @@ def from_hf(cfg, model_type: str) -> dict:
         kv_heads=0 if kv_heads == heads else kv_heads, tied_embeddings=cfg.bool("tie_word_embeddings", False),
         gated_mlp=True, rms_norm=True, learned_positions=False,
         qkv_bias=True if model_type == "qwen2" else attention_bias,
-        out_bias=attention_bias, mlp_bias=cfg.bool("mlp_bias", False), separate_final_norm=True,
+        out_bias=attention_bias, mlp_bias=mlp_bias, separate_final_norm=True,
         head_dim_override=head_dim if head_dim * heads != hidden else 0,
         activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("rms_norm_eps", 1e-6),
         windows=_windows(cfg, model_type, blocks), rope_theta=theta, rope_scaling=scaling,
         pad_token=cfg.pad_token(None), qk_norm=model_type in QK_NORM_TYPES,
+        nope_blocks=_nope_blocks(cfg, blocks) if model_type == "smollm3" else (),
+        rotary_interleaved=model_type == "ernie4_5",
         **(_granite(cfg) if model_type == "granite" else {}),
     )
 
@@ -198,6 +226,13 @@ def to_hf(spec: ModelSpec) -> dict:
     if scaled and model_type != "granite":
         raise SailorError(f"{spec.name}: multipliers on embeddings, residual branches, attention or logits are "
                           f"granite's alone; {model_type}'s config cannot express them")
+    for present, what, owner in ((spec.nope_blocks, "blocks without rotary positions", "smollm3"),
+                                 (spec.rotary_interleaved, "rotary positions on adjacent pairs", "ernie4_5")):
+        if bool(present) and model_type != owner:
+            raise SailorError(f"{spec.name}: {what} are {owner}'s alone here; {model_type}'s config cannot express "
+                              "them")
+    if model_type == "ernie4_5" and len({spec.qkv_bias, spec.out_bias, spec.mlp_bias}) > 1:
+        raise SailorError(f"{spec.name}: ernie4_5's config puts biases on every linear or none")
     cfg = {
         "model_type": model_type, "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
         "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups,
@@ -207,8 +242,12 @@ def to_hf(spec: ModelSpec) -> dict:
         "rope_parameters": hf_rope(spec), "tie_word_embeddings": spec.tied_embeddings,
         "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
     }
-    if model_type in ("llama", "granite"):
+    if model_type in ("llama", "granite", "smollm3"):
         cfg.update(attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
+    if model_type == "smollm3":
+        cfg["no_rope_layers"] = [int(i not in spec.nope_blocks) for i in range(spec.num_blocks)]
+    if model_type == "ernie4_5":
+        cfg["use_bias"] = spec.qkv_bias
     if model_type == "granite":
         cfg.update(embedding_multiplier=spec.embedding_multiplier, residual_multiplier=spec.residual_multiplier,
                    attention_multiplier=spec.attention_scale or spec.head_dim ** -0.5,
@@ -222,7 +261,7 @@ def to_hf(spec: ModelSpec) -> dict:
                               f"{model_type}'s config cannot express")
         cfg["sliding_window"] = windows.pop()
         cfg["layer_types"] = ["sliding_attention" if w else "full_attention" for w in spec.windows]
-        if model_type in ("qwen2", "qwen3"):
+        if model_type in ("qwen2", "qwen3", "smollm3"):
             cfg["use_sliding_window"] = True
     elif model_type in ("mistral", "qwen2", "qwen3"):
         cfg["sliding_window"] = None
@@ -253,4 +292,5 @@ WEIGHTS = WeightMap(
     head=(WeightRule("output_layer.weight", ("lm_head.weight",), "vocab"),),
 )
 
-FAMILY = Family("llama", ("llama", "mistral", "qwen2", "qwen3", "granite"), from_hf, to_hf, WEIGHTS)
+FAMILY = Family("llama", ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5"), from_hf, to_hf,
+                WEIGHTS)
