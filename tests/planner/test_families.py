@@ -543,3 +543,20 @@ def test_smollm3_and_ernie45_details(tmp_path):
     assert (model.head_dim, model.rotary_interleaved, model.tied_embeddings, model.qkv_bias) == (128, True, True, False)
     assert model.total_params(padded=False) == transformers_count(ernie)
     assert round(model.total_params(padded=False) / 1e9, 2) == 0.36
+
+
+def test_cohere2_details(tmp_path):
+    """Command R7B's shape (Cohere 2): three blocks in four windowed and rotated (sliding_window_pattern 4), the
+    fourth full and without rotary positions; transformers' parameter count; no window, no rotation."""
+    cfg = {"model_type": "cohere2", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 256000, "max_position_embeddings": 8192,
+           "sliding_window": 4096, "sliding_window_pattern": 4, "rope_theta": 50000.0, "logit_scale": 0.25}
+    model = get_model(str(_write(tmp_path, cfg)), seq_len=8192)
+    assert model.windows == (4096, 4096, 4096, 0) * 8 and model.nope_blocks == tuple(range(3, 32, 4))
+    assert model.shared_norm and model.rotary_interleaved and model.tied_embeddings
+    assert model.total_params(padded=False) == transformers_count(cfg)
+    unwindowed = get_model(str(_write(tmp_path, {**cfg, "sliding_window": None})))
+    assert unwindowed.windows == () and unwindowed.nope_blocks == tuple(range(32))
+    with pytest.raises(SailorError, match="layer_types must list full_attention or sliding_attention for each of "
+                                          "the 32 layers"):
+        get_model(str(_write(tmp_path, {**cfg, "layer_types": ["full_attention"]})))

@@ -1,7 +1,7 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
 One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3 and ERNIE 4.5; moe.py Mixtral,
-Qwen2/3-MoE and OLMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3; phi3.py, starcoder2.py, cohere.py,
+Qwen2/3-MoE and OLMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; phi3.py, starcoder2.py,
 gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
@@ -222,7 +222,7 @@ HF_DEFAULTS = {
     "olmo2": {"rms_norm_eps": 1e-5}, "olmo3": {"rms_norm_eps": 1e-5}, "olmoe": {"rms_norm_eps": 1e-5},
     "gemma": {"num_key_value_heads": 16}, "gemma2": {"num_key_value_heads": 4},
     "gemma3_text": {"num_key_value_heads": 4},
-    "starcoder2": {"num_key_value_heads": 2}, "cohere": {"rope_theta": 500000.0},
+    "starcoder2": {"num_key_value_heads": 2}, "cohere": {"rope_theta": 500000.0}, "cohere2": {"sliding_window": 4096},
     "phi3": {"rms_norm_eps": 1e-5, "pad_token_id": 32000},
     "smollm3": {"num_key_value_heads": 4, "rope_theta": 2e6, "pad_token_id": 128004, "tie_word_embeddings": True},
     "ernie4_5": {"num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "pad_token_id": 0,
@@ -239,4 +239,4 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
                   "qwen2_moe": "Qwen2MoeForCausalLM",
                   "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-                  "ernie4_5": "Ernie4_5ForCausalLM"}
+                  "ernie4_5": "Ernie4_5ForCausalLM", "cohere2": "Cohere2ForCausalLM"}

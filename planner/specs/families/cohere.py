@@ -1,16 +1,37 @@
 """Cohere (model_type cohere: Command R, Aya Expanse): attention and a SwiGLU MLP side by side on
 one shared LayerNorm without bias, x + attn(norm(x)) + mlp(norm(x)); rotary positions on adjacent
 pairs of dimensions (interleaved); the logits multiplied by logit_scale; the head tied to the
-embedding by default.
+embedding by default. Cohere 2 (model_type cohere2: Command R7B, Command A) windows three blocks
+in four (layer_types, or sliding_window_pattern) and gives rotary positions to the windowed blocks
+only: its full-attention blocks have none (NoPE).
 
 Refused: use_qk_norm (Command R+'s q/k LayerNorms hold a weight per head).
 """
 from __future__ import annotations
 
 from planner.errors import SailorError
+from planner.inputs import short
 from planner.specs.families import ACTIVATION_TO_HF, Family
 from planner.specs.families import llama
 from planner.specs.model import MAX_BLOCKS, ModelSpec
+
+
+def _cohere2_blocks(cfg, blocks: int) -> dict:
+    """Cohere 2's windows and NoPE blocks: windowed blocks rotate, full ones do not (with no sliding_window, no
+    block rotates, as transformers applies rotary positions only where it sets a window)."""
+    layer_types = cfg.cfg.get("layer_types")
+    if layer_types is None:
+        pattern = cfg.int("sliding_window_pattern", 4)
+        layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(blocks)]
+    if not isinstance(layer_types, list) or len(layer_types) != blocks or \
+            any(t not in ("sliding_attention", "full_attention") for t in layer_types):
+        raise SailorError(f"model config {cfg.source}: layer_types must list full_attention or sliding_attention "
+                          f"for each of the {blocks} layers, not {short(layer_types)}")
+    if not cfg.has("sliding_window"):
+        return dict(windows=(), nope_blocks=tuple(range(blocks)))
+    width = cfg.int("sliding_window")
+    windows = tuple(width if t == "sliding_attention" else 0 for t in layer_types)
+    return dict(windows=windows if any(windows) else (), nope_blocks=tuple(i for i, w in enumerate(windows) if not w))
 
 
 def from_hf(cfg, model_type: str) -> dict:
@@ -21,8 +42,9 @@ def from_hf(cfg, model_type: str) -> dict:
     kv_heads = cfg.int("num_key_value_heads", heads)
     bias = cfg.bool("attention_bias", False)
     theta, scaling = llama._rope(cfg)
+    blocks = cfg.int("num_hidden_layers", hi=MAX_BLOCKS)
     return dict(
-        hidden=cfg.int("hidden_size"), num_blocks=cfg.int("num_hidden_layers", hi=MAX_BLOCKS), heads=heads,
+        hidden=cfg.int("hidden_size"), num_blocks=blocks, heads=heads,
         ffn_hidden=cfg.int("intermediate_size"), vocab=cfg.int("vocab_size"),
         max_positions=cfg.int("max_position_embeddings"), kv_heads=0 if kv_heads == heads else kv_heads,
         tied_embeddings=cfg.bool("tie_word_embeddings", True), gated_mlp=True, learned_positions=False,
@@ -30,28 +52,40 @@ def from_hf(cfg, model_type: str) -> dict:
         parallel_residual=True, shared_norm=True, rotary_interleaved=True,
         activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("layer_norm_eps", 1e-5),
         logits_divisor=1.0 / cfg.float("logit_scale", 0.0625), rope_theta=theta, rope_scaling=scaling,
-        pad_token=cfg.pad_token(0),
+        pad_token=cfg.pad_token(0), **(_cohere2_blocks(cfg, blocks) if model_type == "cohere2" else {}),
     )
 
 
 def to_hf(spec: ModelSpec) -> dict:
+    model_type = spec.hf_model_type or "cohere"
+    windowed = [i for i in range(spec.num_blocks) if spec.window(i)]
+    cohere2 = model_type == "cohere2" and len({w for w in spec.windows if w}) <= 1 and \
+        spec.nope_blocks == tuple(i for i in range(spec.num_blocks) if i not in windowed)
     if spec.rms_norm or spec.norm_bias or not (spec.parallel_residual and spec.shared_norm and
                                                spec.rotary_interleaved and spec.gated_mlp) or \
-            spec.learned_positions or spec.projected or spec.windows or spec.head_dim_override or \
+            spec.learned_positions or spec.projected or spec.head_dim_override or \
             spec.attention_scale or spec.qk_norm or spec.mlp_bias or spec.qkv_bias != spec.out_bias or \
-            spec.rotary_fraction != 1 or spec.embedding_multiplier != 1 or spec.residual_multiplier != 1:
-        raise SailorError(f"{spec.name} cannot be written as a Cohere config: its layers differ from Cohere's")
+            spec.rotary_fraction != 1 or spec.embedding_multiplier != 1 or spec.residual_multiplier != 1 or \
+            ((spec.windows or spec.nope_blocks) and not cohere2):
+        raise SailorError(f"{spec.name} cannot be written as a {model_type} config: its layers differ from "
+                          f"{model_type}'s")
+    extra = {}
+    if model_type == "cohere2":
+        extra = {"layer_types": ["sliding_attention" if spec.window(i) else "full_attention"
+                                 for i in range(spec.num_blocks)],
+                 "sliding_window": spec.window(windowed[0]) if windowed else None}
     return {
-        "model_type": "cohere", "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
+        **extra, "model_type": model_type, "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
         "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups,
         "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab,
         "max_position_embeddings": spec.context_length, "layer_norm_eps": spec.norm_eps,
         "hidden_act": ACTIVATION_TO_HF[spec.activation], "attention_bias": spec.qkv_bias,
         "logit_scale": 1.0 / spec.logits_divisor, "rope_parameters": llama.hf_rope(spec),
-        "tie_word_embeddings": spec.tied_embeddings, "use_qk_norm": False,
+        "tie_word_embeddings": spec.tied_embeddings,
         "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
+        **({} if model_type == "cohere2" else {"use_qk_norm": False}),
     }
 
 
 # LLaMA's tensor names (the pre-MLP norm's rule goes unused: the shared norm is input_layernorm)
-FAMILY = Family("cohere", ("cohere",), from_hf, to_hf, llama.WEIGHTS)
+FAMILY = Family("cohere", ("cohere", "cohere2"), from_hf, to_hf, llama.WEIGHTS)
