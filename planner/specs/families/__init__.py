@@ -1,8 +1,9 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
-One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3 and ERNIE 4.5; moe.py Mixtral,
-Qwen2/3-MoE and OLMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; phi3.py, starcoder2.py,
-gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
+One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3 and ERNIE 4.5;
+moe.py Mixtral, Qwen2/3-MoE and OLMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3; cohere.py
+Cohere 1 and 2; phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as
+data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
