@@ -477,8 +477,9 @@ _MINIMAL = {"gpt2": {"n_embd": 256, "n_layer": 2, "n_head": 32, "vocab_size": 30
                         "max_position_embeddings": 64, "attention_types": [[["global", "local"], 1]]},
             "opt": {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 32, "ffn_dim": 96,
                     "vocab_size": 300, "max_position_embeddings": 64},
-            # (their default pad tokens, 32000 and 128004, must be in the vocabulary)
-            "phi3": {**_BASE, "vocab_size": 32064}, "smollm3": {**_BASE, "vocab_size": 128256}}
+            # (their default pad tokens, 32000, 128004 and 151329, must be in the vocabulary)
+            "phi3": {**_BASE, "vocab_size": 32064}, "smollm3": {**_BASE, "vocab_size": 128256},
+            "glm": {**_BASE, "vocab_size": 151552}, "glm4": {**_BASE, "vocab_size": 151552}}
 
 
 @pytest.mark.parametrize("model_type", sorted(hf_types()))
@@ -560,3 +561,19 @@ def test_cohere2_details(tmp_path):
     with pytest.raises(SailorError, match="layer_types must list full_attention or sliding_attention for each of "
                                           "the 32 layers"):
         get_model(str(_write(tmp_path, {**cfg, "layer_types": ["full_attention"]})))
+
+
+def test_glm_details(tmp_path):
+    """GLM-4-9B-0414's shape (glm4): q/k/v biases only, half of each head rotated, sandwich norms; GLM-4-9B-chat-hf
+    (glm) without the sandwich norms; transformers' parameter counts."""
+    cfg = {"model_type": "glm4", "hidden_size": 4096, "intermediate_size": 13696, "num_hidden_layers": 40,
+           "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 151552,
+           "max_position_embeddings": 32768, "partial_rotary_factor": 0.5, "attention_bias": True,
+           "rope_theta": 10000.0, "tie_word_embeddings": False}
+    for model_type in ("glm4", "glm"):
+        model = get_model(str(_write(tmp_path, {**cfg, "model_type": model_type})))
+        assert (model.qkv_bias, model.out_bias, model.rotary_fraction, model.rotary_interleaved) == \
+            (True, False, 0.5, True)
+        assert model.sandwich_norm == (model_type == "glm4") and model.family == "glm"
+        assert model.total_params(padded=False) == transformers_count({**cfg, "model_type": model_type})
+    assert round(get_model(str(_write(tmp_path, cfg))).total_params(padded=False) / 1e9, 1) == 9.4

@@ -114,6 +114,10 @@ def _small(kind: str):
     if kind == "cohere2":  # Cohere's block; the first block windowed and rotated, the second full and without rotary
         return transformers.Cohere2Config(**llama, logit_scale=0.25, sliding_window=8, layer_types=[
             "sliding_attention", "full_attention"], pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    if kind in ("glm", "glm4"):  # q/k/v biases, adjacent pairs of half of each head rotated, fused gate/up; glm4:
+        # sandwich norms
+        config = transformers.GlmConfig if kind == "glm" else transformers.Glm4Config
+        return config(**llama, head_dim=24, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     if kind == "starcoder2":  # LayerNorms and linears with biases, a plain GELU MLP, grouped queries, windows
         return transformers.Starcoder2Config(**llama, sliding_window=8, bos_token_id=None, eos_token_id=None)
     if kind == "gemma":  # (1 + w) norms, scaled embeddings, GeGLU, heads wider than hidden / heads
@@ -146,7 +150,7 @@ LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one 
 SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3")
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "mixtral", "qwen2_moe",
             "qwen3_moe", "olmoe", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2",
-            "cohere", "cohere2", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+            "cohere", "cohere2", "glm", "glm4", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 def _hf_model(kind: str, directory):

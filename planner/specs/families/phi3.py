@@ -17,12 +17,12 @@ from planner.specs.families import llama
 from planner.specs.model import ModelSpec
 
 
-def _rotary_fraction(cfg) -> float:
+def rotary_fraction(cfg, default: float = 1.0) -> float:
     """partial_rotary_factor, in rope_parameters (transformers 5) or beside it (older configs)."""
     params = cfg.cfg.get("rope_parameters")
     value = params.get("partial_rotary_factor") if isinstance(params, dict) else None
     if value is None:
-        value = cfg.cfg.get("partial_rotary_factor", 1.0)
+        value = cfg.cfg.get("partial_rotary_factor", default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise SailorError(f"model config {cfg.source}: partial_rotary_factor must be above 0 and at most 1, not "
                           f"{short(value)}")
@@ -34,7 +34,7 @@ def from_hf(cfg, model_type: str) -> dict:
     if fields["head_dim_override"]:
         raise SailorError(f"model config {cfg.source}: phi3 takes its head dimension from hidden_size / "
                           "num_attention_heads; remove head_dim")
-    return {**fields, "rotary_fraction": _rotary_fraction(cfg)}
+    return {**fields, "rotary_fraction": rotary_fraction(cfg)}
 
 
 def to_hf(spec: ModelSpec) -> dict:
