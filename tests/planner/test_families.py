@@ -577,3 +577,24 @@ def test_glm_details(tmp_path):
         assert model.sandwich_norm == (model_type == "glm4") and model.family == "glm"
         assert model.total_params(padded=False) == transformers_count({**cfg, "model_type": model_type})
     assert round(get_model(str(_write(tmp_path, cfg))).total_params(padded=False) / 1e9, 1) == 9.4
+
+
+def test_exaone4_details(tmp_path):
+    """EXAONE 4.0's shapes: with a window, the pattern "LLLG" windows three blocks in four and leaves the fourth
+    full and without rotary positions; without one (the 1.2B), every block is full and rotary; transformers'
+    parameter counts."""
+    cfg = {"model_type": "exaone4", "hidden_size": 5120, "intermediate_size": 27392, "num_hidden_layers": 64,
+           "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 102400,
+           "max_position_embeddings": 131072, "sliding_window": 4096, "sliding_window_pattern": "LLLG",
+           "rope_theta": 1e6, "tie_word_embeddings": False}
+    model = get_model(str(_write(tmp_path, cfg)), seq_len=4096)
+    assert model.windows == (4096, 4096, 4096, 0) * 16 and model.nope_blocks == tuple(range(3, 64, 4))
+    assert model.qk_norm and not model.qk_norm_full and not model.input_norms and model.sandwich_norm
+    types = {**cfg, "sliding_window_pattern": 4,
+             "layer_types": ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(64)]}
+    assert model.total_params(padded=False) == transformers_count(types)
+    small = get_model(str(_write(tmp_path, {**cfg, "sliding_window": None})))
+    assert small.windows == () and small.nope_blocks == ()
+    with pytest.raises(SailorError, match="sliding_window_pattern must be a positive integer or letters L "
+                                          r"\(windowed\) and G \(full\), not 'LLXG'"):
+        get_model(str(_write(tmp_path, {**cfg, "sliding_window_pattern": "LLXG"})))

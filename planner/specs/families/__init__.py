@@ -2,7 +2,7 @@
 
 One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3 and ERNIE 4.5;
 moe.py Mixtral, Qwen2/3-MoE and OLMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3; cohere.py
-Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py,
+Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; exaone.py EXAONE 4; phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py,
 gpt_neo.py). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
@@ -71,11 +71,12 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import (cohere, gemma, glm, gpt2, gpt_neo, gpt_neox, llama, moe, olmo, opt, phi3,
-                                        starcoder2)
+    from planner.specs.families import (cohere, exaone, gemma, glm, gpt2, gpt_neo, gpt_neox, llama, moe, olmo, opt,
+                                        phi3, starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, olmo.FAMILY,
                                 phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY, cohere.FAMILY, glm.FAMILY,
+                                exaone.FAMILY,
                                 opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
@@ -229,6 +230,7 @@ HF_DEFAULTS = {
     "smollm3": {"num_key_value_heads": 4, "rope_theta": 2e6, "pad_token_id": 128004, "tie_word_embeddings": True},
     "glm": {"num_key_value_heads": 2, "rms_norm_eps": 1.5625e-07, "pad_token_id": 151329},
     "glm4": {"num_key_value_heads": 2, "rms_norm_eps": 1.5625e-07, "pad_token_id": 151329},
+    "exaone4": {"num_key_value_heads": 32, "rms_norm_eps": 1e-5, "sliding_window": 4096},
     "ernie4_5": {"num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "pad_token_id": 0,
                  "tie_word_embeddings": True},
 }
@@ -244,4 +246,4 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "qwen2_moe": "Qwen2MoeForCausalLM",
                   "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                   "ernie4_5": "Ernie4_5ForCausalLM", "cohere2": "Cohere2ForCausalLM",
-                  "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM"}
+                  "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM"}

@@ -1,0 +1,70 @@
+"""EXAONE 4.0 (model_type exaone4): OLMo 2's blocks with Qwen3's per-head q/k norms, and hybrid attention.
+
+A block is x + norm(attn(x)), then x + norm(mlp(x)) (no norm before a sublayer, as OLMo 2: olmo.py);
+q and k are each normalised per head before the rotary positions (qk_norm, as Qwen3). With a
+sliding_window, three blocks in four are windowed (layer_types, or sliding_window_pattern: an
+integer n, every n-th block full, or letters such as "LLLG", L windowed and G full) and only the
+windowed blocks have rotary positions: the full ones have none (NoPE). Without a window every block
+is full and rotary.
+"""
+from __future__ import annotations
+
+from planner.errors import SailorError
+from planner.inputs import short
+from planner.specs.families import ACTIVATION_TO_HF, ConfigReader, Family, llama, olmo
+from planner.specs.model import MAX_BLOCKS, ModelSpec
+
+
+def _layer_types(cfg, blocks: int) -> list[str]:
+    types = cfg.cfg.get("layer_types")
+    if types is None:
+        pattern = cfg.cfg.get("sliding_window_pattern", 4)
+        if isinstance(pattern, str):
+            if not pattern or not set(pattern) <= {"L", "G"}:
+                raise SailorError(f"model config {cfg.source}: sliding_window_pattern must be a positive integer or "
+                                  f"letters L (windowed) and G (full), not {short(pattern)}")
+            types = ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
+                     for i in range(blocks)]
+        else:
+            every = cfg.int("sliding_window_pattern", 4)
+            types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(blocks)]
+    if not isinstance(types, list) or len(types) != blocks or \
+            any(t not in ("sliding_attention", "full_attention") for t in types):
+        raise SailorError(f"model config {cfg.source}: layer_types must list full_attention or sliding_attention "
+                          f"for each of the {blocks} layers, not {short(types)}")
+    return types
+
+
+def from_hf(cfg, model_type: str) -> dict:
+    blocks = cfg.int("num_hidden_layers", hi=MAX_BLOCKS)
+    # LLaMA's fields without its reading of layer_types (without a window, every block is full)
+    plain = ConfigReader({k: v for k, v in cfg.cfg.items() if k != "layer_types"}, cfg.source)
+    fields = {**llama.from_hf(plain, "llama"), "qk_norm": True, "input_norms": False, "sandwich_norm": True}
+    if cfg.has("sliding_window"):
+        width = cfg.int("sliding_window")
+        windows = tuple(width if t == "sliding_attention" else 0 for t in _layer_types(cfg, blocks))
+        fields.update(windows=windows if any(windows) else (),
+                      nope_blocks=tuple(i for i, w in enumerate(windows) if not w))
+    return fields
+
+
+def to_hf(spec: ModelSpec) -> dict:
+    windows = {w for w in spec.windows if w}
+    full = tuple(i for i in range(spec.num_blocks) if not spec.window(i))
+    if not (spec.qk_norm and not spec.qk_norm_full and not spec.input_norms and spec.sandwich_norm) or \
+            spec.qkv_bias or spec.out_bias or spec.mlp_bias or len(windows) > 1 or \
+            spec.nope_blocks != (full if windows else ()):
+        raise SailorError(f"{spec.name} cannot be written as an exaone4 config: its layers differ from EXAONE 4's")
+    return {
+        "model_type": "exaone4", "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
+        "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups, "head_dim": spec.head_dim,
+        "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab, "max_position_embeddings": spec.context_length,
+        "rms_norm_eps": spec.norm_eps, "hidden_act": ACTIVATION_TO_HF[spec.activation],
+        "rope_parameters": llama.hf_rope(spec), "tie_word_embeddings": spec.tied_embeddings,
+        "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
+        "sliding_window": windows.pop() if windows else None,
+        "layer_types": ["sliding_attention" if spec.window(i) else "full_attention" for i in range(spec.num_blocks)],
+    }
+
+
+FAMILY = Family("exaone4", ("exaone4",), from_hf, to_hf, olmo.WEIGHTS)  # OLMo 2's tensor names
