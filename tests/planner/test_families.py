@@ -479,7 +479,9 @@ _MINIMAL = {"gpt2": {"n_embd": 256, "n_layer": 2, "n_head": 32, "vocab_size": 30
                     "vocab_size": 300, "max_position_embeddings": 64},
             # (their default pad tokens, 32000, 128004 and 151329, must be in the vocabulary)
             "phi3": {**_BASE, "vocab_size": 32064}, "smollm3": {**_BASE, "vocab_size": 128256},
-            "glm": {**_BASE, "vocab_size": 151552}, "glm4": {**_BASE, "vocab_size": 151552}}
+            "glm": {**_BASE, "vocab_size": 151552}, "glm4": {**_BASE, "vocab_size": 151552},
+            # (heads x its default head_dim 128 = hidden_size; heads a multiple of its default 20 KV heads)
+            "helium": {**_BASE, "hidden_size": 2560, "num_attention_heads": 20}}
 
 
 @pytest.mark.parametrize("model_type", sorted(hf_types()))

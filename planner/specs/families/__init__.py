@@ -1,9 +1,10 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
-One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3 and ERNIE 4.5;
-moe.py Mixtral, Qwen2/3-MoE and OLMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3; cohere.py
-Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; exaone.py EXAONE 4; phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py,
-gpt_neo.py). Each holds, as data, everything family-specific:
+One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
+Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE and OLMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1,
+2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; exaone.py EXAONE 4; phi3.py,
+starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything
+family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -230,6 +231,8 @@ HF_DEFAULTS = {
     "smollm3": {"num_key_value_heads": 4, "rope_theta": 2e6, "pad_token_id": 128004, "tie_word_embeddings": True},
     "glm": {"num_key_value_heads": 2, "rms_norm_eps": 1.5625e-07, "pad_token_id": 151329},
     "glm4": {"num_key_value_heads": 2, "rms_norm_eps": 1.5625e-07, "pad_token_id": 151329},
+    "seed_oss": {"num_key_value_heads": 8, "attention_bias": True, "pad_token_id": 1},
+    "helium": {"num_key_value_heads": 20, "rms_norm_eps": 1e-8, "rope_theta": 100000.0, "pad_token_id": 3},
     "exaone4": {"num_key_value_heads": 32, "rms_norm_eps": 1e-5, "sliding_window": 4096},
     "ernie4_5": {"num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "pad_token_id": 0,
                  "tie_word_embeddings": True},
@@ -246,4 +249,5 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "qwen2_moe": "Qwen2MoeForCausalLM",
                   "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                   "ernie4_5": "Ernie4_5ForCausalLM", "cohere2": "Cohere2ForCausalLM",
-                  "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM"}
+                  "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
+                  "seed_oss": "SeedOssForCausalLM", "helium": "HeliumForCausalLM"}

@@ -1,5 +1,5 @@
-"""LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3 and ERNIE 4.5: RMSNorm, SwiGLU, rotary positions,
-grouped-query attention.
+"""LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5, Seed-OSS and Helium: RMSNorm, SwiGLU,
+rotary positions, grouped-query attention.
 
 Differences inside the family are config fields: Qwen2 has q/k/v biases,
 Qwen3 normalises each head's q and k (an RMSNorm over the head dimension,
@@ -13,6 +13,8 @@ residual branch (residual_multiplier), scales attention by attention_multiplier
 the rotary positions out of some blocks (no_rope_layers: 0 for such a block; by default every
 fourth), which alone may be windowed. ERNIE 4.5 rotates adjacent pairs of dimensions (interleaved),
 has biases on every linear or none (use_bias) and heads of 128 unless its config says otherwise.
+Seed-OSS has q/k/v biases (attention_bias, on by default) and a field of its own for the output
+projection's (attention_out_bias); Helium rotates adjacent pairs too, with q/k/v biases only.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from planner.specs.model import MAX_BLOCKS, ModelSpec
 ROPE_TYPES = ("default", "llama3", "linear", "longrope", "yarn")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 QWEN3_HEAD_DIM = 128  # transformers' Qwen3Config default, whatever hidden_size / num_attention_heads is
+HEAD_128 = ("qwen3", "ernie4_5", "seed_oss", "helium")  # their configs' head_dim defaults to 128 (QWEN3_HEAD_DIM)
+INTERLEAVED = ("ernie4_5", "helium")  # rotary positions on adjacent pairs of dimensions
 _ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
               "linear": ("factor",), "default": ()}
 
@@ -177,10 +181,15 @@ def from_hf(cfg, model_type: str) -> dict:
     hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
     kv_heads = cfg.int("num_key_value_heads", heads)
     blocks = cfg.int("num_hidden_layers", hi=MAX_BLOCKS)  # before it sizes the per-layer lists
-    head_dim = cfg.int("head_dim", QWEN3_HEAD_DIM if model_type in ("qwen3", "ernie4_5") else
-                       hidden // heads if heads else 1)
+    head_dim = cfg.int("head_dim", QWEN3_HEAD_DIM if model_type in HEAD_128 else hidden // heads if heads else 1)
+    if model_type == "helium" and head_dim * heads != hidden:  # its output projection is hidden -> hidden
+        raise SailorError(f"model config {cfg.source}: helium needs num_attention_heads x head_dim = hidden_size "
+                          f"({heads} x {head_dim} != {hidden}); fix head_dim")
     attention_bias = cfg.bool("use_bias" if model_type == "ernie4_5" else "attention_bias", False)
     mlp_bias = attention_bias if model_type == "ernie4_5" else cfg.bool("mlp_bias", False)
+    # the output projection's bias: as q/k/v's, except Qwen2 (q/k/v only), Seed-OSS (its own field), Helium (none)
+    out_bias = False if model_type in ("qwen2", "helium") else cfg.bool("attention_out_bias", False) \
+        if model_type == "seed_oss" else attention_bias
     theta, scaling = _rope(cfg)
     return dict(
         hidden=hidden, num_blocks=blocks, heads=heads, ffn_hidden=cfg.int("intermediate_size"),
@@ -188,13 +197,13 @@ def from_hf(cfg, model_type: str) -> dict:
         kv_heads=0 if kv_heads == heads else kv_heads, tied_embeddings=cfg.bool("tie_word_embeddings", False),
         gated_mlp=True, rms_norm=True, learned_positions=False,
         qkv_bias=True if model_type == "qwen2" else attention_bias,
-        out_bias=attention_bias, mlp_bias=mlp_bias, separate_final_norm=True,
+        out_bias=out_bias, mlp_bias=mlp_bias, separate_final_norm=True,
         head_dim_override=head_dim if head_dim * heads != hidden else 0,
         activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("rms_norm_eps", 1e-6),
         windows=_windows(cfg, model_type, blocks), rope_theta=theta, rope_scaling=scaling,
         pad_token=cfg.pad_token(None), qk_norm=model_type in QK_NORM_TYPES,
         nope_blocks=_nope_blocks(cfg, blocks) if model_type == "smollm3" else (),
-        rotary_interleaved=model_type == "ernie4_5",
+        rotary_interleaved=model_type in INTERLEAVED,
         **(_granite(cfg) if model_type == "granite" else {}),
     )
 
@@ -226,13 +235,16 @@ def to_hf(spec: ModelSpec) -> dict:
     if scaled and model_type != "granite":
         raise SailorError(f"{spec.name}: multipliers on embeddings, residual branches, attention or logits are "
                           f"granite's alone; {model_type}'s config cannot express them")
-    for present, what, owner in ((spec.nope_blocks, "blocks without rotary positions", "smollm3"),
-                                 (spec.rotary_interleaved, "rotary positions on adjacent pairs", "ernie4_5")):
-        if bool(present) and model_type != owner:
-            raise SailorError(f"{spec.name}: {what} are {owner}'s alone here; {model_type}'s config cannot express "
-                              "them")
+    for present, what, owners in ((spec.nope_blocks, "blocks without rotary positions", ("smollm3",)),
+                                  (spec.rotary_interleaved, "rotary positions on adjacent pairs", INTERLEAVED)):
+        if bool(present) != (model_type in owners) and (present or model_type in INTERLEAVED):
+            raise SailorError(f"{spec.name}: {what} are {' and '.join(owners)}'s alone here, and always there; "
+                              f"{model_type}'s config cannot express the model")
     if model_type == "ernie4_5" and len({spec.qkv_bias, spec.out_bias, spec.mlp_bias}) > 1:
         raise SailorError(f"{spec.name}: ernie4_5's config puts biases on every linear or none")
+    if model_type == "helium" and (spec.out_bias or spec.head_dim_override):
+        raise SailorError(f"{spec.name}: helium's config cannot express a bias on the attention's output or a head "
+                          "dimension other than hidden_size / num_attention_heads")
     cfg = {
         "model_type": model_type, "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
         "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups,
@@ -242,8 +254,13 @@ def to_hf(spec: ModelSpec) -> dict:
         "rope_parameters": hf_rope(spec), "tie_word_embeddings": spec.tied_embeddings,
         "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
     }
-    if model_type in ("llama", "granite", "smollm3"):
+    if model_type in ("llama", "granite", "smollm3", "seed_oss", "helium"):
         cfg.update(attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
+    if model_type == "seed_oss":
+        cfg["attention_out_bias"] = spec.out_bias
+    elif model_type in ("llama", "granite", "smollm3") and spec.qkv_bias != spec.out_bias:
+        raise SailorError(f"{spec.name}: {model_type}'s config puts a bias on q, k, v and the output projection "
+                          "alike")
     if model_type == "smollm3":
         cfg["no_rope_layers"] = [int(i not in spec.nope_blocks) for i in range(spec.num_blocks)]
     if model_type == "ernie4_5":
@@ -292,5 +309,5 @@ WEIGHTS = WeightMap(
     head=(WeightRule("output_layer.weight", ("lm_head.weight",), "vocab"),),
 )
 
-FAMILY = Family("llama", ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5"), from_hf, to_hf,
-                WEIGHTS)
+FAMILY = Family("llama", ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium"),
+                from_hf, to_hf, WEIGHTS)
