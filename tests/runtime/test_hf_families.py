@@ -162,9 +162,10 @@ LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one 
 # logits that the weights' rounding-level differences after training move more than 1e-5: measured 4.1e-5
 # (Qwen3-MoE), 1.7e-5 (OLMo 3), 3.4e-5 (OLMo 2, in one run of several), 5.6e-5 (EXAONE 4)
 SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "exaone4")
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "mixtral", "qwen2_moe",
-            "qwen3_moe", "olmoe", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2",
-            "cohere", "cohere2", "glm", "glm4", "exaone4", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "mixtral",
+            "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2",
+            "gemma3", "starcoder2", "cohere", "cohere2", "glm", "glm4", "exaone4", "opt", "opt-350m", "gpt2",
+            "gpt_neo", "gpt_neox")
 
 
 def _hf_model(kind: str, directory):
