@@ -74,7 +74,7 @@ from sailor_ext.sharding import ParamShard  # noqa: E402
 INIT_STD = 0.02
 WORD_EMBEDDING = "layers.0.word_embeddings.weight"
 ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh"), "relu": F.relu,
-               "silu": F.silu}
+               "relu2": lambda x: F.relu(x).square(), "silu": F.silu}
 
 
 @dataclass(frozen=True)

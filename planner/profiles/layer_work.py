@@ -124,12 +124,13 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
         gated, mlps = model.gated_mlp, model.active_mlps  # mlps: the MLPs (experts) a token passes through
         linear_io = 4 * h + (q + 2 * kv + q + mlps * (f_in + f)) / t
         norms = model.block_norms
+        squared = mlps * 2 * f / t if model.activation == "relu2" else 0.0  # relu then square: one more f in, f out
         fwd = (norms * norm_f * h + 2 * 3 * h + linear_io + (4 if fused else 7) * scores / t
-               + mlps * (3 if gated else 2) * f / t + 2 * q / t + rope)
+               + mlps * (3 if gated else 2) * f / t + 2 * q / t + rope + squared)
         bwd = (norms * norm_b * h + 2 * 3 * h + 2 * linear_io + (7 if fused else 9) * scores / t
-               + mlps * (5 if gated else 3) * f / t + 2 * q / t + rope)
-        k_f = 14 + (0 if fused else 1) + norms * norm_kf - 2 + (6 if rotary else 0) + 2 * gated
-        k_b = 30 + (0 if fused else 3) + norms * norm_kb - 4 + (12 if rotary else 0) + 4 * gated
+               + mlps * (5 if gated else 3) * f / t + 2 * q / t + rope + squared)
+        k_f = 14 + (0 if fused else 1) + norms * norm_kf - 2 + (6 if rotary else 0) + 2 * gated + bool(squared)
+        k_b = 30 + (0 if fused else 3) + norms * norm_kb - 4 + (12 if rotary else 0) + 4 * gated + 2 * bool(squared)
         if model.experts:
             # routing (sailor_ext/moe.py): the router's E scores, their fp32 softmax (written, read) and top k
             # (values moved per token in units of d: 4/d per fp32 value); each of the k experts' tokens gathered

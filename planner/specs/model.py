@@ -34,7 +34,7 @@ from planner.errors import SailorError
 from planner.inputs import FLOAT_MAX, short
 
 EMBEDDING, BLOCK, FINAL_NORM, HEAD = "embedding", "block", "final_norm", "head"
-ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "relu2", "silu")  # relu2: ReLU squared
 DEFAULT_SEQ_LEN = 2048  # sequence length of a config.json model when none is given (capped by its context)
 MAX_BLOCKS = 4096  # far beyond any real model; keeps a malformed config from building a huge description
 LIMITS = {"hidden": 1 << 20, "heads": 1 << 16, "ffn_hidden": 1 << 22, "vocab": 1 << 24, "seq_len": 1 << 24,
@@ -76,7 +76,7 @@ class ModelSpec:
     head_dim_override: int = 0  # 0: hidden // heads
     post_norm: bool = False  # norm after each residual add (OPT-350m) instead of before each sublayer
     final_norm: bool = True  # a norm before the head (OPT-350m has none)
-    activation: str = "gelu"  # gelu | gelu_tanh | relu | silu
+    activation: str = "gelu"  # gelu | gelu_tanh | relu | relu2 (squared) | silu
     norm_eps: float = 1e-5
     attention_scale: float = 0.0  # 0: 1/sqrt(head_dim); GPT-Neo uses 1
     windows: tuple[int, ...] = ()  # per block: 0 = full causal attention, w = the last w tokens only

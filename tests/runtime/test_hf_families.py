@@ -115,6 +115,8 @@ def _small(kind: str):
     if kind == "helium":  # adjacent pairs rotated, q/k/v biases only
         return transformers.HeliumConfig(**llama, head_dim=16, attention_bias=True, pad_token_id=None,
                                          bos_token_id=None, eos_token_id=None)
+    if kind == "arcee":  # a plain MLP with ReLU squared
+        return transformers.ArceeConfig(**llama, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     if kind == "granite":  # LLaMA's blocks with multipliers on embeddings, residual branches, attention and logits
         return transformers.GraniteConfig(**llama, embedding_multiplier=3.0, residual_multiplier=0.5,
                                           attention_multiplier=0.2, logits_scaling=2.0)
@@ -162,7 +164,8 @@ LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one 
 # logits that the weights' rounding-level differences after training move more than 1e-5: measured 4.1e-5
 # (Qwen3-MoE), 1.7e-5 (OLMo 3), 3.4e-5 (OLMo 2, in one run of several), 5.6e-5 (EXAONE 4)
 SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "exaone4")
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "mixtral",
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "arcee",
+            "mixtral",
             "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2",
             "gemma3", "starcoder2", "cohere", "cohere2", "glm", "glm4", "exaone4", "opt", "opt-350m", "gpt2",
             "gpt_neo", "gpt_neox")

@@ -2,7 +2,7 @@
 
 One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
 Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE and OLMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1,
-2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; exaone.py EXAONE 4; phi3.py,
+2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; exaone.py EXAONE 4; arcee.py; phi3.py,
 starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything
 family-specific:
 
@@ -72,12 +72,12 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import (cohere, exaone, gemma, glm, gpt2, gpt_neo, gpt_neox, llama, moe, olmo, opt,
-                                        phi3, starcoder2)
+    from planner.specs.families import (arcee, cohere, exaone, gemma, glm, gpt2, gpt_neo, gpt_neox, llama, moe, olmo,
+                                        opt, phi3, starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, olmo.FAMILY,
                                 phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY, cohere.FAMILY, glm.FAMILY,
-                                exaone.FAMILY,
+                                exaone.FAMILY, arcee.FAMILY,
                                 opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
@@ -163,8 +163,8 @@ class ConfigReader:
 
 # Hugging Face activation names -> ours (gelu_new and gelu_pytorch_tanh are the tanh approximation)
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-                  "relu": "relu", "silu": "silu", "swish": "silu"}
-ACTIVATION_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+                  "relu": "relu", "relu2": "relu2", "silu": "silu", "swish": "silu"}
+ACTIVATION_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "relu2": "relu2", "silu": "silu"}
 
 
 def read_config(path: str | Path) -> tuple[dict, Path]:
@@ -233,6 +233,7 @@ HF_DEFAULTS = {
     "glm4": {"num_key_value_heads": 2, "rms_norm_eps": 1.5625e-07, "pad_token_id": 151329},
     "seed_oss": {"num_key_value_heads": 8, "attention_bias": True, "pad_token_id": 1},
     "helium": {"num_key_value_heads": 20, "rms_norm_eps": 1e-8, "rope_theta": 100000.0, "pad_token_id": 3},
+    "arcee": {"rms_norm_eps": 1e-5},
     "exaone4": {"num_key_value_heads": 32, "rms_norm_eps": 1e-5, "sliding_window": 4096},
     "ernie4_5": {"num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "pad_token_id": 0,
                  "tie_word_embeddings": True},
@@ -250,4 +251,5 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                   "ernie4_5": "Ernie4_5ForCausalLM", "cohere2": "Cohere2ForCausalLM",
                   "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
-                  "seed_oss": "SeedOssForCausalLM", "helium": "HeliumForCausalLM"}
+                  "seed_oss": "SeedOssForCausalLM", "helium": "HeliumForCausalLM",
+                  "arcee": "ArceeForCausalLM"}
