@@ -43,9 +43,14 @@ def cmd_export(args) -> int:
     shard_bytes = parse_size(args.max_shard_size, "--max-shard-size")
     if shard_bytes <= 0:
         raise SailorError(f"--max-shard-size {args.max_shard_size} must be positive, e.g. 5GB")
+    if args.tokenizer == "":
+        raise SailorError("--tokenizer '' is empty; give the model directory holding the tokenizer files")
     if args.tokenizer and not Path(args.tokenizer).is_dir():
         raise SailorError(f"--tokenizer {args.tokenizer} is not a directory; give the model directory holding the "
                           "tokenizer files")
+    if args.tokenizer and not any((Path(args.tokenizer) / name).is_file() for name in TOKENIZER_FILES):
+        raise SailorError(f"--tokenizer {args.tokenizer} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, "
+                          "...); give the model directory that has them")
     flags.require_module("torch", "runtime", "sailor export")
     written, meta, model = _export(args.checkpoint, out, DTYPES[args.dtype], shard_bytes)
     copied = []

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Iterable, NoReturn
@@ -50,7 +52,7 @@ def read_text(path: str | Path, what: str) -> str:
     """The UTF-8 text of a file the user named; `what` says which file it is (e.g. "plan file")."""
     p = Path(path)
     try:
-        data = p.read_bytes()
+        data = _read_pipe(p, what, path) if stat.S_ISFIFO(p.stat().st_mode) else p.read_bytes()
     except FileNotFoundError:
         raise SailorError(f"{what} {path} not found; check the path") from None
     except IsADirectoryError:
@@ -67,6 +69,26 @@ def read_text(path: str | Path, what: str) -> str:
     if not text.strip():
         raise SailorError(f"{what} {path} is empty")
     return text
+
+
+def _read_pipe(p: Path, what: str, path) -> bytes:
+    """A named pipe's bytes (process substitution, <(...), gives one): opened without blocking, so a pipe
+    that nothing writes to is refused instead of waited on forever; with a writer, read to its end."""
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        try:
+            first = os.read(fd, 1 << 16)
+        except BlockingIOError:  # a writer, nothing written yet
+            first = None
+        if first == b"":
+            raise SailorError(f"{what} {path} is a named pipe that nothing writes to; give a regular file")
+        os.set_blocking(fd, True)
+        chunks = [first or b""]
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _no_constants(name: str):

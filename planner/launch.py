@@ -306,6 +306,9 @@ def run(args) -> int:
     if args.output == "":
         raise SailorError("-o '' is empty; give a file name, or leave -o out to print")
     plan = load_plan(args.plan)
+    if not os.path.isfile(args.plan):  # e.g. <(...): gone by the time the ranks start and read it
+        raise SailorError(f"plan file {args.plan} is a pipe or device, which the ranks cannot read once launch has "
+                          "returned; save the plan to a file and launch that")
     train_args = launch_flags(plan.precision, train_args)  # the runtime trains in the plan's precision
     if plan.distributed_optimizer and DISTRIBUTED_OPTIMIZER not in train_args:
         train_args = [DISTRIBUTED_OPTIMIZER, *train_args]  # the plan's memory counts on it

@@ -8,6 +8,7 @@ launched, the cluster file, a config.json) is refused before anything runs.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -57,14 +58,25 @@ def check_output(path: str | Path, inputs: Iterable[str | Path | None] = (), wha
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path, inputs: Iterable[str | Path | None] = (), what: str = "output") -> Iterator[Path]:
-    """A temporary path to write `path` through (same directory and suffix); renamed over it on success."""
+    """A temporary path to write `path` through (same directory and extension); renamed over it on success.
+
+    Its name is short whatever the output's (a name near the file system's 255-byte limit stays
+    writable) and ends in the output's extension, ".png" included (matplotlib picks the format by it);
+    errors on it name the output, not the temporary file."""
     out = check_output(path, inputs, what)
-    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp{out.suffix}")
+    ext = os.path.splitext("x" + out.name)[1]  # (".png" of a file named ".png" too)
+    tag = hashlib.sha1(out.name.encode(errors="surrogateescape")).hexdigest()[:8]
+    tmp = out.with_name(f".sailor-{tag}.{os.getpid()}.tmp{ext if len(ext) <= 16 else ''}")
     try:
         yield tmp
         os.replace(tmp, out)
     except PermissionError:
         raise SailorError(f"cannot write {what} {path}: permission denied") from None
+    except OSError as e:
+        if e.filename not in (str(tmp), str(out)):
+            raise
+        raise SailorError(f"cannot write {what} {path} ({e.strerror or e}); give a file in a writable directory") \
+            from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

@@ -23,6 +23,7 @@ import io
 import json
 import os
 import sys
+import tempfile
 from dataclasses import replace
 
 from planner import flags
@@ -315,6 +316,13 @@ def check_save_dir(args, fresh: bool = False) -> None:
         raise SailorError(f"--save {path}: {here} is a file, not a directory; give a directory for the checkpoints")
     if not os.access(here, os.W_OK):
         raise SailorError(f"--save {path}: {here} is not writable here; give a directory this user can write")
+    try:  # os.access says yes to root, also where nothing can be written (read-only mounts, /proc, squashed NFS)
+        fd, probe = tempfile.mkstemp(prefix=".sailor-save-probe-", dir=here)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise SailorError(f"--save {path}: cannot create a file in {here} ({e.strerror or e}); give a directory "
+                          "this user can write") from None
     resumes = args.load and os.path.exists(args.load) and os.path.samefile(args.load, here)
     if fresh and here == os.path.abspath(path) and not resumes:
         held = sorted(n for n in os.listdir(here) if n == "latest" or (

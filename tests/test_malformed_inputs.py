@@ -852,6 +852,8 @@ EXPORT_CASES = [
     ("export occupied", ["export", "ckpt/garbage-rank", "--to-hf", "ckpt/hf-model"]),
     ("export dtype", ["export", "ckpt/garbage-rank", "--to-hf", "x", "--dtype", "int8"]),
     ("export tokenizer", ["export", "ckpt/garbage-rank", "--to-hf", "x", "--tokenizer", "nowhere"]),
+    ("export tokenizer-empty", ["export", "ckpt/garbage-rank", "--to-hf", "x", "--tokenizer", ""]),
+    ("export tokenizer-no-files", ["export", "ckpt/garbage-rank", "--to-hf", "x", "--tokenizer", "ckpt"]),
 ]
 OTHER_CASES = [
     ("no-command", []), ("unknown-command", ["bogus"]), ("unknown-flag", ["--bogus"]), ("plan-typo", ["plna"]),
@@ -878,6 +880,14 @@ def test_an_output_never_replaces_a_device_or_pipe(case, argv):
     os.mkfifo(case / "special")
     check_refused(argv, case)
     assert stat.S_ISFIFO((case / "special").lstat().st_mode)
+
+
+@pytest.mark.parametrize("argv", [["simulate", "pipe"], ["launch", "pipe"], PLAN_CMD[:2] + ["pipe"] + PLAN_CMD[3:],
+                                  CLUSTER_CMD + ["pipe"]], ids=["plan", "launch", "model", "cluster"])
+def test_an_input_pipe_that_nothing_writes_to_is_refused(case, argv):
+    """A named pipe as an input file, with no writer: opening it waited forever."""
+    os.mkfifo(case / "pipe")
+    check_refused(argv, case)
 
 
 @pytest.mark.parametrize("argv", [["export", "ckpt/garbage-rank", "--to-hf", ""],

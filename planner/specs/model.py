@@ -129,6 +129,9 @@ class ModelSpec:
                 not 0 < self.rotary_fraction <= 1 or (not self.learned_positions and self.rotary_dim < 2):
             raise SailorError(f"model {self.name!r}: rotary_fraction must be above 0 and at most 1, rotating at "
                               f"least 2 of the {self.head_dim} dimensions of a head, not {short(self.rotary_fraction)}")
+        if not self.learned_positions and self.rotary_dim % 2:
+            raise SailorError(f"model {self.name!r}: rotary positions turn pairs of dimensions, and {self.rotary_dim} "
+                              f"of each head's {self.head_dim} would turn; make head_dim (or its rotated share) even")
         for field in ("norm_eps", "attention_scale", "rope_theta", "attn_softcap", "logit_softcap",
                       "local_rope_theta"):
             value = getattr(self, field)

@@ -134,6 +134,8 @@ def _train_options() -> argparse.ArgumentParser:
     return p
 
 
+EVAL_ITERS = 100  # sailor_ext.data.EVAL_ITERS, sailor's default --eval-iters (that module imports torch)
+
 # sailor_ext.train options with no Megatron-LM counterpart, and why.
 NOT_IN_MEGATRON = {
     "--plan": "the command is made from the plan already",
@@ -170,7 +172,7 @@ def training_args(train_args: list[str], plan, model) -> list[str]:
             a.micro_batch_size not in (None, plan.pipelines[0].microbatch_size):
         raise SailorError("--global-batch-size/--micro-batch-size contradict the plan; drop them")
     out = [f"--train-iters {a.train_iters}", f"--optimizer {a.optimizer}", f"--lr {a.lr:g}", f"--min-lr {a.min_lr:g}",
-           f"--lr-decay-style {a.lr_decay_style}", f"--weight-decay {a.weight_decay:g}", f"--clip-grad {a.clip_grad:g}",
+           f"--weight-decay {a.weight_decay:g}", f"--clip-grad {a.clip_grad:g}",
            f"--seed {a.seed}", f"--log-interval {a.log_interval}",
            f"--make-vocab-size-divisible-by {a.make_vocab_size_divisible_by}"]
     if model.experts:  # sailor's load-balancing loss is Megatron's per-sequence one (sailor_ext/moe.py)
@@ -182,8 +184,16 @@ def training_args(train_args: list[str], plan, model) -> list[str]:
         out += [f"--adam-beta1 {a.adam_beta1:g}", f"--adam-beta2 {a.adam_beta2:g}", f"--adam-eps {a.adam_eps:g}"]
     else:
         out.append(f"--sgd-momentum {a.sgd_momentum:g}")
-    for flag, value in (("--lr-warmup-iters", a.lr_warmup_iters), ("--lr-decay-iters", a.lr_decay_iters),
-                        ("--save", a.save), ("--save-interval", a.save_interval), ("--load", a.load)):
+    # sailor decays the learning rate only with a --lr-decay-iters (0 or none: constant after the warm-up);
+    # Megatron decays to --train-iters by default and asserts warm-up < decay iterations, constant style or not
+    if a.lr_decay_style == "constant" or not a.lr_decay_iters:
+        out.append("--lr-decay-style constant")
+        if a.lr_warmup_iters and a.lr_warmup_iters >= a.train_iters:
+            out.append(f"--lr-decay-iters {a.lr_warmup_iters + 1}")  # (unused by the constant style)
+    else:
+        out += [f"--lr-decay-style {a.lr_decay_style}", f"--lr-decay-iters {a.lr_decay_iters}"]
+    for flag, value in (("--lr-warmup-iters", a.lr_warmup_iters), ("--save", a.save),
+                        ("--save-interval", a.save_interval), ("--load", a.load)):
         if value is not None:
             out.append(f"{flag} {shlex.quote(str(value))}")
     if a.dist_timeout is not None:
@@ -198,8 +208,13 @@ def training_args(train_args: list[str], plan, model) -> list[str]:
         out.append("--overlap-grad-reduce")
     out += [flag for flag, off in (("--no-bias-swiglu-fusion", a.no_bias_swiglu_fusion),
                                    ("--no-rope-fusion", a.no_rope_fusion)) if off]
-    if a.eval_interval:  # sailor validates only when asked; Megatron would every 1000 steps
-        out += [f"--eval-interval {a.eval_interval}", f"--eval-iters {a.eval_iters or 10}"]
+    # sailor validates only when asked (Megatron would every 1000 steps): every --eval-interval steps, or with
+    # --eval-iters alone once after the last step (an interval past the end: Megatron's end-of-training pass)
+    if a.eval_interval:
+        out += [f"--eval-interval {a.eval_interval}",
+                f"--eval-iters {EVAL_ITERS if a.eval_iters is None else a.eval_iters}"]
+    elif a.eval_iters:
+        out += [f"--eval-interval {a.train_iters + 1}", f"--eval-iters {a.eval_iters}"]
     else:
         out.append("--eval-iters 0")
     if a.data_path:

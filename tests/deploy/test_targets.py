@@ -299,3 +299,66 @@ def test_dockerfiles_lint_clean():
     assert out.returncode == 0, out.stdout + out.stderr
     for name in ("Dockerfile", "Dockerfile.cpu"):  # both install the project as the README does
         assert "bash tools/setup.sh" in (ROOT / name).read_text()
+
+
+@pytest.mark.parametrize("schedule", [
+    [],  # constant
+    ["--lr-decay-style", "cosine", "--lr-decay-iters", "0"],  # sailor: no decay after the warm-up
+    ["--lr-decay-style", "cosine", "--lr-warmup-iters", "10"],  # a warm-up past the last step
+    ["--lr-decay-style", "cosine", "--lr-decay-iters", "4"],
+    ["--lr-decay-style", "linear", "--lr-decay-iters", "6", "--min-lr", "1e-4"],
+])
+def test_megatron_lm_lr_schedule_is_sailors_in_megatrons_scheduler(tmp_path, schedule):
+    """The learning-rate flags of `--target megatron-lm` build megatron-core's own OptimizerParamScheduler (whose
+    asserts reject a decay of 0 iterations, or one not after the warm-up), and without a warm-up it gives
+    sailor's learning rate at every step (sailor_ext.optimizer; with one, Megatron's warm-up starts from 0
+    a step earlier)."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    from sailor_ext.optimizer import OptimizerConfig
+
+    (tmp_path / "plan.json").write_text(json.dumps(HOMO))
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(tmp_path / "plan.json"), "--target",
+                          "megatron-lm", "--", "--train-iters", "6", *schedule], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    script = out.stdout
+    flags = dict(re.findall(r"--(lr-decay-style|lr-decay-iters|lr-warmup-iters|min-lr|lr) (\S+)", script))
+    iters, gbs = 6, HOMO["global_batch_size"]
+    warmup = int(flags.get("lr-warmup-iters", 0))
+
+    class Optimizer:
+        param_groups = [{}]
+
+    megatron = OptimizerParamScheduler(
+        Optimizer(), init_lr=0.0, max_lr=float(flags["lr"]), min_lr=float(flags["min-lr"]),
+        lr_warmup_steps=warmup * gbs, lr_decay_steps=int(flags.get("lr-decay-iters", iters)) * gbs,
+        lr_decay_style=flags["lr-decay-style"], start_wd=0.01, end_wd=0.01, wd_incr_steps=iters * gbs,
+        wd_incr_style="constant")
+    args = dict(zip(schedule[::2], schedule[1::2]))
+    ours = OptimizerConfig(lr=1e-3, min_lr=float(args.get("--min-lr", 0.0)), warmup_iters=warmup,
+                           decay_iters=int(args.get("--lr-decay-iters", 0)),
+                           decay_style=args.get("--lr-decay-style", "constant"))
+    if not warmup:
+        for step in range(iters):
+            megatron.num_steps = step * gbs
+            assert megatron.get_lr(megatron.optimizer.param_groups[0]) == pytest.approx(ours.lr_at(step)), step
+
+
+@pytest.mark.parametrize("evaluation, expected", [
+    ([], "--eval-iters 0"),  # sailor validates only when asked
+    (["--eval-interval", "2"], "--eval-interval 2 --eval-iters 100"),  # sailor's default count
+    (["--eval-interval", "2", "--eval-iters", "0"], "--eval-interval 2 --eval-iters 0"),
+    (["--eval-iters", "5"], "--eval-interval 7 --eval-iters 5"),  # once, after the last step
+])
+def test_megatron_lm_validates_when_sailor_would(tmp_path, evaluation, expected):
+    from planner.targets.megatron_lm import EVAL_ITERS
+    from sailor_ext.data import EVAL_ITERS as SAILOR_EVAL_ITERS
+
+    assert EVAL_ITERS == SAILOR_EVAL_ITERS
+    (tmp_path / "plan.json").write_text(json.dumps(HOMO))
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "launch", str(tmp_path / "plan.json"), "--target",
+                          "megatron-lm", "--", "--train-iters", "6", *evaluation], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert " ".join(re.findall(r"--eval-(?:interval|iters) \d+", out.stdout)) == expected

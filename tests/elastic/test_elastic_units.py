@@ -748,6 +748,8 @@ def test_waiting_out_names_the_nodes_the_provider_drained():
     (["--node-dirs", "d", "--", "--train-iters", "5"], "--node-dirs names the disks of the agents --local starts"),
     (["--", "--train-iters", "5", "--save", "node:../x"], "give node:NAME"),
     (["--", "--train-iters", "5", "--save", "README.md/ckpt"], "README.md is a file, not a directory"),
+    # (os.access says yes to root there; the first save failed, after training)
+    (["--", "--train-iters", "5", "--save", "/proc/ckpt"], "--save /proc/ckpt: cannot create a file in /proc"),
     (["--", "--train-iters", "5", "--load", "ckpt"], "--load ckpt after '--' would be ignored"),  # (it was)
     (["--", "--train-iters", "5", "--lr", "nan"], "bad training arguments after '--': argument --lr: must be"),
     (["--precision", "bf16", "--", "--train-iters", "5", "--no-bf16"],

@@ -170,6 +170,22 @@ def test_an_unwritable_output_is_one_line(tmp_path):
     assert out.stderr.strip().count("\n") == 0 and "does not exist" in out.stderr and "missing" in out.stderr
 
 
+def test_outputs_with_long_or_dot_names_are_written(tmp_path):
+    """Outputs go through a temporary file beside them: its name once grew with the output's (a 250-character
+    name, valid, was refused as too long) and lost its extension for a file named ".png" (matplotlib then failed
+    on the format: an internal error). An output that cannot be written is named as the user gave it."""
+    name = "p" * 245 + ".json"
+    out = sailor("plan", "--model", "tiny", "--gpus", "CPU@local=2", "--global-batch", "8", "-o", name, "--plot",
+                 ".png", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / name).read_text())["format"] == "sailor-plan"
+    assert (tmp_path / ".png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, ".png"])  # no temporary file left
+    out = sailor("plan", "--model", "tiny", "--gpus", "CPU@local=2", "--global-batch", "8", "-o", "/proc/self/status")
+    assert out.returncode == 2 and out.stderr.startswith("sailor: error: cannot write plan file (-o) "
+                                                         "/proc/self/status (")
+
+
 def _parsers(parser, name="sailor"):
     import argparse
 

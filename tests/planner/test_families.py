@@ -319,6 +319,9 @@ def test_gemma_details(tmp_path):
     ("gemma-2-2b", {"hidden_activation": "gelu_erf"}, "hidden_activation 'gelu_erf' is not supported"),
     ("gemma-2-2b", {"query_pre_attn_scalar": 0}, "query_pre_attn_scalar must be a positive number, not 0"),
     ("gemma-2-2b", {"layer_types": ["full_attention"]}, "layer_types must list .* for each of the 26 layers"),
+    # an odd head dimension: the runtime's rotary positions failed on it after `sailor plan` had taken it
+    ("gemma-2-2b", {"head_dim": 9}, "rotary positions turn pairs of dimensions, and 9 of each head's 9 would turn"),
+    ("Llama-3-8B", {"head_dim": 127}, "make head_dim .* even"),
 ])
 def test_bad_gemma_config_is_one_clear_error(tmp_path, name, change, needle):
     with pytest.raises(SailorError, match=needle):

@@ -82,6 +82,15 @@ def test_valid_launches_still_print(tmp_path):
     refused(launch(tmp_path, "--local", "--master-port", "29511", plan=CPU), "--local needs the number of training steps")
 
 
+def test_a_plan_from_process_substitution_is_refused(tmp_path):
+    """`sailor launch <(...)`: the ranks read the plan after launch has returned, when the pipe is gone."""
+    (tmp_path / "plan.json").write_text(json.dumps(CPU))
+    out = subprocess.run(["bash", "-c", f"{sys.executable} -m planner.cli launch <(cat plan.json) -- --train-iters 1"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    refused(out, "is a pipe or device, which the ranks cannot read once launch has returned; save the plan to a file")
+
+
 def test_local_refuses_a_busy_master_port(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
