@@ -134,7 +134,8 @@ def _refuse_lone_surrogates(value: Any, where: str) -> None:
 
 
 def read_document(path: str | Path, what: str) -> "Doc":
-    """A JSON file (or YAML, by its suffix) as a Doc."""
+    """A JSON file (or YAML, by its suffix) as a Doc; a key written twice in one object is refused (JSON's
+    and YAML's parsers keep the last silently)."""
     text = read_text(path, what)
     where = f"{what} {path}"
     if Path(path).suffix in (".yaml", ".yml"):
@@ -152,7 +153,24 @@ def read_document(path: str | Path, what: str) -> "Doc":
             raise SailorError(f"{where} is nested too deeply to be a sailor file") from None
     else:
         value = parse_json(text, where)
+        try:
+            json.loads(text, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as e:
+            raise SailorError(f"{where} gives {short(e.args[0])} twice in one object; keep one") from None
     return Doc(value, where)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list) -> dict:
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
 
 
 _YAML_LOADER = None
@@ -193,6 +211,18 @@ def _yaml_loader():
             return int(text, 10)
 
         Yaml12Loader.add_constructor("tag:yaml.org,2002:int", construct_int)
+
+        def construct_mapping(loader, node, deep=False):  # a key written twice: refused (PyYAML keeps the last)
+            seen = set()
+            for key_node, _ in node.value:  # (merged keys, <<, may be overridden: only the written ones count)
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    if (key_node.tag, key_node.value) in seen:
+                        raise yaml.constructor.ConstructorError(None, None, f"{short(key_node.value)} is given twice "
+                                                                "in one mapping; keep one", key_node.start_mark)
+                    seen.add((key_node.tag, key_node.value))
+            return base.construct_mapping(loader, node, deep)
+
+        Yaml12Loader.construct_mapping = construct_mapping
         _YAML_LOADER = Yaml12Loader
     return _YAML_LOADER
 

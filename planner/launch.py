@@ -321,7 +321,7 @@ def run(args) -> int:
     check_runnable(plan, model, cluster)
     layout = rank_layout(plan, cluster)
     if any(_train_file_flag(a) for a in train_args):
-        raise SailorError("sailor launch: give the plan and the cluster file to sailor launch (--cluster FILE "
+        raise SailorError("give the plan and the cluster file to sailor launch (--cluster FILE "
                           "before '--'); it passes them on to every rank")
     # every rank computes the layout itself: from the same plan and cluster file
     rank_args = [*(["--cluster", args.cluster] if args.cluster else []), *train_args]

@@ -421,6 +421,17 @@ def test_cluster_file(case, name, path, value, suffix):
     check_refused(CLUSTER_CMD + [f"cluster.{suffix}"], case)
 
 
+@pytest.mark.parametrize("text, suffix", [
+    ('{"available": [{"gpu": "A100-40", "zone": "us-central1-a", "count": 2, "count": 4}]}', "json"),
+    ("available:\n  - {gpu: A100-40, zone: us-central1-a, count: 2, count: 4}\n", "yaml"),
+    ("zones: {dc-1: {region: a}}\nzones: {dc-2: {region: b}}\n", "yaml"),
+], ids=["json", "yaml-flow", "yaml-block"])
+def test_a_cluster_key_given_twice_is_refused(case, text, suffix):
+    """JSON's and YAML's parsers keep the last of two equal keys: a count of 2 then 4 planned on 4."""
+    (case / f"twice.{suffix}").write_text(text)
+    check_refused(CLUSTER_CMD + [f"twice.{suffix}"], case)
+
+
 # -- profiles: ours -------------------------------------------------------------------------
 T = ("times", "1", "1")
 M = ("memory", "1")

@@ -196,7 +196,12 @@ def plan_model(plan: Plan, override: str | None = None, seq_len: int | None = No
                           f"{seq_len}`")
     seq = plan.seq_length or seq_len
     if override:
-        return get_model(override, seq)
+        model = get_model(override, seq)
+        layers = plan.stages[-1].last + 1
+        if model.num_layers != layers:  # (the layer ranges would say only that they do not cover it)
+            raise SailorError(f"--model {override} has {model.num_layers} layers, and the plan's model {plan.model} "
+                              f"{layers}; drop --model, or make a plan for {override}")
+        return model
     if plan.model_spec is not None:
         return plan.model_spec
     return get_model(plan.model, seq)

@@ -58,6 +58,7 @@ def test_what_every_rank_would_reject_is_refused_at_launch(tmp_path, train_args,
     (["--tensor-model-parallel-size", "2"], ["--tensor-model-parallel-size builds a uniform plan", "drop"]),
     (["--gpu-type", "V100-16"], ["--gpu-type builds a uniform plan"]),
     (["--seq-length", "128"], ["--seq-length 128 contradicts the plan"]),
+    (["--model", "opt-350m"], ["--model opt-350m has 26 layers, and the plan's model opt-125m 14; drop --model"]),
 ])
 @pytest.mark.parametrize("target", ["torchrun", "k8s"])
 def test_flags_that_contradict_the_plan_are_refused_at_launch(tmp_path, train_args, words, target):
@@ -89,6 +90,11 @@ def test_a_plan_from_process_substitution_is_refused(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     refused(out, "is a pipe or device, which the ranks cannot read once launch has returned; save the plan to a file")
+
+
+def test_a_cluster_file_after_the_separator_is_one_plain_line(tmp_path):
+    refused(launch(tmp_path, "--", "--train-iters", "1", "--cluster", "c.yaml"),
+            "sailor: error: give the plan and the cluster file to sailor launch (--cluster FILE before '--')")
 
 
 def test_local_refuses_a_busy_master_port(tmp_path):

@@ -77,8 +77,7 @@ def _families() -> dict[str, Family]:
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, olmo.FAMILY,
                                 phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY, cohere.FAMILY, glm.FAMILY,
-                                exaone.FAMILY, arcee.FAMILY,
-                                opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
+                                exaone.FAMILY, arcee.FAMILY, opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:

@@ -235,11 +235,12 @@ def to_hf(spec: ModelSpec) -> dict:
     if scaled and model_type != "granite":
         raise SailorError(f"{spec.name}: multipliers on embeddings, residual branches, attention or logits are "
                           f"granite's alone; {model_type}'s config cannot express them")
-    for present, what, owners in ((spec.nope_blocks, "blocks without rotary positions", ("smollm3",)),
-                                  (spec.rotary_interleaved, "rotary positions on adjacent pairs", INTERLEAVED)):
-        if bool(present) != (model_type in owners) and (present or model_type in INTERLEAVED):
-            raise SailorError(f"{spec.name}: {what} are {' and '.join(owners)}'s alone here, and always there; "
-                              f"{model_type}'s config cannot express the model")
+    if spec.nope_blocks and model_type != "smollm3":
+        raise SailorError(f"{spec.name}: blocks without rotary positions are smollm3's alone here; {model_type}'s "
+                          "config cannot express them")
+    if spec.rotary_interleaved != (model_type in INTERLEAVED):  # (always there, never elsewhere)
+        raise SailorError(f"{spec.name}: rotary positions on adjacent pairs are {' and '.join(INTERLEAVED)}'s, "
+                          f"and theirs only; {model_type}'s config cannot express the model")
     if model_type == "ernie4_5" and len({spec.qkv_bias, spec.out_bias, spec.mlp_bias}) > 1:
         raise SailorError(f"{spec.name}: ernie4_5's config puts biases on every linear or none")
     if model_type == "helium" and (spec.out_bias or spec.head_dim_override):

@@ -30,7 +30,8 @@ QWEN_DEFAULTS = {"qwen2_moe": (60, 4, 1408), "qwen3_moe": (128, 8, 768)}  # expe
 def from_hf(cfg, model_type: str) -> dict:
     if cfg.bool("output_router_logits", False):
         coeff = cfg.cfg.get("router_aux_loss_coef")
-        coeff = f"{coeff:g}" if isinstance(coeff, (int, float)) and not isinstance(coeff, bool) else "C"
+        coeff = f"{float(coeff):g}" if isinstance(coeff, (int, float)) and not isinstance(coeff, bool) and \
+            0 < coeff <= 1e3 else "C"  # (the flag's range)
         raise SailorError(f"model config {cfg.source}: output_router_logits adds a load-balancing loss pooled over all "
                           "blocks and the whole batch, which no pipeline of microbatches computes; set it to false "
                           f"and balance per sequence with the training argument --moe-aux-loss-coeff {coeff}")
