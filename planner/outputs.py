@@ -36,6 +36,10 @@ def check_output(path: str | Path, inputs: Iterable[str | Path | None] = (), wha
     """`path` as a place to write `what`: not an input (nor a file inside an input directory), not a
     directory, in a directory that exists. replaced: the output is renamed over `path` (atomic_path), so
     `path` may not be a device, pipe or socket either: as root the rename put a file in /dev/null's place."""
+    if str(path) == "-":  # (it wrote a file named "-" where standard output was meant)
+        raise SailorError(f"{what} '-': sailor writes it to a file, not to standard output; give a file name")
+    if str(path).endswith("/"):  # (Path drops the slash: x.json/ wrote x.json)
+        raise SailorError(f"{what} {path} ends in '/', a directory; give a file name")
     out = Path(path)
     for given in inputs:
         if given is None:

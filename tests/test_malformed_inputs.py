@@ -729,6 +729,8 @@ FLAG_CASES = [
         ("--cluster", "profiles"), ("--cluster", ""), ("--model", "gpt-9"), ("--model", ""),
         ("--model", "missing.json"), ("--model", "profiles"), ("--bogus", "1"))],
     ("plan -o=cluster", CLUSTER_CMD + ["cluster.yaml", "-o", "cluster.yaml"]),
+    ("plan -o=-", PLAN_CMD[:-1] + ["-"]), ("plan -o=dir/", PLAN_CMD[:-1] + ["out.json/"]),
+    ("launch -o=-", ["launch", "plan.json", "-o", "-"]),
     ("plan -o=config", ["plan", "--model", "config.json", "--gpus", "CPU@local=2", "-o", "config.json"]),
     ("plan -o=profile", PLAN_CMD[:-1] + ["profiles/tiny/CPU/profile.json", "--profiles", "profiles"]),
     ("plan no-model", ["plan", "--gpus", "CPU@local=2"]),
