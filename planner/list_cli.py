@@ -78,6 +78,10 @@ def cmd_list(args) -> int:
     out = console()
     out.print(t)
     out.print(FOOTNOTES[args.what])
+    if args.what == "models":
+        from planner.specs.families import hf_types
+
+        out.print(f"A config.json's model_type may be: {', '.join(hf_types())}.")
     return 0
 
 
@@ -86,7 +90,7 @@ def _count(n: int) -> str:
 
 
 TITLES = {"gpus": "GPU types (on-demand and spot list prices, USD per GPU-hour)", "zones": "zones",
-          "models": "model presets (any Hugging Face config.json works too)"}
+          "models": "model presets (and Hugging Face config.json files of the model types below)"}
 FOOTNOTES = {
     "gpus": "Use them as --gpus TYPE@ZONE=N; a cluster file (--cluster) adds types and overrides fields and prices.",
     "zones": "Egress per GB between zones: free inside a zone, same region $0.01, same continent $0.02, other "
