@@ -10,7 +10,6 @@ Refused: use_qk_norm (Command R+'s q/k LayerNorms hold a weight per head).
 from __future__ import annotations
 
 from planner.errors import SailorError
-from planner.inputs import short
 from planner.specs.families import ACTIVATION_TO_HF, Family
 from planner.specs.families import llama
 from planner.specs.model import MAX_BLOCKS, ModelSpec
@@ -21,12 +20,8 @@ def _cohere2_blocks(cfg, blocks: int) -> dict:
     block rotates, as transformers applies rotary positions only where it sets a window)."""
     layer_types = cfg.cfg.get("layer_types")
     if layer_types is None:
-        pattern = cfg.int("sliding_window_pattern", 4)
-        layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(blocks)]
-    if not isinstance(layer_types, list) or len(layer_types) != blocks or \
-            any(t not in ("sliding_attention", "full_attention") for t in layer_types):
-        raise SailorError(f"model config {cfg.source}: layer_types must list full_attention or sliding_attention "
-                          f"for each of the {blocks} layers, not {short(layer_types)}")
+        layer_types = llama.every_nth_full(blocks, cfg.int("sliding_window_pattern", 4))
+    llama.check_layer_types(cfg, layer_types, blocks)
     if not cfg.has("sliding_window"):
         return dict(windows=(), nope_blocks=tuple(range(blocks)))
     width = cfg.int("sliding_window")

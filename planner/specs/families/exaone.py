@@ -26,13 +26,8 @@ def _layer_types(cfg, blocks: int) -> list[str]:
             types = ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
                      for i in range(blocks)]
         else:
-            every = cfg.int("sliding_window_pattern", 4)
-            types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(blocks)]
-    if not isinstance(types, list) or len(types) != blocks or \
-            any(t not in ("sliding_attention", "full_attention") for t in types):
-        raise SailorError(f"model config {cfg.source}: layer_types must list full_attention or sliding_attention "
-                          f"for each of the {blocks} layers, not {short(types)}")
-    return types
+            types = llama.every_nth_full(blocks, cfg.int("sliding_window_pattern", 4))
+    return llama.check_layer_types(cfg, types, blocks)
 
 
 def from_hf(cfg, model_type: str) -> dict:

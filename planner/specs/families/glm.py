@@ -8,8 +8,10 @@ sublayer's output too (sandwich norms: `post_self_attn_layernorm`, `post_mlp_lay
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.errors import SailorError
-from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRule
+from planner.specs.families import ACTIVATION_TO_HF, Family, WeightRule
 from planner.specs.families import llama, phi3
 from planner.specs.model import ModelSpec
 
@@ -43,23 +45,11 @@ def to_hf(spec: ModelSpec) -> dict:
 
 
 _LAYER = "model.layers.{i}."
-WEIGHTS = WeightMap(
-    embedding=llama.WEIGHTS.embedding,
-    block=(
-        WeightRule("input_layernorm.weight", (_LAYER + "input_layernorm.weight",)),
-        WeightRule("self_attention.linear_qkv.weight", tuple(_LAYER + f"self_attn.{x}_proj.weight" for x in "qkv"),
-                   "qkv"),
-        WeightRule("self_attention.linear_qkv.bias", tuple(_LAYER + f"self_attn.{x}_proj.bias" for x in "qkv"),
-                   "qkv"),
-        WeightRule("self_attention.linear_proj.weight", (_LAYER + "self_attn.o_proj.weight",)),
-        WeightRule("post_attention_layernorm.weight", (_LAYER + "post_self_attn_layernorm.weight",)),  # glm4
-        WeightRule("pre_mlp_layernorm.weight", (_LAYER + "post_attention_layernorm.weight",)),
-        WeightRule("mlp.linear_fc1.weight", (_LAYER + "mlp.gate_up_proj.weight",), "gate_up_cat"),
-        WeightRule("mlp.linear_fc2.weight", (_LAYER + "mlp.down_proj.weight",)),
-        WeightRule("post_mlp_layernorm.weight", (_LAYER + "post_mlp_layernorm.weight",)),  # glm4
-    ),
-    final_norm=llama.WEIGHTS.final_norm,
-    head=llama.WEIGHTS.head,
-)
+# LLaMA's tensors with gate and up in one (Phi-3's gate_up_cat), and GLM-4-0414's output norms
+WEIGHTS = replace(llama.WEIGHTS, block=tuple(
+    WeightRule(r.ours, (_LAYER + "mlp.gate_up_proj.weight",), "gate_up_cat") if r.ours == "mlp.linear_fc1.weight"
+    else r for r in llama.WEIGHTS.block) + (
+    WeightRule("post_attention_layernorm.weight", (_LAYER + "post_self_attn_layernorm.weight",)),
+    WeightRule("post_mlp_layernorm.weight", (_LAYER + "post_mlp_layernorm.weight",))))
 
 FAMILY = Family("glm", ("glm", "glm4"), from_hf, to_hf, WEIGHTS)

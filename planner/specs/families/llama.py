@@ -153,14 +153,25 @@ def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
         if window is None:
             return ()
         layer_types = ["sliding_attention"] * blocks
-    if not isinstance(layer_types, list) or len(layer_types) != blocks or \
-            any(t not in ("sliding_attention", "full_attention") for t in layer_types):
-        raise SailorError(f"model config {cfg.source}: layer_types must list full_attention or sliding_attention "
-                          f"for each of the {blocks} layers")
+    check_layer_types(cfg, layer_types, blocks)
     if "sliding_attention" not in layer_types:
         return ()
     width = cfg.int("sliding_window")
     return tuple(width if t == "sliding_attention" else 0 for t in layer_types)
+
+
+def every_nth_full(blocks: int, n: int) -> list[str]:
+    """layer_types with every n-th block full and the others windowed (the default of several families)."""
+    return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(blocks)]
+
+
+def check_layer_types(cfg, layer_types, blocks: int) -> list[str]:
+    """A config's layer_types: full_attention or sliding_attention for each block."""
+    if not isinstance(layer_types, list) or len(layer_types) != blocks or \
+            any(t not in ("sliding_attention", "full_attention") for t in layer_types):
+        raise SailorError(f"model config {cfg.source}: layer_types must list full_attention or sliding_attention "
+                          f"for each of the {blocks} layers, not {short(layer_types)}")
+    return layer_types
 
 
 def _nope_blocks(cfg, blocks: int) -> tuple[int, ...]:
