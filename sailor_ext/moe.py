@@ -1,11 +1,11 @@
-"""A block's mixture-of-experts MLP (Mixtral, Qwen2/3-MoE, OLMoE), sharded over the TP group.
+"""A block's mixture-of-experts MLP (Mixtral, Qwen2/3-MoE, OLMoE, gpt-oss), sharded over the TP group.
 
-A router (a linear hidden -> E experts, no bias) scores each token; the softmax of its scores, in
+A router (a linear hidden -> E experts, with a bias in gpt-oss) scores each token; the softmax of its scores, in
 fp32, picks the k experts of highest probability, and the token's output is the sum of those
 experts' outputs weighted by their probabilities (renormalised to sum to 1 where the model says
 so: ModelSpec.expert_renorm). Each expert is an MLP like a dense block's (SwiGLU or plain, no
-biases). Qwen2-MoE adds a shared expert that every token passes through, its output scaled by
-sigmoid(x . w_gate), a replicated linear hidden -> 1.
+biases; gpt-oss's clamped GLU with biases, ModelSpec.glu_limit). Qwen2-MoE adds a shared expert that
+every token passes through, its output scaled by sigmoid(x . w_gate), a replicated linear hidden -> 1.
 
 Tensor parallelism is Megatron's expert tensor parallelism at the TP degree, without expert
 parallelism: every TP rank holds every expert, and of each its slice of fc1's rows ([gate; up] of
@@ -52,15 +52,29 @@ from planner.specs.model import ModelSpec  # noqa: E402
 class ExpertWeights(nn.Module):
     """One weight of every expert, stacked: logical [E, ...], this rank's slice along
     `partition_dim` (fc1 [E, 2, ffn, h] with SwiGLU or [E, ffn, h], split along ffn; fc2
-    [E, h, ffn], split along its last dimension); the shared expert's without the E."""
+    [E, h, ffn], split along its last dimension); the shared expert's without the E. With biases
+    (gpt-oss): fc1's [E, 2, ffn] or [E, ffn], split along ffn as its rows; fc2's [E, h], replicated
+    (bias_dim None) and added by TP rank 0 alone, to its partial output before the all-reduce: its
+    weighting by the router must reach the router's gradient once, which the TP group sums
+    (ParamShard.partial_grad, the bias's gradient too)."""
 
-    def __init__(self, logical_shape: tuple[int, ...], partition_dim: int, tp: int):
+    def __init__(self, logical_shape: tuple[int, ...], partition_dim: int, tp: int,
+                 bias_shape: tuple[int, ...] = (), bias_dim: int | None = None):
         super().__init__()
-        shape = list(logical_shape)
-        shape[partition_dim] //= tp
-        # built on the CPU as megatron's layers are (use_cpu_initialization); the stage moves it to its device
-        self.weight = nn.Parameter(torch.empty(shape, device=torch.device("cpu")))
         self.logical_shape, self.partition_dim = tuple(logical_shape), partition_dim
+        self.bias_shape, self.bias_dim = tuple(bias_shape), bias_dim
+        # built on the CPU as megatron's layers are (use_cpu_initialization); the stage moves it to its device
+        cpu = torch.device("cpu")
+        self.weight = nn.Parameter(torch.empty(self.local_shape(logical_shape, partition_dim, tp), device=cpu))
+        if bias_shape:
+            self.bias = nn.Parameter(torch.empty(self.local_shape(bias_shape, bias_dim, tp), device=cpu))
+
+    @staticmethod
+    def local_shape(shape: tuple[int, ...], dim: int | None, tp: int) -> list[int]:
+        local = list(shape)
+        if dim is not None:
+            local[dim] //= tp
+        return local
 
 
 class _RouterLossGradient(torch.autograd.Function):
@@ -100,21 +114,22 @@ class MoE(nn.Module):
     """forward(x [s, b, h]) -> (output [s, b, h], None), as megatron's MLP returns (output, bias)."""
 
     def __init__(self, model: ModelSpec, tp: int, tp_group, activation, aux_loss_coeff: float = 0.0,
-                 z_loss_coeff: float = 0.0):
+                 z_loss_coeff: float = 0.0, tp_rank: int = 0):
         super().__init__()
         # router losses: their coefficients; the step's global batch and gradient scale (start_step); the
         # step's sums of sequence balances and token z values, read and reset by the trainer
-        self.aux_loss_coeff, self.z_loss_coeff, self.tp = aux_loss_coeff, z_loss_coeff, tp
+        self.aux_loss_coeff, self.z_loss_coeff, self.tp, self.tp_rank = aux_loss_coeff, z_loss_coeff, tp, tp_rank
         self.sequences = self.tokens = 1
         self.grad_scale = 0.0
         self.router_sums: torch.Tensor | float = 0.0
         experts, h, f = model.experts, model.hidden, model.ffn_hidden
         self.top_k, self.renorm, self.gated = model.experts_per_token, model.expert_renorm, model.gated_mlp
+        self.glu_limit, self.glu_alpha = model.glu_limit, model.glu_alpha
         self.activation, self.tp_group = activation, tp_group
-        self.router = nn.Linear(h, experts, bias=False)
-        self.linear_fc1 = ExpertWeights((experts, 2, f, h) if self.gated else (experts, f, h), 2 if self.gated else 1,
-                                        tp)
-        self.linear_fc2 = ExpertWeights((experts, h, f), 2, tp)
+        self.router = nn.Linear(h, experts, bias=model.router_bias)
+        fc1 = (experts, 2, f, h) if self.gated else (experts, f, h)
+        self.linear_fc1 = ExpertWeights(fc1, len(fc1) - 2, tp, fc1[:-1] if model.mlp_bias else (), len(fc1) - 2)
+        self.linear_fc2 = ExpertWeights((experts, h, f), 2, tp, (experts, h) if model.mlp_bias else ())
         if model.shared_expert_ffn:
             fs = model.shared_expert_ffn
             self.shared_expert = nn.Module()
@@ -126,7 +141,7 @@ class MoE(nn.Module):
         shape = x.shape
         # [tokens, h]; backward all-reduces the gradient the router and the experts send to it
         x = copy_to_tensor_model_parallel_region(x.reshape(-1, shape[-1]), group=self.tp_group)
-        logits = F.linear(x, self.router.weight).float()
+        logits = F.linear(x, self.router.weight, self.router.bias).float()
         probs = torch.softmax(logits, dim=-1)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # [tokens, k], fp32
         losses = self._router_losses(logits, probs, chosen, shape[1]) \
@@ -146,11 +161,14 @@ class MoE(nn.Module):
             picks = order[start:start + count]
             start += count
             tokens = picks // self.top_k
-            y = self._mlp(x[tokens], self.linear_fc1.weight[expert], self.linear_fc2.weight[expert])
+            fc1_bias = self.linear_fc1.bias[expert] if hasattr(self.linear_fc1, "bias") else None
+            y = self._mlp(x[tokens], self.linear_fc1.weight[expert], self.linear_fc2.weight[expert], fc1_bias)
             out.index_add_(0, tokens, (y * weights[picks, None]).to(out.dtype))
         if hasattr(self, "shared_expert"):
             shared = self._mlp(x, self.shared_expert.linear_fc1.weight, self.shared_expert.linear_fc2.weight)
             out = out + torch.sigmoid(F.linear(x, self.shared_gate.weight)) * shared
+        if hasattr(self.linear_fc2, "bias") and self.tp_rank == 0:  # fc2's biases, once: sum_k w_k b_(e_k)
+            out = out + (weights.view(-1, self.top_k, 1) * self.linear_fc2.bias[chosen]).sum(dim=1).to(out.dtype)
         out = reduce_from_tensor_model_parallel_region(out, group=self.tp_group)
         if losses is not None:
             out = _RouterLossGradient.apply(out, *losses, self)
@@ -170,10 +188,15 @@ class MoE(nn.Module):
         loss = self.aux_loss_coeff / self.sequences * balance + self.z_loss_coeff / self.tokens * z
         return loss, torch.stack([balance, z]).detach().double()
 
-    def _mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor, fc1_bias: torch.Tensor | None = None) \
+            -> torch.Tensor:
         """This rank's partial output of one expert (its fc1 and fc2 slices) for its tokens x [n, h]."""
-        hidden = F.linear(x, fc1.reshape(-1, fc1.size(-1)))
-        if self.gated:
+        hidden = F.linear(x, fc1.reshape(-1, fc1.size(-1)), None if fc1_bias is None else fc1_bias.reshape(-1))
+        if self.gated and self.glu_limit:  # gpt-oss's clamped GLU (ModelSpec.glu_limit)
+            gate, up = hidden.chunk(2, dim=-1)
+            gate, up = gate.clamp(max=self.glu_limit), up.clamp(-self.glu_limit, self.glu_limit)
+            hidden = gate * torch.sigmoid(gate * self.glu_alpha) * (up + 1)
+        elif self.gated:
             gate, up = hidden.chunk(2, dim=-1)
             hidden = self.activation(gate) * up
         else:

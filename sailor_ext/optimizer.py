@@ -11,7 +11,7 @@ which alone adds its squares. The caller all-reduces that local sum over the
 world (together with the step's loss, one collective) and passes the norm as
 a device tensor: the clip coefficient is computed on the device, so a step
 never waits for the device to tell the host the norm.
-As in Megatron, biases and norms get no weight decay.
+As in Megatron, biases and norms get no weight decay (decays).
 """
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ import torch
 
 from sailor_ext.sharding import ParamShard, chunks_of
 from sailor_ext.topology import Topology
+
+
+def decays(name: str, param: torch.Tensor) -> bool:
+    """Whether a parameter takes weight decay: matrices do; biases (gpt-oss's experts' are stacked
+    [E, ...]) and vectors (norms, sinks) do not."""
+    return param.dim() > 1 and not name.endswith(".bias")
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class Optimizer:
 
     def _stepped(self) -> list[tuple[torch.Tensor, bool]]:
         """(tensor, takes weight decay) for every tensor this rank's optimizer steps."""
-        return [(p, p.dim() > 1) for p in self.params.values()]
+        return [(p, decays(name, p)) for name, p in self.params.items()]
 
     def _build(self, stepped: list[tuple[torch.Tensor, bool]]) -> None:
         config = self.config

@@ -158,6 +158,8 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
                        in place of 2kv/t, the tanh's output S/t and the softmax's, S/t in
                        fp32 (its fp32 output, 2 S/t, and the probabilities cast back, S/t, in
                        16-bit), S = heads * s
+        sinks          (gpt-oss) fused too, with q and k wider by the sink's dimension and padding,
+                       (q + kv)/t * sink_dims / head_dim more
 
     The fused attention keeps no probabilities: one log-sum-exp per head and token (not counted,
     1/s of them). Measured on one H100 (bf16, bench/results/h100-2026-11-28): OPT-350m and
@@ -173,6 +175,8 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
     norms = (before * pre + (model.block_norms - before) * (pre - 1) + inputs) * model.hidden
     kv = model.q_dim if model.attn_softcap else model.kv_dim
     attention = (model.q_dim + 2 * kv) + model.q_dim
+    if model.attention_sinks:  # q and k widened by the sink's dimension and padding (sailor_ext.attention)
+        attention += (model.q_dim + model.kv_dim) * model.sink_dims / model.head_dim
     if model.qk_norm:  # the q and k norms' inputs and normalised values (rotary keeps none of its input)
         attention += 2 * (model.q_dim + model.kv_dim)
     if model.attn_softcap:

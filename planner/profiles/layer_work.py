@@ -46,6 +46,11 @@ operands of the linear layers:
              7 S/t bwd on the scores (tanh's backward reads its output), 6 V/t and 7 V/t on the
              logits, 3 kernels each way. Our runtime computes capped scores in full (no fused kernel caps them),
              so a block with an attention cap is counted as eager attention under "sdpa" too
+  gpt-oss    attention sinks as one more key of a fused kernel (sailor_ext.attention): q, k and v
+             copied once more, 2(q + 2kv)/t fwd and bwd, 6 and 3 kernels; the kernel takes an
+             explicit mask, so under "sdpa" it computes the whole square, QK^T over heads wider by
+             sink_dims; the clamped GLU: 10 f/t fwd, 20 f/t bwd per expert a token passes
+             through, 5 and 10 kernels per expert
 
 plus, once per microbatch, every weight read (fwd), and read with its
 gradient accumulated (bwd): params/t x dtype bytes [B] (x2 backward).
@@ -153,14 +158,22 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
         # squares all-reduced, one per norm and pass (a value per token: their latency counts, not their bytes)
         if model.attn_softcap:
             fwd, bwd, k_f, k_b = fwd + 6 * scores / t, bwd + 7 * scores / t, k_f + 3, k_b + 3
+        if model.attention_sinks:  # q and k widened (the sink's dimension, padding), k and v given the sink's key
+            # and value, the mask widened: read and written once more forward, their gradients sliced backward
+            fwd, bwd, k_f, k_b = fwd + 2 * (q + 2 * kv) / t, bwd + 2 * (q + 2 * kv) / t, k_f + 6, k_b + 3
+        if model.glu_limit:  # gpt-oss's clamped GLU: two clamps, the scaled sigmoid, up + 1 and one more product,
+            # five more elementwise kernels per expert forward, ten backward, each moving about 2 f values
+            fwd, bwd = fwd + mlps * 10 * f / t, bwd + mlps * 20 * f / t
+            k_f, k_b = k_f + 5 * model.experts, k_b + 10 * model.experts
         if model.residual_multiplier != 1:
             fwd, bwd, k_f, k_b = fwd + 4 * h, bwd + 4 * h, k_f + 2, k_b + 2
         flops = n * model.forward_flops(layer) / t
         bwd_flops = 2 * flops
         if attention == "sdpa" and not model.attn_softcap:
             square = n * 4.0 * model.seq_len * q / t  # [FLOP] QK^T and AV over the whole s x s
-            causal = not 0 < model.window(layer - 1) < model.seq_len
-            attn = square / 2 if causal else square
+            wide = square * (1 + model.sink_dims / (2 * model.head_dim))  # QK^T over heads widened for sinks
+            causal = not 0 < model.window(layer - 1) < model.seq_len and not model.attention_sinks  # (a mask)
+            attn = wide / 2 if causal else wide
             flops, bwd_flops = flops - square + attn, bwd_flops - 2 * square + FLASH_BACKWARD * attn
             fwd += (2 * q + 2 * kv) / t - (4 if fused else 7) * scores / t
             bwd += (4 * q + 4 * kv) / t - (7 if fused else 9) * scores / t

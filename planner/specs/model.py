@@ -110,6 +110,12 @@ class ModelSpec:
     # a shared expert beside the routed ones (Qwen2-MoE): an MLP this wide that every token passes through, its
     # output scaled by sigmoid(x . w_gate) and added to the routed experts'; 0: none
     shared_expert_ffn: int = 0
+    router_bias: bool = False  # the router's linear has a bias (gpt-oss)
+    # gpt-oss's experts: a clamped GLU, gate' = min(gate, limit), up' = clip(up, -limit, limit), out =
+    # gate' * sigmoid(glu_alpha * gate') * (up' + 1); 0: activation(gate) * up
+    glu_limit: float = 0.0
+    glu_alpha: float = 1.0
+    attention_sinks: bool = False  # a learned logit per head joins each softmax as a key with no value (gpt-oss)
     hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
@@ -133,7 +139,7 @@ class ModelSpec:
             raise SailorError(f"model {self.name!r}: rotary positions turn pairs of dimensions, and {self.rotary_dim} "
                               f"of each head's {self.head_dim} would turn; make head_dim (or its rotated share) even")
         for field in ("norm_eps", "attention_scale", "rope_theta", "attn_softcap", "logit_softcap",
-                      "local_rope_theta"):
+                      "local_rope_theta", "glu_limit"):
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1e30:
                 raise SailorError(f"model {self.name!r}: {field} must be a finite number >= 0, not {short(value)}")
@@ -152,7 +158,7 @@ class ModelSpec:
         if self.qk_norm and not self.rms_norm:
             raise SailorError(f"model {self.name!r}: per-head q/k norms are RMSNorms; a model with them has "
                               "RMSNorms (rms_norm)")
-        for field in ("embedding_multiplier", "residual_multiplier", "logits_divisor"):
+        for field in ("embedding_multiplier", "residual_multiplier", "logits_divisor", "glu_alpha"):
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1e30:
                 raise SailorError(f"model {self.name!r}: {field} must be a positive finite number, not {short(value)}")
@@ -163,10 +169,14 @@ class ModelSpec:
         if self.experts and not 1 <= self.experts_per_token <= self.experts:
             raise SailorError(f"model {self.name!r}: each token goes to 1 to {self.experts} of the {self.experts} "
                               f"experts, not {self.experts_per_token} (num_experts_per_tok)")
-        if self.experts and self.mlp_bias:
-            raise SailorError(f"model {self.name!r}: experts' linears have no biases (mlp_bias)")
-        if (self.experts_per_token or self.shared_expert_ffn) and not self.experts:
-            raise SailorError(f"model {self.name!r}: experts_per_token or a shared expert without experts")
+        if self.shared_expert_ffn and self.mlp_bias:
+            raise SailorError(f"model {self.name!r}: a shared expert's linears have no biases (mlp_bias)")
+        if (self.experts_per_token or self.shared_expert_ffn or self.router_bias or self.glu_limit) and \
+                not self.experts:
+            raise SailorError(f"model {self.name!r}: experts_per_token, a shared expert, a router bias or a clamped "
+                              "GLU (glu_limit) without experts")
+        if self.glu_limit and not self.gated_mlp:
+            raise SailorError(f"model {self.name!r}: a clamped GLU (glu_limit) is a gated MLP (gated_mlp)")
         if self.qk_norm_full and not self.qk_norm:
             raise SailorError(f"model {self.name!r}: q/k norms across all heads (qk_norm_full) are q/k norms (qk_norm)")
         if not self.input_norms and not self.sandwich_norm:
@@ -214,6 +224,12 @@ class ModelSpec:
         """Dimensions of a head that rotary positions rotate (the first ones; Hugging Face's
         int(head_dim * partial_rotary_factor))."""
         return int(self.head_dim * self.rotary_fraction)
+
+    @property
+    def sink_dims(self) -> int:
+        """Dimensions the runtime adds to each head's q and k to run attention sinks in fused kernels: the
+        sink's, then zeros up to a multiple of 8 (sailor_ext.attention.sink_attention)."""
+        return 8 - self.head_dim % 8 if self.attention_sinks else 0
 
     @property
     def q_dim(self) -> int:
@@ -341,11 +357,14 @@ class ModelSpec:
         elif self.qk_norm:
             replicated += 2 * self.head_dim  # two RMSNorm weights, each shared by all heads of q (of k)
         replicated += self.experts * h + (h if self.shared_expert_ffn else 0)  # the router, the shared expert's gate
+        replicated += self.experts if self.router_bias else 0
+        if self.attention_sinks:
+            sharded += self.heads  # one logit per head, split with the heads
         if self.qkv_bias:
             sharded += self.q_dim + 2 * self.kv_dim  # column-parallel
-        if self.mlp_bias:
-            sharded += self._mlp_in()
-            replicated += h  # fc2's bias, added after the row-parallel all-reduce
+        if self.mlp_bias:  # (each expert's)
+            sharded += max(1, self.experts) * self._mlp_in()
+            replicated += max(1, self.experts) * h  # fc2's bias, added after the row-parallel all-reduce
         if self.out_bias:
             replicated += h
         return sharded // tp + replicated
@@ -394,12 +413,18 @@ class ModelSpec:
                            2f/t plain); its routing weight 4/b and token index 8/b
             shared expert  fc1's output, the activation's and the product, 4f_s/t (2f_s/t plain), its
                            output h and its gate's sigmoid, 1
+            gpt-oss        the clamped GLU keeps 7f/t in place of 4f/t; fc2's biases, one of h per
+                           chosen expert, and the routing weights once more, 4k/b
         """
         h, e, k, f, b = self.hidden, self.experts, self.experts_per_token, self.ffn_hidden, dtype_bytes
         mlp = 4 if self.gated_mlp else 2
+        if self.glu_limit:  # fc1's output, the clamped gate, its sigmoid, the gate's product, up + 1, the output
+            mlp = 7
         router = h + 4 * e / b + 16 * k / b + (4 * (k + 1) / b if self.expert_renorm else 0)
         shared = mlp * self.shared_expert_ffn / tp + h + 1 if self.shared_expert_ffn else 0.0
-        return router + k * (3 * h + mlp * f / tp + 12 / b) + shared
+        # fc2's bias of each chosen expert, gathered to be weighted, and the weights (fp32) that weight them
+        biases = k * (h + 4 / b) if self.mlp_bias else 0.0
+        return router + k * (3 * h + mlp * f / tp + 12 / b) + shared + biases
 
     def output_floats(self, layer: int) -> int:
         """Floats per token a layer hands to the next one (the p2p payload)."""

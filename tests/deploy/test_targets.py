@@ -280,7 +280,10 @@ def test_megatron_lm_args_follow_the_plans_model(tmp_path):
             ("gemma", {"model_type": "gemma"}, "norms that scale by (1 + w)"),
             ("qwen3", {"model_type": "qwen3", "head_dim": 64}, "per-head q/k norms"),
             ("pythia", {"model_type": "gpt_neox", "rotary_pct": 0.25, "use_parallel_residual": False},
-             "rotary positions on 0.25 of each head")):
+             "rotary positions on 0.25 of each head"),
+            ("gpt-oss", {"model_type": "gpt_oss", "head_dim": 64, "num_local_experts": 4,
+                         "layer_types": ["full_attention"] * 4, "rope_parameters": {"rope_type": "default"}},
+             "attention sinks")):
         model_dir = tmp_path / name
         model_dir.mkdir()
         plan = _with_model(model_dir, HOMO, {**llama, **cfg})

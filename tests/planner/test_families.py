@@ -119,6 +119,17 @@ PUBLISHED = {
                        "rope_theta": 1e6, "use_sliding_window": False, "sliding_window": None, "decoder_sparse_step": 1,
                        "mlp_only_layers": [], "tie_word_embeddings": False}, 30_532_122_624),
 }
+# gpt-oss: 20.91 B and 116.83 B parameters as OpenAI's model card gives them (its experts' weights published in MXFP4)
+_GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_attention_heads": 64,
+            "num_key_value_heads": 8, "head_dim": 64, "num_experts_per_tok": 4, "vocab_size": 201088,
+            "max_position_embeddings": 131072, "sliding_window": 128, "swiglu_limit": 7.0, "rope_theta": 150000,
+            "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "original_max_position_embeddings": 4096, "truncate": False},
+            "attention_bias": True, "tie_word_embeddings": False, "rms_norm_eps": 1e-5, "pad_token_id": 199999}
+PUBLISHED["gpt-oss-20b"] = ({**_GPT_OSS, "num_hidden_layers": 24, "num_local_experts": 32,
+                             "layer_types": ["sliding_attention", "full_attention"] * 12}, 20_914_757_184)
+PUBLISHED["gpt-oss-120b"] = ({**_GPT_OSS, "num_hidden_layers": 36, "num_local_experts": 128,
+                              "layer_types": ["sliding_attention", "full_attention"] * 18}, 116_829_156_672)
 
 
 def transformers_count(cfg: dict) -> int:
@@ -603,3 +614,59 @@ def test_exaone4_details(tmp_path):
     with pytest.raises(SailorError, match="sliding_window_pattern must be a positive integer or letters L "
                                           r"\(windowed\) and G \(full\), not 'LLXG'"):
         get_model(str(_write(tmp_path, {**cfg, "sliding_window_pattern": "LLXG"})))
+
+
+def test_gpt_oss_details(tmp_path):
+    """gpt-oss-20b's config as published (MXFP4 experts): every second block windowed to 128 tokens, YaRN,
+    attention sinks, biases on attention, router and experts, the clamped GLU; other quantizations and
+    transformers' pooled balancing loss are refused."""
+    cfg, _ = PUBLISHED["gpt-oss-20b"]
+    published = {**cfg, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}
+    model = get_model(str(_write(tmp_path, published)), seq_len=4096)
+    assert model.windows == (128, 0) * 12 and model.experts == 32 and model.experts_per_token == 4
+    assert model.attention_sinks and model.router_bias and model.mlp_bias and model.qkv_bias and model.out_bias
+    assert (model.glu_limit, model.glu_alpha, model.expert_renorm) == (7.0, 1.702, True)
+    scaling = dict(model.rope_scaling)
+    assert scaling["type"] == "yarn" and scaling["factor"] == 32 and scaling["attention_factor"] == \
+        pytest.approx(0.1 * math.log(32) + 1) and not scaling["truncate"]
+    # without layer_types, every second block is full (transformers' default)
+    assert get_model(str(_write(tmp_path, {k: v for k, v in cfg.items() if k != "layer_types"}))).windows == \
+        (128, 0) * 12
+    for change, needle in (({"quantization_config": {"quant_method": "gptq"}}, "quantization 'gptq' is not "
+                                                                                 "supported"),
+                           ({"quantization_config": {}}, "quantization_config names no quant_method"),
+                           ({"swiglu_limit": -1}, "swiglu_limit must be a positive number"),
+                           ({"swiglu_alpha": 1e31}, "swiglu_alpha 1e[+]31 is beyond 1e30"),
+                           ({"output_router_logits": True}, "--moe-aux-loss-coeff"),
+                           ({"partial_rotary_factor": 0.5}, "gpt_oss rotates whole heads"),
+                           ({"rope_parameters": {"full_attention": {"rope_type": "default"}}},
+                            "gpt_oss takes one rope_parameters for every block")):
+        with pytest.raises(SailorError, match=needle):
+            get_model(str(_write(tmp_path, {**cfg, **change})))
+
+
+@pytest.mark.parametrize("rope", [{"rope_scaling": {}}, {"rope_scaling": {"rope_theta": 1e4}},
+                                  {"rope_parameters": {}},
+                                  {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+                                   "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                    "original_max_position_embeddings": 16}},
+                                  {"num_experts": 4}],
+                         ids=["empty-scaling", "theta-in-scaling", "empty-parameters", "both", "experts-alias"])
+def test_gpt_oss_reads_its_rope_and_experts_as_transformers(rope, tmp_path):
+    """gpt-oss's positions and expert count as transformers reads them: an empty rope_scaling is no rope_scaling
+    (gpt-oss's YaRN), a rope_theta inside rope_scaling wins over the top-level one, an empty rope_parameters is
+    plain RoPE, a non-empty rope_scaling wins over rope_parameters; num_experts names num_local_experts. Ours from
+    the config as written equals ours from the config transformers saves from it."""
+    transformers = pytest.importorskip("transformers")
+    cfg = {k: v for k, v in PUBLISHED["gpt-oss-20b"][0].items() if k not in ("rope_scaling", "rope_theta")}
+    cfg = {**cfg, **rope}
+    if "num_experts" in cfg:
+        del cfg["num_local_experts"]
+    ours = get_model(str(_write(tmp_path, cfg)))
+    config = transformers.AutoConfig.for_model(**cfg)
+    assert (ours.rope_theta, dict(ours.rope_scaling).get("type", "default"), ours.experts) == \
+        (config.rope_parameters["rope_theta"], config.rope_parameters["rope_type"], config.num_local_experts)
+    config.save_pretrained(tmp_path / "saved")
+    theirs = get_model(str(tmp_path / "saved"))
+    assert replace(ours, name="").to_dict() == replace(theirs, name="").to_dict()

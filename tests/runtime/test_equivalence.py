@@ -342,6 +342,32 @@ def test_mixture_of_experts_plan_matches_single_process(name, runs_dir, referenc
             assert values == [None] * STEPS
 
 
+# gpt-oss's touches from the seed: attention sinks (split with the heads, run as one more key), windows on
+# alternate blocks, biases on the router (its gradient summed over TP) and the experts (fc1's split with its
+# rows, fc2's added by one TP rank), a clamp (0.1) that the gate and up values cross; under TP 4 and 2 with the
+# distributed optimizer, and with a stage that recomputes.
+GPT_OSS = {**LLAMA, "model_type": "gpt_oss", "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "sliding_window": 8, "swiglu_limit": 0.1}
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_config(tmp_path_factory):
+    config = tmp_path_factory.mktemp("gpt_oss") / "config.json"
+    config.write_text(json.dumps(GPT_OSS))
+    return config
+
+
+@pytest.mark.parametrize("name", ["tp_per_replica", "combined_recompute"])
+def test_gpt_oss_plan_matches_single_process(name, runs_dir, reference, gpt_oss_config):
+    plan = llama_plan(name, gpt_oss_config)
+    world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
+    sharded = ["--use-distributed-optimizer"] if name == "tp_per_replica" else []
+    run = run_plan(runs_dir / f"gpt_oss-{name}", plan, world, common_args(SGD) + sharded)
+    assert_ok(run)
+    ref = reference("gpt_oss-sgd", plan_dict([((0, 6), [1])], [(12, 1)], model=str(gpt_oss_config)), 1, SGD)
+    assert_same_training(run, ref)
+
+
 def test_fp16_loss_scale_scales_the_load_balancing_gradient(runs_dir, mixtral_config):
     """In fp16 the load-balancing loss's gradient takes the loss scale, as the token losses' does, and the
     optimizer's unscaling gives back fp32's gradient: with a coefficient large enough that balancing

@@ -146,3 +146,46 @@ def test_integer_weights_are_refused(tmp_path):
     save_file({"w": torch.ones(2, 2, dtype=torch.int64)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(SailorError, match="w holds torch.int64 values, not floating-point weights"):
         HFWeights(tmp_path).get("w")
+
+
+_EXPERTS = "model.layers.0.mlp.experts.down_proj"
+
+
+@pytest.mark.parametrize("blocks, scales, needle", [
+    ((2, 8, 2, 16), (2, 8), "are not MXFP4"),  # scales with fewer dimensions (an IndexError)
+    ((2, 8, 2, 16), (2, 9, 2), "are not MXFP4"),  # more rows of scales than of blocks (read past unnoticed)
+    ((2, 8, 2, 8), (2, 8, 2), "are not MXFP4"),  # 16 values per block, not 32
+    ((2, 8, 2, 16), "float", "hold torch.uint8 and torch.float32"),
+    ((2, 8, 2, 16), 255, "holds 255, MXFP4's NaN"),  # (dequantized to inf: a NaN loss, exit 0)
+], ids=["scales-2d", "scales-more-rows", "half-blocks", "float-scales", "nan-scale"])
+def test_malformed_mxfp4_experts_are_one_line(tmp_path, blocks, scales, needle):
+    """gpt-oss's MXFP4 expert tensors that are not MXFP4: one line naming the tensors."""
+    import torch
+    from safetensors.torch import save_file
+
+    from planner.errors import SailorError
+    from sailor_ext.hf import HFWeights
+
+    tensors = {f"{_EXPERTS}_blocks": torch.zeros(blocks, dtype=torch.uint8)}
+    tensors[f"{_EXPERTS}_scales"] = torch.zeros(blocks[:-1]) if scales == "float" else \
+        torch.full(blocks[:-1], 255, dtype=torch.uint8) if scales == 255 else torch.zeros(scales, dtype=torch.uint8)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(SailorError, match=needle) as e:
+        HFWeights(tmp_path).get(_EXPERTS, 1, 0, 40)
+    assert "\n" not in str(e.value)
+
+
+def test_an_index_naming_the_wrong_file_is_one_line(tmp_path):
+    """An index that places a tensor in a shard that lacks it raised safetensors' own error."""
+    import torch
+    from safetensors.torch import save_file
+
+    from planner.errors import SailorError
+    from sailor_ext.hf import INDEX_FILE, HFWeights
+
+    save_file({"a": torch.ones(2)}, str(tmp_path / "a.safetensors"))
+    save_file({"b": torch.ones(2)}, str(tmp_path / "b.safetensors"))
+    (tmp_path / INDEX_FILE).write_text(json.dumps({"weight_map": {"a": "a.safetensors", "b": "a.safetensors"}}))
+    with pytest.raises(SailorError, match="a.safetensors holds no tensor b, which model.safetensors.index.json "
+                                          "places there"):
+        HFWeights(tmp_path).get("b")

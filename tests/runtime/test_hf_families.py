@@ -17,7 +17,7 @@ microbatch sizes and counts (6 processes). We check, in fp32:
     by rounding; the tensor's norm covers them), and the exported
     directory loads with `from_pretrained` and gives the same logits.
 
-The mixtures of experts (Mixtral, Qwen2/3-MoE, OLMoE) route every token to 2 of 4 (3 of 6) experts, so
+The mixtures of experts (Mixtral, Qwen2/3-MoE, OLMoE, gpt-oss) route every token to 2 of 4 (3 of 6) experts, so
 routing, the router's gradient (summed over the TP ranks) and per-expert checkpoint tensors are
 exercised. The sequence (32) is longer than the sliding windows (8) of Mistral, Qwen3, Mixtral,
 Phi-3, Gemma 2 and 3, StarCoder2 and GPT-Neo, and longer than the original context (16) in
@@ -134,6 +134,13 @@ def _small(kind: str):
         # full one without
         return transformers.Exaone4Config(**llama, sliding_window=8, layer_types=[
             "sliding_attention", "full_attention"], pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    if kind == "gpt_oss":  # attention sinks; 4 experts, 2 per token, with biases and a clamp (0.3) that the
+        # gate and up values cross; the first block windowed; YaRN past its original context (16)
+        return transformers.GptOssConfig(**{**llama, "head_dim": 16}, num_local_experts=4, num_experts_per_tok=2,
+                                         sliding_window=8, swiglu_limit=0.3, rope_parameters={
+                                             "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                             "rope_theta": 1e4, "beta_fast": 32.0, "beta_slow": 1.0,
+                                             "truncate": False})
     if kind == "starcoder2":  # LayerNorms and linears with biases, a plain GELU MLP, grouped queries, windows
         return transformers.Starcoder2Config(**llama, sliding_window=8, bos_token_id=None, eos_token_id=None)
     if kind == "gemma":  # (1 + w) norms, scaled embeddings, GeGLU, heads wider than hidden / heads
@@ -167,8 +174,8 @@ SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "ex
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "arcee",
             "mixtral",
             "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2",
-            "gemma3", "starcoder2", "cohere", "cohere2", "glm", "glm4", "exaone4", "opt", "opt-350m", "gpt2",
-            "gpt_neo", "gpt_neox")
+            "gemma3", "starcoder2", "cohere", "cohere2", "glm", "glm4", "exaone4", "gpt_oss", "opt", "opt-350m",
+            "gpt2", "gpt_neo", "gpt_neox")
 
 
 def _hf_model(kind: str, directory):
@@ -200,8 +207,10 @@ def _hf_train(model, objective=None) -> tuple[list[float], list[float], dict[str
     RMS (Adam's sqrt(v)) reached eps. objective(model, tokens) -> (what backward starts from, the loss
     reported); default: the mean token loss for both."""
     params = list(model.parameters())
-    groups = [{"params": [p for p in params if p.dim() > 1], "weight_decay": WEIGHT_DECAY},
-              {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]
+    decays = {p for name, p in model.named_parameters() if p.dim() > 1 and not name.endswith("bias")}  # (gpt-oss's
+    # experts' biases are [E, ...])
+    groups = [{"params": [p for p in params if p in decays], "weight_decay": WEIGHT_DECAY},
+              {"params": [p for p in params if p not in decays], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=ADAM_EPS)
     losses, norms = [], []
     for step in range(STEPS):
@@ -323,6 +332,52 @@ def test_router_losses_are_transformers_per_sequence_and_token(kind, z, tmp_path
     assert [m.get("router_z") for m in run.metrics] == (pytest.approx(zs, rel=1e-5) if z else [None] * STEPS)
 
 
+def test_mxfp4_experts_load_as_transformers_dequantizes_them(tmp_path):
+    """gpt-oss's published experts are MXFP4 (`<name>_blocks`, `<name>_scales`). Random codes and scales in
+    their layout, read by our loader whole and in slices that cut through groups of 32, equal transformers'
+    dequantization (from_pretrained on the CPU) exactly; and the 6-rank plan trained from that checkpoint
+    takes transformers' dequantized model's losses and gradient norms."""
+    pytest.importorskip("accelerate")  # (transformers loads MXFP4 checkpoints with it)
+    from safetensors.torch import load_file, save_file
+
+    from planner.specs.model import get_model
+    from sailor_ext.hf import HFWeights
+
+    hf_dir = tmp_path / "hf"
+    _hf_model("gpt_oss", hf_dir)
+    tensors, generator = load_file(hf_dir / "model.safetensors"), torch.Generator().manual_seed(1)
+    for name in [n for n in tensors if n.endswith(("gate_up_proj", "down_proj"))]:
+        experts, rows, cols = tensors.pop(name).shape  # x @ W: quantized along the input dimension, rows
+        tensors[name + "_blocks"] = torch.randint(0, 256, (experts, cols, rows // 32, 16), generator=generator,
+                                                  dtype=torch.uint8)
+        tensors[name + "_scales"] = torch.randint(118, 124, (experts, cols, rows // 32), generator=generator,
+                                                  dtype=torch.uint8)  # 2^-9 .. 2^-4
+    save_file(tensors, hf_dir / "model.safetensors", {"format": "pt"})
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "mxfp4"}}))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    assert not any(n.endswith(("_blocks", "_scales")) for n, _ in reference.named_parameters())
+
+    ours = HFWeights(hf_dir)
+    for block in range(2):
+        experts = reference.model.layers[block].mlp.experts
+        gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()  # [4, 64, 192], [4, 96, 64]
+        name = f"model.layers.{block}.mlp.experts."
+        assert ours.shape(name + "gate_up_proj") == tuple(gate_up.shape)
+        assert torch.equal(ours.get(name + "gate_up_proj"), gate_up)
+        assert torch.equal(ours.get(name + "gate_up_proj", 2, 50, 130), gate_up[..., 50:130])
+        assert torch.equal(ours.get(name + "down_proj", 1, 40, 70), down[:, 40:70])  # within and across groups
+        assert torch.equal(ours.get(name + "down_proj", 0, 1, 3), down[1:3])
+    ours.close()
+
+    spec = get_model(str(hf_dir), seq_len=SEQ)
+    run = run_plan(tmp_path / "run", _plan(hf_dir, spec.num_layers), 6, _args(hf_dir))
+    assert_ok(run)
+    losses, norms, _ = _hf_train(reference)
+    assert [m["loss"] for m in run.metrics] == pytest.approx(losses, rel=1e-5)
+    assert [m["grad_norm"] for m in run.metrics] == pytest.approx(norms, rel=1e-5)
+
+
 def test_sharded_checkpoints_load_and_export(tmp_path):
     """A checkpoint saved in shards (with model.safetensors.index.json) loads under a plan,
     and `sailor export --max-shard-size` writes one that transformers loads."""
@@ -354,13 +409,13 @@ def test_sharded_checkpoints_load_and_export(tmp_path):
         torch.testing.assert_close(loaded(tokens).logits, reference(tokens).logits, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen3_moe", "gpt_oss"])
 def test_bf16_run_keeps_the_hf_weights_as_its_fp32_masters(kind, tmp_path):
     """--load-hf in a bf16 run: the fp32 Hugging Face weights become the masters as they are (the model
     computes with their bf16 rounding). With lr 0 one step leaves the masters unchanged, so the
     export gives back transformers' own tensors bitwise; the first loss is transformers' fp32 loss
-    within bf16's error (measured 6.1e-5 relative for LLaMA, 1.4e-5 for Gemma 2, 1.1e-5 for Qwen3-MoE;
-    tolerance 5e-4; see BF16_* in
+    within bf16's error (measured 6.1e-5 relative for LLaMA, 1.4e-5 for Gemma 2, 1.1e-5 for Qwen3-MoE,
+    1.5e-4 for gpt-oss; tolerance 5e-4; see BF16_* in
     test_equivalence.py)."""
     from planner.specs.model import get_model
 

@@ -316,3 +316,48 @@ def test_olmo2_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
         measured, counted = _block_saved_floats(variant)
         # (measured: per-head norms keep 4 values more per token, not counted; pre-norms 4h + 2 more, 4h counted)
         assert abs((measured - m0) - (counted - c0)) <= 0.02 * m0, (measured - m0, counted - c0)
+
+
+def test_gpt_oss_experts_keep_what_the_estimator_counts(world_of_one, tmp_path):
+    """gpt-oss's clamped GLU and its experts' biases each add to what a block keeps what the planner adds for
+    them (compared as differences, as for the other mixtures of experts; its attention with sinks runs
+    PyTorch's math kernel on CPU, not the CUDA one the estimate counts)."""
+    from dataclasses import replace
+
+    gpt_oss = _small_model({"model_type": "gpt_oss", "head_dim": 16, "sliding_window": 8, "num_local_experts": 4,
+                            "num_experts_per_tok": 2}, tmp_path)
+    m0, c0 = _block_saved_floats(gpt_oss)
+    for variant in (replace(gpt_oss, glu_limit=0.0), replace(gpt_oss, mlp_bias=False)):
+        measured, counted = _block_saved_floats(variant)
+        assert counted - c0 == pytest.approx(measured - m0, rel=1e-3), (measured - m0, counted - c0)
+
+
+@pytest.mark.parametrize("head_dim, window", [(24, None), (16, 5), (64, None)])
+def test_sink_attention_is_transformers_gpt_oss_attention(head_dim, window):
+    """Attention with sinks, run as one more key of PyTorch's fused attention, gives transformers' gpt-oss
+    attention (its eager function, the sinks concatenated to the scores), output and gradients of q, k, v and
+    the sinks, with grouped queries, with and without a window, for head widths that need padding and not."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("transformers")
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    from sailor_ext.attention import sink_attention, window_mask
+
+    torch.manual_seed(0)
+    b, heads, kv_heads, s = 2, 4, 2, 12
+    q, k, v = (torch.randn(b, n, s, head_dim, dtype=torch.float64, requires_grad=True)
+               for n in (heads, kv_heads, kv_heads))
+    sinks = torch.randn(heads, dtype=torch.float64, requires_grad=True)
+    scale = head_dim ** -0.5
+    hidden = window_mask(s, window or s, torch.device("cpu"))
+    ours = sink_attention(q, k, v, None if window is None else hidden, scale, sinks)  # [b, heads, s, d]
+    module = SimpleNamespace(sinks=sinks, num_key_value_groups=heads // kv_heads, training=False)
+    additive = torch.zeros(1, 1, s, s, dtype=torch.float64).masked_fill(hidden, torch.finfo(torch.float64).min)
+    theirs, _ = eager_attention_forward(module, q, k, v, additive, scaling=scale)  # [b, s, heads, d]
+    theirs = theirs.transpose(1, 2)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    grad = torch.randn_like(ours)
+    grads = [torch.autograd.grad(out, (q, k, v, sinks), grad) for out in (ours, theirs)]
+    for mine, reference in zip(*grads):
+        torch.testing.assert_close(mine, reference, rtol=1e-10, atol=1e-12)

@@ -2,7 +2,7 @@
 
 One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
 Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE and OLMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1,
-2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; exaone.py EXAONE 4; arcee.py; phi3.py,
+2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; exaone.py EXAONE 4; gpt_oss.py; arcee.py; phi3.py,
 starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything
 family-specific:
 
@@ -47,6 +47,9 @@ class WeightRule:
                  padding that the runtime adds (and export drops)
       experts    one tensor per expert -> all of them stacked, [E, ...]
       experts_gate_up  each expert's gate and up projections -> [E, 2, ffn, h]
+      experts_t  all experts' tensors stacked, each as x @ W: [E, in, out] -> [E, out, in]
+      experts_gate_up_alternating  all experts' fc1 as x @ W with gate and up columns alternating,
+                 [E, h, 2 ffn] -> [E, 2, ffn, h] (its bias [E, 2 ffn] -> [E, 2, ffn])
     """
 
     ours: str
@@ -72,12 +75,13 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import (arcee, cohere, exaone, gemma, glm, gpt2, gpt_neo, gpt_neox, llama, moe, olmo,
-                                        opt, phi3, starcoder2)
+    from planner.specs.families import (arcee, cohere, exaone, gemma, glm, gpt2, gpt_neo, gpt_neox, gpt_oss, llama, moe,
+                                        olmo, opt, phi3, starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, olmo.FAMILY,
                                 phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY, cohere.FAMILY, glm.FAMILY,
-                                exaone.FAMILY, arcee.FAMILY, opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
+                                exaone.FAMILY, gpt_oss.FAMILY, arcee.FAMILY, opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY,
+                                gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -236,6 +240,8 @@ HF_DEFAULTS = {
     "exaone4": {"num_key_value_heads": 32, "rms_norm_eps": 1e-5, "sliding_window": 4096},
     "ernie4_5": {"num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "pad_token_id": 0,
                  "tie_word_embeddings": True},
+    "gpt_oss": {"num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 150000.0,
+                "sliding_window": 128, "attention_bias": True, "intermediate_size": 2880},
 }
 # model types close to a supported one, and what to do instead
 _UNSUPPORTED = {"gemma3": "it is a multimodal Gemma 3; train its language model from a gemma3_text config (its "
@@ -251,4 +257,4 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "ernie4_5": "Ernie4_5ForCausalLM", "cohere2": "Cohere2ForCausalLM",
                   "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
                   "seed_oss": "SeedOssForCausalLM", "helium": "HeliumForCausalLM",
-                  "arcee": "ArceeForCausalLM"}
+                  "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM"}

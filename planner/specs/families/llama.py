@@ -35,17 +35,15 @@ _ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "origi
 
 
 def _rope(cfg) -> tuple[float, tuple]:
-    """(theta, scaling) from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older)."""
-    params = cfg.cfg.get("rope_parameters")
-    if params is None:
-        scaling = cfg.cfg.get("rope_scaling")
-        if scaling is not None and not isinstance(scaling, dict):
-            raise SailorError(f"model config {cfg.source}: rope_scaling must be an object, not {short(scaling)}")
-        params = dict(scaling or {})
-        if cfg.has("rope_theta"):
-            params["rope_theta"] = cfg.cfg["rope_theta"]
-    if not isinstance(params, dict):
-        raise SailorError(f"model config {cfg.source}: rope_parameters must be an object, not {short(params)}")
+    """(theta, scaling) from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older).
+    As transformers reads them: a non-empty rope_scaling wins over rope_parameters, and a rope_theta inside
+    the one read wins over the top-level one."""
+    for key in ("rope_scaling", "rope_parameters"):
+        if cfg.cfg.get(key) is not None and not isinstance(cfg.cfg[key], dict):
+            raise SailorError(f"model config {cfg.source}: {key} must be an object, not {short(cfg.cfg[key])}")
+    params = dict(cfg.cfg.get("rope_scaling") or cfg.cfg.get("rope_parameters") or {})
+    if cfg.has("rope_theta"):
+        params.setdefault("rope_theta", cfg.cfg["rope_theta"])
     kind = params.get("rope_type", params.get("type", "default"))
     if kind in ("su", "yarn") and cfg.cfg.get("model_type") == "phi3":  # Phi-3's early names for longrope
         kind = "longrope"

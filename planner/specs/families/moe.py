@@ -27,7 +27,8 @@ _LAYER = "model.layers.{i}."
 QWEN_DEFAULTS = {"qwen2_moe": (60, 4, 1408), "qwen3_moe": (128, 8, 768)}  # experts, per token, width (transformers')
 
 
-def from_hf(cfg, model_type: str) -> dict:
+def refuse_router_logits(cfg) -> None:
+    """transformers' load-balancing loss (output_router_logits) is refused, and the runtime's named instead."""
     if cfg.bool("output_router_logits", False):
         coeff = cfg.cfg.get("router_aux_loss_coef")
         coeff = f"{float(coeff):g}" if isinstance(coeff, (int, float)) and not isinstance(coeff, bool) and \
@@ -35,7 +36,14 @@ def from_hf(cfg, model_type: str) -> dict:
         raise SailorError(f"model config {cfg.source}: output_router_logits adds a load-balancing loss pooled over all "
                           "blocks and the whole batch, which no pipeline of microbatches computes; set it to false "
                           f"and balance per sequence with the training argument --moe-aux-loss-coeff {coeff}")
+
+
+def from_hf(cfg, model_type: str) -> dict:
+    refuse_router_logits(cfg)
     fields = llama.from_hf(cfg, model_type)
+    if fields["mlp_bias"]:
+        raise SailorError(f"model config {cfg.source}: {model_type}'s experts' linears have no biases; set mlp_bias "
+                          "to false")
     # the expert count: num_local_experts, or its alias num_experts (Qwen3-MoE's published configs)
     key = "num_local_experts" if cfg.has("num_local_experts") else "num_experts"
     if model_type == "mixtral":
