@@ -12,7 +12,7 @@ Every choice between families is a ModelSpec field, read here and nowhere
 else: the norm (LayerNorm or RMSNorm), pre- or post-norm blocks, the MLP
 (GELU, tanh-GELU, ReLU, or SwiGLU with fc1 = [gate; up]; a mixture of experts
 in moe.py), which linears have biases, grouped-query attention, per-head q/k
-norms (OLMo 2's across all heads), attention sinks (gpt-oss), rotary positions
+norms (OLMo 2's across all heads, Command R+'s one per head), attention sinks (gpt-oss), rotary positions
 (megatron's apply_rotary_pos_emb, frequencies from sailor_ext.attention; Gemma 3's
 and OLMo 3's windowed blocks have their own, unscaled), the attention scale,
 per-block attention windows, Gemma's touches ((1 + w) norms, a norm on each
@@ -160,7 +160,8 @@ def transformer_config(model: ModelSpec, tp: int, fusion: KernelFusion = KernelF
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
-        qk_layernorm=model.qk_norm and not model.qk_norm_full,  # (full-width q/k norms: WidthRMSNorm)
+        # (q/k norms across all heads, or with a weight per head: WidthRMSNorm, PerHeadNorm, set by Block)
+        qk_layernorm=model.qk_norm and not (model.qk_norm_full or model.qk_norm_per_head),
         rotary_interleaved=model.rotary_interleaved,
     )
     config.sailor_rope_fusion = fusion.rope  # read by _rotary below (megatron's own flag wants Transformer Engine)
@@ -261,6 +262,26 @@ class WidthRMSNorm(nn.Module):
         return (out * self.weight.float().view(x.shape[-2:])).type_as(x)
 
 
+class PerHeadNorm(nn.Module):
+    """Command R+'s q (k) norm: each head normalised over its head_dim with a weight of its own, [local heads,
+    head_dim], this TP rank's heads' rows. A LayerNorm without bias, or an RMSNorm as the model's norms are,
+    computed in fp32 with the weight applied before the cast back (transformers' CohereLayerNorm)."""
+
+    def __init__(self, local_heads: int, head_dim: int, rms: bool, eps: float):
+        super().__init__()
+        # built on the CPU, moved with the stage
+        self.weight = nn.Parameter(torch.ones(local_heads, head_dim, device=torch.device("cpu")))
+        self.rms, self.eps = rms, eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [s, b, local heads, head_dim]."""
+        x32 = x.float()
+        if not self.rms:
+            x32 = x32 - x32.mean(-1, keepdim=True)
+        out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * out).type_as(x)
+
+
 class Embedding(nn.Module):
     """Word embedding (vocabulary-parallel), OPT-350m's projection, learned positions."""
 
@@ -306,7 +327,7 @@ class Block(nn.Module):
         if model.input_norms:
             self.input_layernorm = norm(model, model.hidden)
         head_norm = (HeadOffsetRMSNorm if model.norm_offset else HeadRMSNorm) \
-            if model.qk_norm and not model.qk_norm_full else None
+            if model.qk_norm and not (model.qk_norm_full or model.qk_norm_per_head) else None
         attention = SelfAttentionSubmodules(
             linear_qkv=with_bias(ColumnParallelLinear, model.qkv_bias), core_attention=FusedCoreAttention,
             linear_proj=with_bias(RowParallelLinear, model.out_bias), q_layernorm=head_norm, k_layernorm=head_norm)
@@ -318,6 +339,10 @@ class Block(nn.Module):
         if model.qk_norm_full:  # megatron calls q_layernorm(query [s, b, heads, head_dim]) where set
             self.self_attention.q_layernorm = WidthRMSNorm(model.q_dim, spec.tp, model.norm_eps, pg.tp)
             self.self_attention.k_layernorm = WidthRMSNorm(model.kv_dim, spec.tp, model.norm_eps, pg.tp)
+        elif model.qk_norm_per_head:
+            self.self_attention.q_layernorm, self.self_attention.k_layernorm = (
+                PerHeadNorm(heads // spec.tp, model.head_dim, model.rms_norm, model.norm_eps)
+                for heads in (model.heads, model.num_query_groups))
         if model.input_norms and not model.shared_norm:
             self.pre_mlp_layernorm = norm(model, model.hidden)
         if model.experts:
@@ -497,8 +522,8 @@ class StageModel(nn.Module):
                 dim = None
                 if isinstance(module, ExpertWeights):
                     dim = module.partition_dim if pname == "weight" else module.bias_dim
-                elif isinstance(module, (WidthRMSNorm, FusedCoreAttention)):
-                    dim = 0  # split with the heads (OLMo 2's q/k norm weights, gpt-oss's sinks)
+                elif isinstance(module, (WidthRMSNorm, PerHeadNorm, FusedCoreAttention)):
+                    dim = 0  # split with the heads (OLMo 2's and Command R+'s q/k norm weights, gpt-oss's sinks)
                 elif isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
                     dim = 0  # output features / vocabulary rows (weight and bias)
                 elif isinstance(module, RowParallelLinear) and pname == "weight":

@@ -87,6 +87,9 @@ class ModelSpec:
     pad_token: int = -1  # the token whose embedding row gets no gradient (Hugging Face's padding_idx); -1: none
     qk_norm: bool = False  # an RMSNorm over each head's q and k, before rotary positions (Qwen3)
     qk_norm_full: bool = False  # the q (k) norm spans all heads together, its weight split over TP (OLMo 2, OLMoE)
+    # each head has a q (k) norm weight of its own, [heads, head_dim], split over TP with the heads; the norm is
+    # the model's (Command R+: LayerNorms without bias)
+    qk_norm_per_head: bool = False
     rotary_fraction: float = 1.0  # share of each head's dimensions that rotary positions rotate (partial rotary)
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX) instead of one after the other
     norm_offset: bool = False  # RMSNorms scale by (1 + w), w kept and initialised at 0 (Gemma)
@@ -155,7 +158,7 @@ class ModelSpec:
         if self.activation not in ACTIVATIONS:
             raise SailorError(f"model {self.name!r}: activation {self.activation!r} is not supported; use one of "
                               f"{', '.join(ACTIVATIONS)}")
-        if self.qk_norm and not self.rms_norm:
+        if self.qk_norm and not self.rms_norm and not self.qk_norm_per_head:
             raise SailorError(f"model {self.name!r}: per-head q/k norms are RMSNorms; a model with them has "
                               "RMSNorms (rms_norm)")
         for field in ("embedding_multiplier", "residual_multiplier", "logits_divisor", "glu_alpha"):
@@ -177,8 +180,12 @@ class ModelSpec:
                               "GLU (glu_limit) without experts")
         if self.glu_limit and not self.gated_mlp:
             raise SailorError(f"model {self.name!r}: a clamped GLU (glu_limit) is a gated MLP (gated_mlp)")
-        if self.qk_norm_full and not self.qk_norm:
-            raise SailorError(f"model {self.name!r}: q/k norms across all heads (qk_norm_full) are q/k norms (qk_norm)")
+        if (self.qk_norm_full or self.qk_norm_per_head) and not self.qk_norm or \
+                (self.qk_norm_full and self.qk_norm_per_head):
+            raise SailorError(f"model {self.name!r}: q/k norms across all heads (qk_norm_full) or with a weight per "
+                              "head (qk_norm_per_head) are q/k norms (qk_norm), and not both")
+        if self.qk_norm_per_head and not self.rms_norm and self.norm_bias:
+            raise SailorError(f"model {self.name!r}: per-head q/k LayerNorms have no bias (norm_bias)")
         if not self.input_norms and not self.sandwich_norm:
             raise SailorError(f"model {self.name!r}: a block without norms before its sublayers (input_norms) "
                               "normalises their outputs (sandwich_norm)")
@@ -352,8 +359,8 @@ class ModelSpec:
             return int(vocab * self.word_dim) + own_norm + projection
         # transformer block
         sharded, replicated = self._block_matmul_weights(), self.block_norms * self._norm_params()
-        if self.qk_norm_full:
-            sharded += self.q_dim + self.kv_dim  # two RMSNorm weights as wide as q and k, split with the heads
+        if self.qk_norm_full or self.qk_norm_per_head:
+            sharded += self.q_dim + self.kv_dim  # two norm weights as wide as q and k, split with the heads
         elif self.qk_norm:
             replicated += 2 * self.head_dim  # two RMSNorm weights, each shared by all heads of q (of k)
         replicated += self.experts * h + (h if self.shared_expert_ffn else 0)  # the router, the shared expert's gate

@@ -119,6 +119,12 @@ PUBLISHED = {
                        "rope_theta": 1e6, "use_sliding_window": False, "sliding_window": None, "decoder_sparse_step": 1,
                        "mlp_only_layers": [], "tie_word_embeddings": False}, 30_532_122_624),
 }
+# Command R+: 104 B as its model card rounds it; q and k normalised per head, each head with a weight of its own
+PUBLISHED["c4ai-command-r-plus"] = ({"model_type": "cohere", "hidden_size": 12288, "intermediate_size": 33792,
+                                     "num_hidden_layers": 64, "num_attention_heads": 96, "num_key_value_heads": 8,
+                                     "vocab_size": 256000, "max_position_embeddings": 131072, "use_qk_norm": True,
+                                     "logit_scale": 0.8333333333333334, "rope_theta": 75000000.0,
+                                     "layer_norm_eps": 1e-5, "tie_word_embeddings": True}, 103_810_674_688)
 # gpt-oss: 20.91 B and 116.83 B parameters as OpenAI's model card gives them (its experts' weights published in MXFP4)
 _GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_attention_heads": 64,
             "num_key_value_heads": 8, "head_dim": 64, "num_experts_per_tok": 4, "vocab_size": 201088,
@@ -379,8 +385,10 @@ def test_cohere_details(tmp_path):
     assert model.family == "cohere" and model.parallel_residual and model.shared_norm and model.rotary_interleaved
     assert not model.norm_bias and not model.rms_norm and model.logits_divisor == 16.0 and model.tied_embeddings
     assert model.params(1) - model._block_matmul_weights() == 8192  # one norm weight, no bias
-    with pytest.raises(SailorError, match="use_qk_norm .* is not supported"):
-        get_model(str(_write(tmp_path, {**cfg, "use_qk_norm": True})))
+    plus = get_model(str(_write(tmp_path, {**cfg, "use_qk_norm": True})))  # Command R+'s per-head q/k LayerNorms
+    assert plus.qk_norm and plus.qk_norm_per_head and plus.params(1, tp=2) - model.params(1, tp=2) == 128 * 64
+    with pytest.raises(SailorError, match="use_qk_norm must be true or false"):
+        get_model(str(_write(tmp_path, {**cfg, "use_qk_norm": 1})))
     with pytest.raises(SailorError, match="logit_scale must be a positive number, not 0"):
         get_model(str(_write(tmp_path, {**cfg, "logit_scale": 0})))
     assert model.total_params(padded=False) == transformers_count(cfg)

@@ -123,6 +123,9 @@ def _small(kind: str):
     if kind == "cohere":  # one LayerNorm without bias for attention and MLP side by side, adjacent pairs rotated
         return transformers.CohereConfig(**llama, logit_scale=0.25, pad_token_id=None, bos_token_id=None,
                                          eos_token_id=None)
+    if kind == "cohere-qk":  # Command R+'s per-head q/k LayerNorms, a weight for each head (split over TP)
+        return transformers.CohereConfig(**llama, logit_scale=0.25, use_qk_norm=True, pad_token_id=None,
+                                         bos_token_id=None, eos_token_id=None)
     if kind == "cohere2":  # Cohere's block; the first block windowed and rotated, the second full and without rotary
         return transformers.Cohere2Config(**llama, logit_scale=0.25, sliding_window=8, layer_types=[
             "sliding_attention", "full_attention"], pad_token_id=None, bos_token_id=None, eos_token_id=None)
@@ -172,10 +175,9 @@ LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one 
 # (Qwen3-MoE), 1.7e-5 (OLMo 3), 3.4e-5 (OLMo 2, in one run of several), 5.6e-5 (EXAONE 4)
 SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "exaone4")
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "arcee",
-            "mixtral",
-            "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2",
-            "gemma3", "starcoder2", "cohere", "cohere2", "glm", "glm4", "exaone4", "gpt_oss", "opt", "opt-350m",
-            "gpt2", "gpt_neo", "gpt_neox")
+            "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2",
+            "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4", "exaone4", "gpt_oss", "opt",
+            "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 def _hf_model(kind: str, directory):

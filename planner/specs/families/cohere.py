@@ -3,9 +3,9 @@ one shared LayerNorm without bias, x + attn(norm(x)) + mlp(norm(x)); rotary posi
 pairs of dimensions (interleaved); the logits multiplied by logit_scale; the head tied to the
 embedding by default. Cohere 2 (model_type cohere2: Command R7B, Command A) windows three blocks
 in four (layer_types, or sliding_window_pattern) and gives rotary positions to the windowed blocks
-only: its full-attention blocks have none (NoPE).
-
-Refused: use_qk_norm (Command R+'s q/k LayerNorms hold a weight per head).
+only: its full-attention blocks have none (NoPE). Command R+ (use_qk_norm) normalises each head's q and k
+with a LayerNorm without bias before the rotary positions, each head with a weight of its own
+(ModelSpec.qk_norm_per_head; transformers' q_norm and k_norm weights [heads, head_dim]).
 """
 from __future__ import annotations
 
@@ -30,9 +30,7 @@ def _cohere2_blocks(cfg, blocks: int) -> dict:
 
 
 def from_hf(cfg, model_type: str) -> dict:
-    if cfg.bool("use_qk_norm", False):
-        raise SailorError(f"model config {cfg.source}: use_qk_norm (per-head q/k LayerNorms, Command R+) is not "
-                          "supported")
+    qk_norm = model_type == "cohere" and cfg.bool("use_qk_norm", False)  # (Cohere 2 has no such field)
     heads = cfg.int("num_attention_heads")
     kv_heads = cfg.int("num_key_value_heads", heads)
     bias = cfg.bool("attention_bias", False)
@@ -47,7 +45,7 @@ def from_hf(cfg, model_type: str) -> dict:
         parallel_residual=True, shared_norm=True, rotary_interleaved=True,
         activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("layer_norm_eps", 1e-5),
         logits_divisor=1.0 / cfg.float("logit_scale", 0.0625), rope_theta=theta, rope_scaling=scaling,
-        pad_token=cfg.pad_token(0), **(_cohere2_blocks(cfg, blocks) if model_type == "cohere2" else {}),
+        pad_token=cfg.pad_token(0), qk_norm=qk_norm, qk_norm_per_head=qk_norm, **(_cohere2_blocks(cfg, blocks) if model_type == "cohere2" else {}),
     )
 
 
@@ -59,7 +57,8 @@ def to_hf(spec: ModelSpec) -> dict:
     if spec.rms_norm or spec.norm_bias or not (spec.parallel_residual and spec.shared_norm and
                                                spec.rotary_interleaved and spec.gated_mlp) or \
             spec.learned_positions or spec.projected or spec.head_dim_override or \
-            spec.attention_scale or spec.qk_norm or spec.mlp_bias or spec.qkv_bias != spec.out_bias or \
+            spec.attention_scale or spec.qk_norm != spec.qk_norm_per_head or spec.qk_norm_full or \
+            (spec.qk_norm and model_type == "cohere2") or spec.mlp_bias or spec.qkv_bias != spec.out_bias or \
             spec.rotary_fraction != 1 or spec.embedding_multiplier != 1 or spec.residual_multiplier != 1 or \
             ((spec.windows or spec.nope_blocks) and not cohere2):
         raise SailorError(f"{spec.name} cannot be written as a {model_type} config: its layers differ from "
@@ -78,7 +77,7 @@ def to_hf(spec: ModelSpec) -> dict:
         "logit_scale": 1.0 / spec.logits_divisor, "rope_parameters": llama.hf_rope(spec),
         "tie_word_embeddings": spec.tied_embeddings,
         "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
-        **({} if model_type == "cohere2" else {"use_qk_norm": False}),
+        **({} if model_type == "cohere2" else {"use_qk_norm": spec.qk_norm}),
     }
 
 
