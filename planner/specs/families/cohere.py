@@ -45,7 +45,8 @@ def from_hf(cfg, model_type: str) -> dict:
         parallel_residual=True, shared_norm=True, rotary_interleaved=True,
         activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("layer_norm_eps", 1e-5),
         logits_divisor=1.0 / cfg.float("logit_scale", 0.0625), rope_theta=theta, rope_scaling=scaling,
-        pad_token=cfg.pad_token(0), qk_norm=qk_norm, qk_norm_per_head=qk_norm, **(_cohere2_blocks(cfg, blocks) if model_type == "cohere2" else {}),
+        pad_token=cfg.pad_token(0), qk_norm=qk_norm, qk_norm_per_head=qk_norm,
+        **(_cohere2_blocks(cfg, blocks) if model_type == "cohere2" else {}),
     )
 
 
