@@ -97,6 +97,8 @@ def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torc
         return list(tensor.unbind(0))
     if op == "experts_gate_up":  # [E, 2, ffn, h] -> each expert's gate and up
         return [part for expert in tensor.unbind(0) for part in expert.unbind(0)]
+    if op == "experts_gate_up_cat":  # [E, 2, ffn, h] -> [E, 2 ffn, h]
+        return [tensor.flatten(1, 2)]
     if op == "experts_t":  # [E, out, in] -> [E, in, out]
         return [tensor.transpose(1, 2)]
     if op == "experts_gate_up_alternating":  # [E, 2, ffn, h] -> [E, h, 2 ffn]: column 2j gate row j, 2j + 1 up's
@@ -139,6 +141,10 @@ def local_slice(weights: "HFWeights", model: ModelSpec, rule: WeightRule, names:
     elif op == "experts_gate_up":  # logical [E, 2, ffn, h] split along ffn: each expert's gate and up rows
         rows = (None, None, None) if dim is None else (0, start, stop)
         out = torch.stack([weights.get(n, *rows) for n in names]).reshape(-1, 2, *shard.local_shape[2:])
+    elif op == "experts_gate_up_cat":  # logical [E, 2, ffn, h] split along ffn: gate rows lo..hi, up rows ffn + lo..hi
+        ffn = shard.logical_shape[2]
+        lo, hi = (0, ffn) if dim is None else (start, stop)
+        out = torch.stack([weights.get(names[0], 1, o + lo, o + hi) for o in (0, ffn)], dim=1)
     elif op == "experts_t":  # logical [E, out, in] split along `in` (dim 2): the columns of [E, in, out]
         out = weights.get(names[0], None if dim is None else 1, start, stop).transpose(1, 2)
     elif op == "experts_gate_up_alternating":  # logical [E, 2, ffn(, h)] split along ffn: columns 2 lo .. 2 hi

@@ -5,7 +5,8 @@ fp32, picks the k experts of highest probability, and the token's output is the 
 experts' outputs weighted by their probabilities (renormalised to sum to 1 where the model says
 so: ModelSpec.expert_renorm). Each expert is an MLP like a dense block's (SwiGLU or plain, no
 biases; gpt-oss's clamped GLU with biases, ModelSpec.glu_limit). Qwen2-MoE adds a shared expert that
-every token passes through, its output scaled by sigmoid(x . w_gate), a replicated linear hidden -> 1.
+every token passes through, its output scaled by sigmoid(x . w_gate), a replicated linear hidden -> 1;
+GraniteMoeShared's is added without a gate.
 
 Tensor parallelism is Megatron's expert tensor parallelism at the TP degree, without expert
 parallelism: every TP rank holds every expert, and of each its slice of fc1's rows ([gate; up] of
@@ -135,7 +136,8 @@ class MoE(nn.Module):
             self.shared_expert = nn.Module()
             self.shared_expert.linear_fc1 = ExpertWeights((2, fs, h) if self.gated else (fs, h), int(self.gated), tp)
             self.shared_expert.linear_fc2 = ExpertWeights((h, fs), 1, tp)
-            self.shared_gate = nn.Linear(h, 1, bias=False)
+            if model.shared_expert_gated:
+                self.shared_gate = nn.Linear(h, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
         shape = x.shape
@@ -166,7 +168,8 @@ class MoE(nn.Module):
             out.index_add_(0, tokens, (y * weights[picks, None]).to(out.dtype))
         if hasattr(self, "shared_expert"):
             shared = self._mlp(x, self.shared_expert.linear_fc1.weight, self.shared_expert.linear_fc2.weight)
-            out = out + torch.sigmoid(F.linear(x, self.shared_gate.weight)) * shared
+            out = out + (torch.sigmoid(F.linear(x, self.shared_gate.weight)) * shared if hasattr(self, "shared_gate")
+                         else shared)
         if hasattr(self.linear_fc2, "bias") and self.tp_rank == 0:  # fc2's biases, once: sum_k w_k b_(e_k)
             out = out + (weights.view(-1, self.top_k, 1) * self.linear_fc2.bias[chosen]).sum(dim=1).to(out.dtype)
         out = reduce_from_tensor_model_parallel_region(out, group=self.tp_group)

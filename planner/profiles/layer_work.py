@@ -146,11 +146,12 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
             fwd += 2 * e + 3 * 4 / d * e + mlps * 6 * h
             bwd += 2 * e + 3 * 4 / d * e + mlps * 12 * h
             k_f, k_b = k_f + 8 * e + 8, k_b + 16 * e + 8
-            if model.shared_expert_ffn:  # one more MLP of its width for every token, its output gated and added
-                fs = model.shared_expert_ffn
-                fwd += ((2 if gated else 1) * fs + fs + (3 if gated else 2) * fs) / t + 5 * h
-                bwd += (2 * ((2 if gated else 1) * fs + fs) + (5 if gated else 3) * fs) / t + 8 * h
-                k_f, k_b = k_f + 10, k_b + 20
+            if model.shared_expert_ffn:  # one more MLP of its width for every token, its output gated (the gate's
+                # linear, sigmoid and product: 2h fwd, 5h bwd, 3 and 6 kernels; GraniteMoeShared has none) and added
+                fs, gate = model.shared_expert_ffn, model.shared_expert_gated
+                fwd += ((2 if gated else 1) * fs + fs + (3 if gated else 2) * fs) / t + 3 * h + 2 * h * gate
+                bwd += (2 * ((2 if gated else 1) * fs + fs) + (5 if gated else 3) * fs) / t + 3 * h + 5 * h * gate
+                k_f, k_b = k_f + 7 + 3 * gate, k_b + 14 + 6 * gate
         if model.qk_norm:  # two more norms, over q and k (q + kv values per token, split over TP)
             fwd, bwd = fwd + norm_f * (q + kv) / t, bwd + norm_b * (q + kv) / t
             k_f, k_b = k_f + 2 * norm_kf, k_b + 2 * norm_kb

@@ -113,6 +113,7 @@ class ModelSpec:
     # a shared expert beside the routed ones (Qwen2-MoE): an MLP this wide that every token passes through, its
     # output scaled by sigmoid(x . w_gate) and added to the routed experts'; 0: none
     shared_expert_ffn: int = 0
+    shared_expert_gated: bool = True  # False: the shared expert's output is added as it is (GraniteMoeShared)
     router_bias: bool = False  # the router's linear has a bias (gpt-oss)
     # gpt-oss's experts: a clamped GLU, gate' = min(gate, limit), up' = clip(up, -limit, limit), out =
     # gate' * sigmoid(glu_alpha * gate') * (up' + 1); 0: activation(gate) * up
@@ -363,7 +364,8 @@ class ModelSpec:
             sharded += self.q_dim + self.kv_dim  # two norm weights as wide as q and k, split with the heads
         elif self.qk_norm:
             replicated += 2 * self.head_dim  # two RMSNorm weights, each shared by all heads of q (of k)
-        replicated += self.experts * h + (h if self.shared_expert_ffn else 0)  # the router, the shared expert's gate
+        # the router, the shared expert's gate
+        replicated += self.experts * h + (h if self.shared_expert_ffn and self.shared_expert_gated else 0)
         replicated += self.experts if self.router_bias else 0
         if self.attention_sinks:
             sharded += self.heads  # one logit per head, split with the heads
@@ -419,7 +421,7 @@ class ModelSpec:
             experts        over TP); fc1's output, the activation's and the product, 4f/t (SwiGLU;
                            2f/t plain); its routing weight 4/b and token index 8/b
             shared expert  fc1's output, the activation's and the product, 4f_s/t (2f_s/t plain), its
-                           output h and its gate's sigmoid, 1
+                           output h and its gate's sigmoid, 1 (GraniteMoeShared: no gate)
             gpt-oss        the clamped GLU keeps 7f/t in place of 4f/t; fc2's biases, one of h per
                            chosen expert, and the routing weights once more, 4k/b
         """
@@ -428,7 +430,7 @@ class ModelSpec:
         if self.glu_limit:  # fc1's output, the clamped gate, its sigmoid, the gate's product, up + 1, the output
             mlp = 7
         router = h + 4 * e / b + 16 * k / b + (4 * (k + 1) / b if self.expert_renorm else 0)
-        shared = mlp * self.shared_expert_ffn / tp + h + 1 if self.shared_expert_ffn else 0.0
+        shared = mlp * self.shared_expert_ffn / tp + h + self.shared_expert_gated if self.shared_expert_ffn else 0.0
         # fc2's bias of each chosen expert, gathered to be weighted, and the weights (fp32) that weight them
         biases = k * (h + 4 / b) if self.mlp_bias else 0.0
         return router + k * (3 * h + mlp * f / tp + 12 / b) + shared + biases
@@ -441,7 +443,8 @@ class ModelSpec:
         """Forward FLOPs per token of the whole layer (all TP ranks together)."""
         kind = self.kind(layer)
         if kind == BLOCK:  # the matmuls of attention, of each MLP a token passes through and the router; QK^T, AV
-            shared = self._mlp_weights(self.shared_expert_ffn) + self.hidden if self.shared_expert_ffn else 0
+            shared = self._mlp_weights(self.shared_expert_ffn) + self.hidden * self.shared_expert_gated \
+                if self.shared_expert_ffn else 0
             return 2.0 * (self._attention_weights() + self.active_mlps * self._mlp_weights() + self.experts *
                           self.hidden + shared) + 4.0 * self.seq_len * self.q_dim
         if kind == HEAD:

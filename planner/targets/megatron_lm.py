@@ -97,8 +97,10 @@ def megatron_model_args(model) -> list[str]:
                  f"--moe-ffn-hidden-size {model.ffn_hidden}"]
         if not model.expert_renorm:
             args.append("--moe-router-pre-softmax")
-        if model.shared_expert_ffn:  # Qwen2-MoE's, behind its sigmoid gate
-            args += [f"--moe-shared-expert-intermediate-size {model.shared_expert_ffn}", "--moe-shared-expert-gate"]
+        if model.shared_expert_ffn:  # Qwen2-MoE's behind its sigmoid gate; GraniteMoeShared's without
+            args.append(f"--moe-shared-expert-intermediate-size {model.shared_expert_ffn}")
+            if model.shared_expert_gated:
+                args.append("--moe-shared-expert-gate")
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     return args

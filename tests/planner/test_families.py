@@ -119,6 +119,14 @@ PUBLISHED = {
                        "rope_theta": 1e6, "use_sliding_window": False, "sliding_window": None, "decoder_sparse_step": 1,
                        "mlp_only_layers": [], "tie_word_embeddings": False}, 30_532_122_624),
 }
+# Granite-3.0-3B-A800M: 3.3 B as its model card rounds it; 40 experts, 8 per token, Granite's multipliers
+PUBLISHED["granite-3.0-3b-a800m"] = ({"model_type": "granitemoe", "hidden_size": 1536, "intermediate_size": 512,
+                                      "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+                                      "vocab_size": 49155, "max_position_embeddings": 4096, "num_local_experts": 40,
+                                      "num_experts_per_tok": 8, "embedding_multiplier": 12.0,
+                                      "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
+                                      "logits_scaling": 6.0, "tie_word_embeddings": True, "rope_theta": 10000.0,
+                                      "rms_norm_eps": 1e-6}, 3_298_793_472)
 # Command R+: 104 B as its model card rounds it; q and k normalised per head, each head with a weight of its own
 PUBLISHED["c4ai-command-r-plus"] = ({"model_type": "cohere", "hidden_size": 12288, "intermediate_size": 33792,
                                      "num_hidden_layers": 64, "num_attention_heads": 96, "num_key_value_heads": 8,
@@ -425,6 +433,10 @@ def test_moe_details(tmp_path):
     ("Qwen3-30B-A3B", {"moe_intermediate_size": 0}, "moe_intermediate_size must be a positive integer"),
     ("Qwen3-30B-A3B", {"model_type": "qwen2_moe", "shared_expert_intermediate_size": 1.5},
      "shared_expert_intermediate_size must be a positive integer"),
+    ("granite-3.0-3b-a800m", {"model_type": "granitemoeshared", "shared_intermediate_size": -64},
+     "shared_intermediate_size must be a positive integer"),
+    ("granite-3.0-3b-a800m", {"output_router_logits": True, "router_aux_loss_coef": 0.001},
+     "--moe-aux-loss-coeff 0.001"),
 ])
 def test_bad_moe_config_is_one_clear_error(tmp_path, name, change, needle):
     with pytest.raises(SailorError, match=needle):

@@ -26,6 +26,7 @@ LLaMA-3.1's and LongRoPE's rope scaling, so those paths are exercised; the vocab
 """
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -75,6 +76,12 @@ def _small(kind: str):
     if kind == "qwen2_moe":  # q/k/v biases, 4 experts, 2 per token, and a shared expert behind a sigmoid gate
         return transformers.Qwen2MoeConfig(**llama, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                                            shared_expert_intermediate_size=64)
+    if kind in ("granitemoe", "granitemoeshared"):  # Granite's multipliers; 4 experts, 2 per token, kept in one
+        # tensor per projection; a shared expert without a gate
+        config = transformers.GraniteMoeConfig if kind == "granitemoe" else functools.partial(
+            transformers.GraniteMoeSharedConfig, shared_intermediate_size=64)
+        return config(**{**llama, "intermediate_size": 48}, num_local_experts=4, num_experts_per_tok=2,
+                      embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0)
     if kind == "olmo2":  # norms after the sublayers only, q and k normalised across all heads (split over TP)
         return transformers.Olmo2Config(**llama, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     if kind == "olmo3":  # OLMo 2's block, one windowed and one full, a rotary base per layer type, YaRN on the full
@@ -175,9 +182,9 @@ LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one 
 # (Qwen3-MoE), 1.7e-5 (OLMo 3), 3.4e-5 (OLMo 2, in one run of several), 5.6e-5 (EXAONE 4)
 SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "exaone4")
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "arcee",
-            "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2",
-            "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4", "exaone4", "gpt_oss", "opt",
-            "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+            "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3",
+            "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4",
+            "exaone4", "gpt_oss", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 def _hf_model(kind: str, directory):

@@ -1,7 +1,7 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
 One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
-Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE and OLMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1,
+Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE, OLMoE and GraniteMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1,
 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; exaone.py EXAONE 4; gpt_oss.py; arcee.py; phi3.py,
 starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything
 family-specific:
@@ -47,6 +47,8 @@ class WeightRule:
                  padding that the runtime adds (and export drops)
       experts    one tensor per expert -> all of them stacked, [E, ...]
       experts_gate_up  each expert's gate and up projections -> [E, 2, ffn, h]
+      experts_gate_up_cat  all experts' fc1 stacked, each holding [gate; up] along its rows:
+                 [E, 2 ffn, h] -> [E, 2, ffn, h]
       experts_t  all experts' tensors stacked, each as x @ W: [E, in, out] -> [E, out, in]
       experts_gate_up_alternating  all experts' fc1 as x @ W with gate and up columns alternating,
                  [E, h, 2 ffn] -> [E, 2, ffn, h] (its bias [E, 2 ffn] -> [E, 2, ffn])
@@ -78,7 +80,8 @@ def _families() -> dict[str, Family]:
     from planner.specs.families import (arcee, cohere, exaone, gemma, glm, gpt2, gpt_neo, gpt_neox, gpt_oss, llama, moe,
                                         olmo, opt, phi3, starcoder2)
 
-    return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, olmo.FAMILY,
+    return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
+                                olmo.FAMILY,
                                 phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY, cohere.FAMILY, glm.FAMILY,
                                 exaone.FAMILY, gpt_oss.FAMILY, arcee.FAMILY, opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY,
                                 gpt_neox.FAMILY)}
@@ -257,4 +260,5 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "ernie4_5": "Ernie4_5ForCausalLM", "cohere2": "Cohere2ForCausalLM",
                   "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
                   "seed_oss": "SeedOssForCausalLM", "helium": "HeliumForCausalLM",
-                  "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+                  "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
+                  "granitemoeshared": "GraniteMoeSharedForCausalLM"}

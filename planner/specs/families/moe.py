@@ -1,13 +1,16 @@
-"""Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE: LLaMA's, Qwen2's, Qwen3's and OLMo 2's attention, a mixture of
-experts in place of the MLP.
+"""Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and GraniteMoE: LLaMA's, Qwen2's, Qwen3's, OLMo 2's and Granite's
+attention, a mixture of experts in place of the MLP.
 
 Every block's MLP is `experts` SwiGLU MLPs and a router (ModelSpec.experts; the runtime's
 sailor_ext/moe.py). Mixtral (num_local_experts, intermediate_size per expert) renormalises the
 chosen experts' probabilities; Qwen2/3-MoE (num_experts, moe_intermediate_size) and OLMoE
 (num_experts, intermediate_size) do where norm_topk_prob says so. Qwen2-MoE adds a shared expert
 (shared_expert_intermediate_size) gated by a sigmoid, and its q/k/v biases are `qkv_bias`. OLMoE
-normalises q and k across all heads, as OLMo 2 (olmo.py), with LLaMA's pre-norms. Checkpoints keep one tensor per expert
-(`experts.{e}.w1`, or `gate_proj`), as the published ones and transformers' save_pretrained do.
+normalises q and k across all heads, as OLMo 2 (olmo.py), with LLaMA's pre-norms. Checkpoints keep one tensor
+per expert (`experts.{e}.w1`, or `gate_proj`), as the published ones and transformers' save_pretrained do.
+GraniteMoE (num_local_experts, intermediate_size) is Granite's block (its multipliers, llama.py) with experts
+that renormalise, kept as one tensor per block and projection (input_linear [E, 2 ffn, h] holding [gate; up],
+output_linear [E, h, ffn]); GraniteMoeShared adds a shared expert (shared_intermediate_size) without a gate.
 
 Refused, each with the field that asks for it: transformers' load-balancing loss (output_router_logits),
 pooled over all blocks and the whole batch, which a pipeline of microbatches cannot compute (the
@@ -25,6 +28,7 @@ from planner.specs.model import ModelSpec
 
 _LAYER = "model.layers.{i}."
 QWEN_DEFAULTS = {"qwen2_moe": (60, 4, 1408), "qwen3_moe": (128, 8, 768)}  # experts, per token, width (transformers')
+GRANITE = ("granitemoe", "granitemoeshared")
 
 
 def refuse_router_logits(cfg) -> None:
@@ -40,7 +44,7 @@ def refuse_router_logits(cfg) -> None:
 
 def from_hf(cfg, model_type: str) -> dict:
     refuse_router_logits(cfg)
-    fields = llama.from_hf(cfg, model_type)
+    fields = llama.from_hf(cfg, "granite" if model_type in GRANITE else model_type)  # (Granite's multipliers)
     if fields["mlp_bias"]:
         raise SailorError(f"model config {cfg.source}: {model_type}'s experts' linears have no biases; set mlp_bias "
                           "to false")
@@ -50,6 +54,10 @@ def from_hf(cfg, model_type: str) -> dict:
         if cfg.cfg.get("router_jitter_noise") not in (None, 0, 0.0):
             raise SailorError(f"model config {cfg.source}: router_jitter_noise is not supported; set it to 0")
         experts, renorm, top_k = cfg.int(key, 8), True, cfg.int("num_experts_per_tok", 2)
+    elif model_type in GRANITE:
+        experts, renorm, top_k = cfg.int(key, 8), True, cfg.int("num_experts_per_tok", 2)
+        if model_type == "granitemoeshared" and cfg.cfg.get("shared_intermediate_size") not in (None, 0):  # 0: none
+            fields.update(shared_expert_ffn=cfg.int("shared_intermediate_size", 0), shared_expert_gated=False)
     elif model_type == "olmoe":
         if cfg.has("clip_qkv"):
             raise SailorError(f"model config {cfg.source}: clip_qkv is not supported; set it to null")
@@ -77,14 +85,24 @@ def to_hf(spec: ModelSpec) -> dict:
     if model_type == "mixtral" and (spec.qk_norm or spec.qkv_bias or not spec.expert_renorm):
         raise SailorError(f"{spec.name}: mixtral's config cannot express q/k norms, q/k/v biases or unrenormalised "
                           "expert weights")
+    if spec.shared_expert_ffn and {"qwen2_moe": True, "granitemoeshared": False}.get(model_type) != \
+            spec.shared_expert_gated:
+        raise SailorError(f"{spec.name}: {model_type}'s config cannot express its shared expert (qwen2_moe's is "
+                          "gated, granitemoeshared's is not, the others have none)")
+    if model_type in GRANITE and not spec.expert_renorm:
+        raise SailorError(f"{spec.name}: {model_type}'s config cannot express unrenormalised expert weights")
     # the attention's fields as the dense model of the same attention writes them (OLMoE's q/k norms: its own)
-    base = {"qwen3_moe": "qwen3", "qwen2_moe": "qwen2", "olmoe": "llama"}.get(model_type, "mistral")
-    cfg = llama.to_hf(replace(spec, experts=0, experts_per_token=0, shared_expert_ffn=0,
+    base = {"qwen3_moe": "qwen3", "qwen2_moe": "qwen2", "olmoe": "llama", "granitemoe": "granite",
+            "granitemoeshared": "granite"}.get(model_type, "mistral")
+    cfg = llama.to_hf(replace(spec, experts=0, experts_per_token=0, shared_expert_ffn=0, shared_expert_gated=True,
                               qk_norm=spec.qk_norm and base == "qwen3",
                               qk_norm_full=False, hf_model_type=base))
     cfg.update(model_type=model_type, num_experts_per_tok=spec.experts_per_token, output_router_logits=False)
     if model_type == "mixtral":
         cfg.update(num_local_experts=spec.experts, router_jitter_noise=0.0)
+    elif model_type in GRANITE:
+        cfg.pop("mlp_bias")
+        cfg.update(num_local_experts=spec.experts)
     else:
         cfg.update(num_experts=spec.experts, norm_topk_prob=spec.expert_renorm)
     if model_type in QWEN_DEFAULTS:
@@ -93,6 +111,8 @@ def to_hf(spec: ModelSpec) -> dict:
         cfg.update(shared_expert_intermediate_size=spec.shared_expert_ffn, qkv_bias=spec.qkv_bias)
     if model_type == "olmoe":
         cfg.update(clip_qkv=None)
+    if model_type == "granitemoeshared":
+        cfg.update(shared_intermediate_size=spec.shared_expert_ffn)
     return cfg
 
 
@@ -118,3 +138,10 @@ QWEN2_MOE = Family("qwen2_moe", ("qwen2_moe",), from_hf, to_hf, replace(QWEN3_MO
                                                        _LAYER + "mlp.shared_expert.up_proj.weight"), "gate_up"),
     WeightRule("mlp.shared_expert.linear_fc2.weight", (_LAYER + "mlp.shared_expert.down_proj.weight",)),
     WeightRule("mlp.shared_gate.weight", (_LAYER + "mlp.shared_expert_gate.weight",)))))
+GRANITE_MOE = Family("granitemoe", GRANITE, from_hf, to_hf, replace(llama.WEIGHTS, block=(
+    *(r for r in llama.WEIGHTS.block if not r.ours.startswith("mlp.")),
+    WeightRule("mlp.router.weight", (_LAYER + "block_sparse_moe.router.layer.weight",)),
+    WeightRule("mlp.linear_fc1.weight", (_LAYER + "block_sparse_moe.input_linear.weight",), "experts_gate_up_cat"),
+    WeightRule("mlp.linear_fc2.weight", (_LAYER + "block_sparse_moe.output_linear.weight",)),
+    WeightRule("mlp.shared_expert.linear_fc1.weight", (_LAYER + "shared_mlp.input_linear.weight",), "gate_up_cat"),
+    WeightRule("mlp.shared_expert.linear_fc2.weight", (_LAYER + "shared_mlp.output_linear.weight",)))))
