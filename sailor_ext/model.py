@@ -393,7 +393,7 @@ class FinalNorm(nn.Module):
 
 
 class Head(nn.Module):
-    """Final norm, projection to the embedding width, vocabulary-parallel output layer (then
+    """Final norm, projection to the embedding width, vocabulary-parallel output layer (with Phi's bias; then
     Granite's logits divisor and Gemma 2's cap on the logits, c * tanh(logits / c))."""
 
     def __init__(self, spec: StageSpec, config: TransformerConfig, tp_group, reuse_embedding: bool):
@@ -405,7 +405,7 @@ class Head(nn.Module):
         if model.projected:
             self.project_out = nn.Linear(model.hidden, model.word_dim, bias=False)
         self.output_layer = ColumnParallelLinear(
-            model.word_dim, spec.padded_vocab, config=config, init_method=None, bias=False,
+            model.word_dim, spec.padded_vocab, config=config, init_method=None, bias=model.head_bias,
             gather_output=False, skip_bias_add=False, skip_weight_param_allocation=reuse_embedding,
             tp_group=tp_group)
 

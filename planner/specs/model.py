@@ -101,6 +101,7 @@ class ModelSpec:
     local_rope_theta: float = 0.0  # rotary base of the windowed blocks, unscaled (Gemma 3); 0: as every block
     residual_multiplier: float = 1.0  # x + m * f(x): each sublayer's output scaled before its residual add (Granite)
     logits_divisor: float = 1.0  # the logits divided by it (Granite's logits_scaling; Cohere: 1 / logit_scale)
+    head_bias: bool = False  # the output layer has a bias, one per vocabulary row (Phi)
     norm_bias: bool = True  # LayerNorms have a bias (Cohere's have none)
     shared_norm: bool = False  # a parallel residual whose one norm feeds attention and MLP (Cohere)
     rotary_interleaved: bool = False  # rotary positions rotate adjacent pairs (2i, 2i + 1) (Cohere), not halves
@@ -173,6 +174,9 @@ class ModelSpec:
         if self.experts and not 1 <= self.experts_per_token <= self.experts:
             raise SailorError(f"model {self.name!r}: each token goes to 1 to {self.experts} of the {self.experts} "
                               f"experts, not {self.experts_per_token} (num_experts_per_tok)")
+        if self.head_bias and self.tied_embeddings:
+            raise SailorError(f"model {self.name!r}: a bias on the output layer (head_bias) with the head tied to the "
+                              "embedding is not supported")
         if self.shared_expert_ffn and self.mlp_bias:
             raise SailorError(f"model {self.name!r}: a shared expert's linears have no biases (mlp_bias)")
         if (self.experts_per_token or self.shared_expert_ffn or self.router_bias or self.glu_limit) and \
@@ -357,7 +361,7 @@ class ModelSpec:
             own_norm = self._norm_params() if self.final_norm and not self.separate_final_norm else 0
             if self.tied_embeddings:
                 return own_norm + projection  # the head reuses the embedding matrix
-            return int(vocab * self.word_dim) + own_norm + projection
+            return int(vocab * (self.word_dim + self.head_bias)) + own_norm + projection
         # transformer block
         sharded, replicated = self._block_matmul_weights(), self.block_norms * self._norm_params()
         if self.qk_norm_full or self.qk_norm_per_head:

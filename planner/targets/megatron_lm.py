@@ -53,7 +53,8 @@ def megatron_model_args(model) -> list[str]:
                           (not model.rms_norm and not model.norm_bias, "LayerNorms without bias"),
                           (model.rotary_interleaved, "rotary positions on adjacent pairs of dimensions"),
                           (model.nope_blocks, "blocks without rotary positions (NoPE)"),
-                          (model.attention_sinks, "attention sinks"), (model.router_bias, "a bias on the router"),
+                          (model.attention_sinks, "attention sinks"), (model.head_bias, "a bias on the output layer"),
+                          (model.router_bias, "a bias on the router"),
                           (model.experts and model.mlp_bias, "biases on the experts' linears"),
                           (model.glu_limit, "the clamped GLU of gpt-oss's experts")):
         if present:

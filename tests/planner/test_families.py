@@ -127,6 +127,13 @@ PUBLISHED["granite-3.0-3b-a800m"] = ({"model_type": "granitemoe", "hidden_size":
                                       "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
                                       "logits_scaling": 6.0, "tie_word_embeddings": True, "rope_theta": 10000.0,
                                       "rms_norm_eps": 1e-6}, 3_298_793_472)
+# phi-2: 2.7 B as its model card gives it; attention and MLP side by side, 40 % of each head rotated, a bias on the
+# output layer
+PUBLISHED["phi-2"] = ({"model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 32,
+                       "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 51200,
+                       "max_position_embeddings": 2048, "partial_rotary_factor": 0.4, "rope_theta": 10000.0,
+                       "layer_norm_eps": 1e-5, "hidden_act": "gelu_new", "tie_word_embeddings": False},
+                      2_779_683_840)
 # Command R+: 104 B as its model card rounds it; q and k normalised per head, each head with a weight of its own
 PUBLISHED["c4ai-command-r-plus"] = ({"model_type": "cohere", "hidden_size": 12288, "intermediate_size": 33792,
                                      "num_hidden_layers": 64, "num_attention_heads": 96, "num_key_value_heads": 8,
@@ -690,3 +697,24 @@ def test_gpt_oss_reads_its_rope_and_experts_as_transformers(rope, tmp_path):
     config.save_pretrained(tmp_path / "saved")
     theirs = get_model(str(tmp_path / "saved"))
     assert replace(ours, name="").to_dict() == replace(theirs, name="").to_dict()
+
+
+def test_phi_details(tmp_path):
+    """phi-2's block: one LayerNorm with bias for attention and MLP side by side, biases on every linear and on the
+    output layer; rotary positions on 40 % of each head; Megatron-LM's arguments cannot express the head's bias
+    (nor the parallel residual)."""
+    from planner.targets.megatron_lm import megatron_model_args
+
+    cfg, _ = PUBLISHED["phi-2"]
+    model = get_model(str(_write(tmp_path, cfg)))
+    assert model.parallel_residual and model.shared_norm and model.norm_bias and not model.rms_norm
+    assert model.head_bias and model.mlp_bias and model.rotary_dim == 32 and model.activation == "gelu_tanh"
+    head = model.num_layers - 1
+    assert model.params(head, tp=2) == (51200 * 2560 + 51200) // 2 + 2 * 2560  # the final LayerNorm is in the head
+    with pytest.raises(SailorError, match="a bias on the output layer"):
+        megatron_model_args(replace(model, parallel_residual=False, shared_norm=False, rotary_fraction=1.0))
+    for change, needle in (({"qk_layernorm": True}, "qk_layernorm .* is not supported for phi"),
+                           ({"partial_rotary_factor": 0}, "partial_rotary_factor must be above 0"),
+                           ({"tie_word_embeddings": True}, "a bias on the output layer .* tied")):
+        with pytest.raises(SailorError, match=needle):
+            get_model(str(_write(tmp_path, {**cfg, **change})))

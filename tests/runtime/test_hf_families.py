@@ -99,6 +99,10 @@ def _small(kind: str):
     if kind == "phi3":  # fused qkv and gate_up weights, half of each head rotated, a window on every block
         return transformers.Phi3Config(**llama, partial_rotary_factor=0.5, sliding_window=8, pad_token_id=None,
                                        bos_token_id=None, eos_token_id=None)
+    if kind == "phi":  # attention and MLP side by side on one LayerNorm, biases everywhere (the output layer's
+        # too), 40 % of each head rotated
+        return transformers.PhiConfig(**{**llama, "num_key_value_heads": 4}, partial_rotary_factor=0.4,
+                                      bos_token_id=None, eos_token_id=None)
     if kind == "gpt_neox":  # Pythia's: a quarter of each head rotated, attention and MLP side by side
         return transformers.GPTNeoXConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                           intermediate_size=96, rotary_pct=0.25, use_parallel_residual=True,
@@ -184,7 +188,7 @@ SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "ex
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "arcee",
             "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3",
             "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4",
-            "exaone4", "gpt_oss", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+            "exaone4", "gpt_oss", "phi", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 def _hf_model(kind: str, directory):

@@ -1,9 +1,9 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
 One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
-Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE, OLMoE and GraniteMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1,
-2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; exaone.py EXAONE 4; gpt_oss.py; arcee.py; phi3.py,
-starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything
+Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE, OLMoE and GraniteMoE; olmo.py OLMo 2 and 3; gemma.py
+Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; exaone.py EXAONE 4; gpt_oss.py;
+arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything
 family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
@@ -78,13 +78,12 @@ class Family:
 
 def _families() -> dict[str, Family]:
     from planner.specs.families import (arcee, cohere, exaone, gemma, glm, gpt2, gpt_neo, gpt_neox, gpt_oss, llama, moe,
-                                        olmo, opt, phi3, starcoder2)
+                                        olmo, opt, phi, phi3, starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
-                                olmo.FAMILY,
-                                phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY, cohere.FAMILY, glm.FAMILY,
-                                exaone.FAMILY, gpt_oss.FAMILY, arcee.FAMILY, opt.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY,
-                                gpt_neox.FAMILY)}
+                                olmo.FAMILY, phi.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
+                                cohere.FAMILY, glm.FAMILY, exaone.FAMILY, gpt_oss.FAMILY, arcee.FAMILY, opt.FAMILY,
+                                gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -261,4 +260,4 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
                   "seed_oss": "SeedOssForCausalLM", "helium": "HeliumForCausalLM",
                   "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
-                  "granitemoeshared": "GraniteMoeSharedForCausalLM"}
+                  "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM"}
