@@ -76,9 +76,9 @@ def sink_attention(q, k, v, mask: torch.Tensor | None, scale: float, sinks: torc
     The sink runs as one more key, first, visible to every query, with a value of 0: each query gains a
     dimension holding sink / scale and each key a 0 there, the sink's key a 1 (so q'.k' = q.k for the
     sequence's keys and sink / scale for the sink's, times scale), zeros padding the head to a multiple of
-    8 as fused kernels want. It is the sink added to one head's queries, so grouped keys stay grouped, and
-    PyTorch's fused kernels (with the explicit mask: the memory-efficient one on CUDA) never hold the
-    scores."""
+    8 as fused kernels want. The sink rides on each head's own queries, so keys that grouped heads share stay
+    shared, and PyTorch's fused kernels (with the explicit mask: the memory-efficient one on CUDA) never hold
+    the scores."""
     b, heads, s, d = q.shape
     pad = 8 - d % 8  # the sink's dimension, then zeros (ModelSpec.sink_dims)
     sink = (sinks.to(q.dtype) / scale).view(1, heads, 1, 1).expand(b, heads, s, 1)
