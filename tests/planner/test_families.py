@@ -718,3 +718,41 @@ def test_phi_details(tmp_path):
                            ({"tie_word_embeddings": True}, "a bias on the output layer .* tied")):
         with pytest.raises(SailorError, match=needle):
             get_model(str(_write(tmp_path, {**cfg, **change})))
+
+
+_SMALL = {"hidden_size": 64, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "vocab_size": 300, "max_position_embeddings": 64}
+_GRANITE_MOE = {**_SMALL, "model_type": "granitemoe", "num_key_value_heads": 2, "num_experts_per_tok": 2}
+
+
+@pytest.mark.parametrize("cfg", [
+    {**_GRANITE_MOE, "num_local_experts": 4, "sliding_window": 3},  # GraniteMoE has no windows: ignored
+    {**_GRANITE_MOE, "num_experts": 4},  # not an alias of num_local_experts there: its default, 8
+    {**_GRANITE_MOE, "num_local_experts": 4, "attention_multiplier": None},  # 1/sqrt(head_dim)
+    {**_SMALL, "model_type": "granite", "sliding_window": 3},
+    {**_SMALL, "model_type": "phi", "head_dim": 8, "partial_rotary_factor": 0.5},
+    {**_SMALL, "model_type": "phi", "partial_rotary_factor": 0.4,
+     "rope_scaling": {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.75}},
+    {**_SMALL, "model_type": "phi", "rope_scaling": {"type": "linear", "factor": 2.0},
+     "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.75}},
+    {**_SMALL, "model_type": "cohere", "head_dim": 8, "use_qk_norm": True},
+], ids=["granitemoe-window", "granitemoe-num-experts", "granitemoe-null-scale", "granite-window", "phi-head-dim",
+        "phi-rotary-in-scaling", "phi-scaling-wins", "cohere-head-dim"])
+def test_config_reads_as_transformers_builds_the_model(cfg, tmp_path):
+    """Fields that transformers reads, ignores or reads from another place (found by fuzzing): our model and
+    transformers' model of the same config.json agree on the head width, the rotated dimensions, the experts,
+    the attention scale and the windows."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    ours = get_model(str(_write(tmp_path, cfg)))
+    with torch.device("meta"):
+        live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+    attention = live.model.layers[0].self_attn
+    assert ours.q_dim == attention.q_proj.out_features
+    assert ours.rotary_dim == 2 * live.model.rotary_emb.inv_freq.numel()
+    assert ours.attention_scale == (attention.scaling if attention.scaling != attention.head_dim ** -0.5 and
+                                    attention.scaling is not None else 0.0)
+    assert not ours.windows and getattr(live.config, "layer_types", None) is None
+    if ours.experts:
+        assert ours.experts == live.model.layers[0].block_sparse_moe.router.weight.shape[0]

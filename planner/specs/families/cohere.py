@@ -31,13 +31,14 @@ def _cohere2_blocks(cfg, blocks: int) -> dict:
 
 def from_hf(cfg, model_type: str) -> dict:
     qk_norm = model_type == "cohere" and cfg.bool("use_qk_norm", False)  # (Cohere 2 has no such field)
-    heads = cfg.int("num_attention_heads")
+    heads, hidden = cfg.int("num_attention_heads"), cfg.int("hidden_size")
     kv_heads = cfg.int("num_key_value_heads", heads)
+    head_dim = cfg.int("head_dim") if cfg.has("head_dim") else 0  # (transformers reads it; else hidden / heads)
     bias = cfg.bool("attention_bias", False)
     theta, scaling = llama._rope(cfg)
     blocks = cfg.int("num_hidden_layers", hi=MAX_BLOCKS)
     return dict(
-        hidden=cfg.int("hidden_size"), num_blocks=blocks, heads=heads,
+        hidden=hidden, num_blocks=blocks, heads=heads, head_dim_override=0 if head_dim * heads == hidden else head_dim,
         ffn_hidden=cfg.int("intermediate_size"), vocab=cfg.int("vocab_size"),
         max_positions=cfg.int("max_position_embeddings"), kv_heads=0 if kv_heads == heads else kv_heads,
         tied_embeddings=cfg.bool("tie_word_embeddings", True), gated_mlp=True, learned_positions=False,
@@ -57,7 +58,7 @@ def to_hf(spec: ModelSpec) -> dict:
         spec.nope_blocks == tuple(i for i in range(spec.num_blocks) if i not in windowed)
     if spec.rms_norm or spec.norm_bias or not (spec.parallel_residual and spec.shared_norm and
                                                spec.rotary_interleaved and spec.gated_mlp) or \
-            spec.learned_positions or spec.projected or spec.head_dim_override or \
+            spec.learned_positions or spec.projected or \
             spec.attention_scale or spec.qk_norm != spec.qk_norm_per_head or spec.qk_norm_full or \
             (spec.qk_norm and model_type == "cohere2") or spec.mlp_bias or spec.qkv_bias != spec.out_bias or \
             spec.rotary_fraction != 1 or spec.embedding_multiplier != 1 or spec.residual_multiplier != 1 or \
@@ -71,7 +72,7 @@ def to_hf(spec: ModelSpec) -> dict:
                  "sliding_window": spec.window(windowed[0]) if windowed else None}
     return {
         **extra, "model_type": model_type, "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
-        "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups,
+        "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups, "head_dim": spec.head_dim,
         "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab,
         "max_position_embeddings": spec.context_length, "layer_norm_eps": spec.norm_eps,
         "hidden_act": ACTIVATION_TO_HF[spec.activation], "attention_bias": spec.qkv_bias,

@@ -139,7 +139,7 @@ def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
             return ()
         first = cfg.int("max_window_layers", blocks)
         layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(blocks)]
-    if model_type == "llama" and layer_types is None:
+    if model_type == "llama" and layer_types is None or model_type == "granite":  # (Granite's attention never windows)
         return ()
     if model_type == "smollm3":  # windows on the blocks without rotary positions, and only with use_sliding_window
         if not cfg.bool("use_sliding_window", False) or window is None:
@@ -218,9 +218,13 @@ def from_hf(cfg, model_type: str) -> dict:
 
 
 def _granite(cfg) -> dict:
+    """Granite's multipliers; an attention_multiplier set to null is PyTorch's default scale, 1/sqrt(head_dim), as
+    transformers passes it on (left out, it is 1)."""
+    null_scale = "attention_multiplier" in cfg.cfg and cfg.cfg["attention_multiplier"] is None
     return dict(embedding_multiplier=cfg.float("embedding_multiplier", 1.0),
                 residual_multiplier=cfg.float("residual_multiplier", 1.0),
-                attention_scale=cfg.float("attention_multiplier", 1.0), logits_divisor=cfg.float("logits_scaling", 1.0))
+                attention_scale=0.0 if null_scale else cfg.float("attention_multiplier", 1.0),
+                logits_divisor=cfg.float("logits_scaling", 1.0))
 
 
 def hf_rope(spec: ModelSpec) -> dict:

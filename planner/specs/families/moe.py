@@ -48,8 +48,8 @@ def from_hf(cfg, model_type: str) -> dict:
     if fields["mlp_bias"]:
         raise SailorError(f"model config {cfg.source}: {model_type}'s experts' linears have no biases; set mlp_bias "
                           "to false")
-    # the expert count: num_local_experts, or its alias num_experts (Qwen3-MoE's published configs)
-    key = "num_local_experts" if cfg.has("num_local_experts") else "num_experts"
+    # the expert count: num_local_experts, or its alias num_experts (Qwen3-MoE's published configs; not GraniteMoE's)
+    key = "num_local_experts" if cfg.has("num_local_experts") or model_type in GRANITE else "num_experts"
     if model_type == "mixtral":
         if cfg.cfg.get("router_jitter_noise") not in (None, 0, 0.0):
             raise SailorError(f"model config {cfg.source}: router_jitter_noise is not supported; set it to 0")

@@ -17,16 +17,19 @@ def from_hf(cfg, model_type: str) -> dict:
     if cfg.bool("qk_layernorm", False):
         raise SailorError(f"model config {cfg.source}: qk_layernorm (LayerNorms over q and k) is not supported for "
                           "phi; set it to false")
-    params = cfg.cfg.get("rope_parameters") if isinstance(cfg.cfg.get("rope_parameters"), dict) else {}
+    theta, scaling = llama._rope(cfg)  # (checks that rope_scaling and rope_parameters are objects)
+    # as transformers reads it: from the rope fields it reads (llama._rope), else the top-level field, else 0.5
+    params = cfg.cfg.get("rope_scaling") or cfg.cfg.get("rope_parameters") or {}
     fraction = params.get("partial_rotary_factor", cfg.cfg.get("partial_rotary_factor", 0.5))
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise SailorError(f"model config {cfg.source}: partial_rotary_factor must be above 0 and at most 1, not "
                           f"{short(fraction)}")
-    theta, scaling = llama._rope(cfg)
-    heads = cfg.int("num_attention_heads")
+    heads, hidden = cfg.int("num_attention_heads"), cfg.int("hidden_size")
     kv_heads = cfg.int("num_key_value_heads", heads)
+    head_dim = cfg.int("head_dim") if cfg.has("head_dim") else 0  # (transformers reads it; else hidden / heads)
     return dict(
-        hidden=cfg.int("hidden_size"), num_blocks=cfg.int("num_hidden_layers", hi=MAX_BLOCKS), heads=heads,
+        hidden=hidden, head_dim_override=0 if head_dim * heads == hidden else head_dim,
+        num_blocks=cfg.int("num_hidden_layers", hi=MAX_BLOCKS), heads=heads,
         ffn_hidden=cfg.int("intermediate_size"), vocab=cfg.int("vocab_size"),
         max_positions=cfg.int("max_position_embeddings"), kv_heads=0 if kv_heads == heads else kv_heads,
         tied_embeddings=cfg.bool("tie_word_embeddings", False), learned_positions=False, qkv_bias=True,
@@ -40,13 +43,14 @@ def to_hf(spec: ModelSpec) -> dict:
     if spec.rms_norm or not spec.norm_bias or spec.gated_mlp or spec.learned_positions or spec.windows or \
             spec.projected or spec.post_norm or not (spec.qkv_bias and spec.out_bias and spec.mlp_bias and
                                                      spec.head_bias and spec.parallel_residual and spec.shared_norm) \
-            or spec.head_dim_override or spec.separate_final_norm or spec.attention_scale or spec.qk_norm or \
+            or spec.separate_final_norm or spec.attention_scale or spec.qk_norm or \
             spec.rotary_interleaved or spec.experts or spec.nope_blocks:
         raise SailorError(f"{spec.name} cannot be written as a phi config: its layers differ from Phi's")
     return {
         "model_type": "phi", "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
         "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups,
         "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab, "max_position_embeddings": spec.context_length,
+        "head_dim": spec.head_dim,
         "layer_norm_eps": spec.norm_eps, "hidden_act": ACTIVATION_TO_HF[spec.activation],
         "rope_parameters": {**llama.hf_rope(spec), "partial_rotary_factor": spec.rotary_fraction},
         "tie_word_embeddings": spec.tied_embeddings, "qk_layernorm": False,
