@@ -313,25 +313,41 @@ AUX = ["--moe-aux-loss-coeff", "0.1"]
 Z = ["--moe-z-loss-coeff", "0.01"]
 
 
+# gpt-oss's touches from the seed: attention sinks (split with the heads, run as one more key), windows on
+# alternate blocks, biases on the router (its gradient summed over TP) and the experts (fc1's split with its
+# rows, fc2's added by one TP rank), a clamp (0.1) that the gate and up values cross; under the same two plans.
+GPT_OSS = {**LLAMA, "model_type": "gpt_oss", "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "sliding_window": 8, "swiglu_limit": 0.1}
+
+
 @pytest.fixture(scope="module")
-def mixtral_config(tmp_path_factory):
-    config = tmp_path_factory.mktemp("mixtral") / "config.json"
-    config.write_text(json.dumps(MIXTRAL))
-    return config
+def moe_configs(tmp_path_factory):
+    """config.json paths of the mixtures of experts tested here, by family."""
+    configs = {}
+    for family, fields in (("mixtral", MIXTRAL), ("gpt_oss", GPT_OSS)):
+        configs[family] = tmp_path_factory.mktemp(family) / "config.json"
+        configs[family].write_text(json.dumps(fields))
+    return configs
 
 
+@pytest.fixture(scope="module")
+def mixtral_config(moe_configs):
+    return moe_configs["mixtral"]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
 @pytest.mark.parametrize("name", ["tp_per_replica", "combined_recompute"])
-def test_mixture_of_experts_plan_matches_single_process(name, runs_dir, reference, mixtral_config):
-    config = mixtral_config
+def test_mixture_of_experts_plan_matches_single_process(family, name, runs_dir, reference, moe_configs):
+    config = moe_configs[family]
     plan = llama_plan(name, config)
     world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
     sharded = ["--use-distributed-optimizer"] if name == "tp_per_replica" else []
-    aux = AUX + Z if name == "combined_recompute" else []
-    run = run_plan(runs_dir / f"mixtral-{name}", plan, world, common_args(SGD + aux) + sharded)
+    aux = AUX + Z if name == "combined_recompute" and family == "mixtral" else []
+    run = run_plan(runs_dir / f"{family}-{name}", plan, world, common_args(SGD + aux) + sharded)
     assert_ok(run)
     assert ("distributed optimizer" in run.log(0)) == bool(sharded)
-    ref = reference("mixtral-sgd" + "-aux" * bool(aux), plan_dict([((0, 6), [1])], [(12, 1)], model=str(config)), 1,
-                    SGD + aux)
+    ref = reference(f"{family}-sgd" + "-aux" * bool(aux), plan_dict([((0, 6), [1])], [(12, 1)], model=str(config)),
+                    1, SGD + aux)
     assert_same_training(run, ref)
     for key in ("load_balance", "router_z"):
         values = [m.get(key) for m in run.metrics]
@@ -340,32 +356,6 @@ def test_mixture_of_experts_plan_matches_single_process(name, runs_dir, referenc
             assert all(v > 1 for v in values), (key, values)  # (uneven routing; z of 4 experts >= ln(4)^2)
         else:
             assert values == [None] * STEPS
-
-
-# gpt-oss's touches from the seed: attention sinks (split with the heads, run as one more key), windows on
-# alternate blocks, biases on the router (its gradient summed over TP) and the experts (fc1's split with its
-# rows, fc2's added by one TP rank), a clamp (0.1) that the gate and up values cross; under TP 4 and 2 with the
-# distributed optimizer, and with a stage that recomputes.
-GPT_OSS = {**LLAMA, "model_type": "gpt_oss", "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
-           "sliding_window": 8, "swiglu_limit": 0.1}
-
-
-@pytest.fixture(scope="module")
-def gpt_oss_config(tmp_path_factory):
-    config = tmp_path_factory.mktemp("gpt_oss") / "config.json"
-    config.write_text(json.dumps(GPT_OSS))
-    return config
-
-
-@pytest.mark.parametrize("name", ["tp_per_replica", "combined_recompute"])
-def test_gpt_oss_plan_matches_single_process(name, runs_dir, reference, gpt_oss_config):
-    plan = llama_plan(name, gpt_oss_config)
-    world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
-    sharded = ["--use-distributed-optimizer"] if name == "tp_per_replica" else []
-    run = run_plan(runs_dir / f"gpt_oss-{name}", plan, world, common_args(SGD) + sharded)
-    assert_ok(run)
-    ref = reference("gpt_oss-sgd", plan_dict([((0, 6), [1])], [(12, 1)], model=str(gpt_oss_config)), 1, SGD)
-    assert_same_training(run, ref)
 
 
 def test_fp16_loss_scale_scales_the_load_balancing_gradient(runs_dir, mixtral_config):

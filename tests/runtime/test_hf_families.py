@@ -255,19 +255,26 @@ def _plan(model_dir, num_layers: int) -> dict:
             "pipelines": [{"microbatch_size": m, "num_microbatches": n} for m, n in PIPELINES]}
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
-def test_family_trains_like_transformers(kind, tmp_path):
+def _trains_like_transformers(reference, hf_dir, tmp_path, *more: str, objective=None):
+    """Our 6-rank plan trained from hf_dir (with `more` arguments) against transformers training `reference`
+    (_hf_train): losses and gradient norms at rel 1e-5. Returns the run and _hf_train's settled elements."""
     from planner.specs.model import get_model
 
-    hf_dir = tmp_path / "hf"
-    reference = _hf_model(kind, hf_dir)
     spec = get_model(str(hf_dir), seq_len=SEQ)
-    run = run_plan(tmp_path / "run", _plan(hf_dir, spec.num_layers), 6, _args(hf_dir))
+    run = run_plan(tmp_path / "run", _plan(hf_dir, spec.num_layers), 6, _args(hf_dir, *more))
     assert_ok(run)
-    losses, norms, settled = _hf_train(reference)
+    losses, norms, settled = _hf_train(reference, objective)
     assert [m["loss"] for m in run.metrics] == pytest.approx(losses, rel=1e-5)
     # (Adam hides a gradient off by a constant factor from the weights; the norm does not)
     assert [m["grad_norm"] for m in run.metrics] == pytest.approx(norms, rel=1e-5)
+    return run, settled
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_family_trains_like_transformers(kind, tmp_path):
+    hf_dir = tmp_path / "hf"
+    reference = _hf_model(kind, hf_dir)
+    _, settled = _trains_like_transformers(reference, hf_dir, tmp_path)
 
     out = tmp_path / "exported"
     done = subprocess.run([sys.executable, "-m", "planner.cli", "export", str(tmp_path / "run" / "ckpt"),
@@ -319,9 +326,6 @@ def test_router_losses_are_transformers_per_sequence_and_token(kind, z, tmp_path
     reference = _hf_model(kind, hf_dir)
     spec = get_model(str(hf_dir), seq_len=SEQ)
     experts, k = spec.experts, spec.experts_per_token
-    run = run_plan(tmp_path / "run", _plan(hf_dir, spec.num_layers), 6,
-                   _args(hf_dir, "--moe-aux-loss-coeff", str(AUX_COEFF), *["--moe-z-loss-coeff", str(Z_COEFF)] * z))
-    assert_ok(run)
     balances, zs = [], []
 
     def objective(model, tokens):
@@ -337,9 +341,8 @@ def test_router_losses_are_transformers_per_sequence_and_token(kind, z, tmp_path
         zs.append(torch.stack(z_per_block).mean().item())
         return loss + AUX_COEFF * sum(per_block) + Z_COEFF * z * sum(z_per_block), loss
 
-    losses, norms, _ = _hf_train(reference, objective)
-    assert [m["loss"] for m in run.metrics] == pytest.approx(losses, rel=1e-5)
-    assert [m["grad_norm"] for m in run.metrics] == pytest.approx(norms, rel=1e-5)
+    run, _ = _trains_like_transformers(reference, hf_dir, tmp_path, "--moe-aux-loss-coeff", str(AUX_COEFF),
+                                       *["--moe-z-loss-coeff", str(Z_COEFF)] * z, objective=objective)
     assert [m["load_balance"] for m in run.metrics] == pytest.approx(balances, rel=1e-5)
     assert "load balance" in run.log(0)
     assert [m.get("router_z") for m in run.metrics] == (pytest.approx(zs, rel=1e-5) if z else [None] * STEPS)
@@ -353,7 +356,6 @@ def test_mxfp4_experts_load_as_transformers_dequantizes_them(tmp_path):
     pytest.importorskip("accelerate")  # (transformers loads MXFP4 checkpoints with it)
     from safetensors.torch import load_file, save_file
 
-    from planner.specs.model import get_model
     from sailor_ext.hf import HFWeights
 
     hf_dir = tmp_path / "hf"
@@ -383,12 +385,7 @@ def test_mxfp4_experts_load_as_transformers_dequantizes_them(tmp_path):
         assert torch.equal(ours.get(name + "down_proj", 0, 1, 3), down[1:3])
     ours.close()
 
-    spec = get_model(str(hf_dir), seq_len=SEQ)
-    run = run_plan(tmp_path / "run", _plan(hf_dir, spec.num_layers), 6, _args(hf_dir))
-    assert_ok(run)
-    losses, norms, _ = _hf_train(reference)
-    assert [m["loss"] for m in run.metrics] == pytest.approx(losses, rel=1e-5)
-    assert [m["grad_norm"] for m in run.metrics] == pytest.approx(norms, rel=1e-5)
+    _trains_like_transformers(reference, hf_dir, tmp_path)
 
 
 def test_sharded_checkpoints_load_and_export(tmp_path):

@@ -23,7 +23,7 @@ from dataclasses import replace
 from planner.errors import SailorError
 from planner.inputs import short
 from planner.specs.families import ConfigReader, Family, WeightRule, llama, moe
-from planner.specs.model import ModelSpec
+from planner.specs.model import MAX_BLOCKS, ModelSpec
 
 _LAYER = "model.layers.{i}."
 # transformers' GptOssConfig: rope_parameters when a config gives none (rope_theta: the top-level one, HF_DEFAULTS')
@@ -42,7 +42,7 @@ def from_hf(cfg, model_type: str) -> dict:
                           "unquantized weights or gpt-oss's own MXFP4 ones")
     moe.refuse_router_logits(cfg)
     fields = dict(cfg.cfg)
-    blocks = cfg.int("num_hidden_layers", hi=4096)
+    blocks = cfg.int("num_hidden_layers", hi=MAX_BLOCKS)
     if fields.get("layer_types") is None:  # every second block full, the others windowed
         fields["layer_types"] = llama.every_nth_full(blocks, 2)
     if fields.get("rope_parameters") is None:  # (a non-empty rope_scaling still wins: llama._rope)
