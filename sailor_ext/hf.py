@@ -45,8 +45,9 @@ def rule_for(model: ModelSpec, logical: str) -> tuple[WeightRule, int]:
     _, layer, path = logical.split(".", 2)
     layer = int(layer)
     kind = model.kind(layer)
+    dense = kind == BLOCK and model.dense(layer - 1)
     for rule in _rules(model, kind):
-        if rule.ours == path:
+        if rule.ours == path and rule.blocks in ("", "dense" if dense else "sparse"):
             return rule, layer - 1
     raise SailorError(f"the {model.family} family has no Hugging Face name for {logical}; "
                       "this model cannot be converted")

@@ -12,7 +12,8 @@ Every choice between families is a ModelSpec field, read here and nowhere
 else: the norm (LayerNorm or RMSNorm), pre- or post-norm blocks, the MLP
 (GELU, tanh-GELU, ReLU, or SwiGLU with fc1 = [gate; up]; a mixture of experts
 in moe.py), which linears have biases, grouped-query attention, per-head q/k
-norms (OLMo 2's across all heads, Command R+'s one per head), attention sinks (gpt-oss), rotary positions
+norms (OLMo 2's across all heads, Command R+'s one per head), attention sinks (gpt-oss), DeepSeek's latent
+attention (latent_attention.py) and its dense first blocks among experts, rotary positions
 (megatron's apply_rotary_pos_emb, frequencies from sailor_ext.attention; Gemma 3's
 and OLMo 3's windowed blocks have their own, unscaled), the attention scale,
 per-block attention windows, Gemma's touches ((1 + w) norms, a norm on each
@@ -69,6 +70,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 
 from planner.specs.model import BLOCK, EMBEDDING, FINAL_NORM, ModelSpec  # noqa: E402
 from sailor_ext.attention import FusedCoreAttention, rotary_embedding, rotary_mscale, window_mask  # noqa: E402
+from sailor_ext.latent_attention import LatentAttention  # noqa: E402
 from sailor_ext.moe import ExpertWeights, MoE  # noqa: E402
 from sailor_ext.sharding import ParamShard  # noqa: E402
 
@@ -334,8 +336,11 @@ class Block(nn.Module):
         if model.local_rope_theta and model.window(layer_number - 1):  # rotary positions of their own, unscaled
             config = copy.copy(config)
             config.sailor_rope_mscale = 1.0
-        self.self_attention = SelfAttention(config, attention, layer_number, attn_mask_type=AttnMaskType.causal,
-                                            pg_collection=pg)
+        if model.latent:
+            self.self_attention = LatentAttention(model, config, functools.partial(norm, model), layer_number, pg.tp)
+        else:
+            self.self_attention = SelfAttention(config, attention, layer_number, attn_mask_type=AttnMaskType.causal,
+                                                pg_collection=pg)
         if model.qk_norm_full:  # megatron calls q_layernorm(query [s, b, heads, head_dim]) where set
             self.self_attention.q_layernorm = WidthRMSNorm(model.q_dim, spec.tp, model.norm_eps, pg.tp)
             self.self_attention.k_layernorm = WidthRMSNorm(model.kv_dim, spec.tp, model.norm_eps, pg.tp)
@@ -345,13 +350,16 @@ class Block(nn.Module):
                 for heads in (model.heads, model.num_query_groups))
         if model.input_norms and not model.shared_norm:
             self.pre_mlp_layernorm = norm(model, model.hidden)
-        if model.experts:
+        if model.experts and not model.dense(layer_number - 1):
             self.mlp = MoE(model, spec.tp, pg.tp, ACTIVATIONS[model.activation], spec.moe_aux_loss_coeff,
                            spec.moe_z_loss_coeff, spec.tp_rank)
         else:
             mlp = MLPSubmodules(linear_fc1=with_bias(ColumnParallelLinear, model.mlp_bias),
                                 linear_fc2=with_bias(RowParallelLinear, model.mlp_bias))
-            self.mlp = MLP(config, mlp, ffn_hidden_size=model.ffn_hidden, tp_group=pg.tp)
+            if model.dense(layer_number - 1):  # DeepSeek's dense blocks (megatron's fc2 reads the config's width)
+                config = copy.copy(config)
+                config.ffn_hidden_size = model.dense_ffn
+            self.mlp = MLP(config, mlp, ffn_hidden_size=config.ffn_hidden_size, tp_group=pg.tp)
         if model.sandwich_norm:
             self.post_attention_layernorm = norm(model, model.hidden)
             self.post_mlp_layernorm = norm(model, model.hidden)
@@ -559,7 +567,7 @@ def init_tensor(name: str, shape: tuple[int, ...], seed: int, num_blocks: int,
     """The full logical tensor `name`, drawn from its own seeded generator (norms scale by 1: a
     weight of 1, or of 0 where they scale by 1 + w)."""
     leaf = name.rsplit(".", 1)[-1]
-    if leaf == "bias":
+    if leaf in ("bias", "score_bias"):
         return torch.zeros(shape)
     if "layernorm" in name:
         return torch.zeros(shape) if norm_offset else torch.ones(shape)

@@ -1,4 +1,4 @@
-"""A block's mixture-of-experts MLP (Mixtral, Qwen2/3-MoE, OLMoE, gpt-oss), sharded over the TP group.
+"""A block's mixture-of-experts MLP (Mixtral, Qwen2/3-MoE, OLMoE, gpt-oss, DeepSeek), sharded over the TP group.
 
 A router (a linear hidden -> E experts, with a bias in gpt-oss) scores each token; the softmax of its scores, in
 fp32, picks the k experts of highest probability, and the token's output is the sum of those
@@ -6,7 +6,9 @@ experts' outputs weighted by their probabilities (renormalised to sum to 1 where
 so: ModelSpec.expert_renorm). Each expert is an MLP like a dense block's (SwiGLU or plain, no
 biases; gpt-oss's clamped GLU with biases, ModelSpec.glu_limit). Qwen2-MoE adds a shared expert that
 every token passes through, its output scaled by sigmoid(x . w_gate), a replicated linear hidden -> 1;
-GraniteMoeShared's is added without a gate.
+GraniteMoeShared's and DeepSeek's are added without a gate. DeepSeek-V3 scores with sigmoids, chooses by
+scores plus a fixed bias per expert among the best groups of experts (_sigmoid_route); DeepSeek-V2 chooses
+among the groups of the highest probabilities; both scale the chosen weights.
 
 Tensor parallelism is Megatron's expert tensor parallelism at the TP degree, without expert
 parallelism: every TP rank holds every expert, and of each its slice of fc1's rows ([gate; up] of
@@ -26,7 +28,9 @@ Two router losses, each off by default, join the objective, per MoE block:
   * load balancing (--moe-aux-loss-coeff c): for each sequence of the global batch, c / B times its
     balance E / (s k) * sum_e n_e P_e (1 when routing is even), with B the global batch in
     sequences, s tokens per sequence, n_e the (token, slot) pairs routed to expert e and P_e its mean
-    router probability over the sequence's tokens; only P_e carries a gradient. This is Megatron-LM's
+    router probability over the sequence's tokens; only P_e carries a gradient. (A sigmoid router's
+    probabilities are its scores normalised per token, and n_e counts each token's top k of them, as
+    DeepSeek-V3's sequence-wise loss and Megatron-LM have it.) This is Megatron-LM's
     seq_aux_loss, and for one sequence and one block transformers' load-balancing loss divided by k.
     Per sequence, it is the same loss under every plan, whatever the microbatching; transformers' own
     (output_router_logits) pools all blocks and the whole batch, which no pipeline of microbatches
@@ -128,6 +132,11 @@ class MoE(nn.Module):
         self.glu_limit, self.glu_alpha = model.glu_limit, model.glu_alpha
         self.activation, self.tp_group = activation, tp_group
         self.router = nn.Linear(h, experts, bias=model.router_bias)
+        self.sigmoid, self.groups, self.groups_per_token = model.router_sigmoid, model.expert_groups, \
+            model.expert_groups_per_token
+        self.routed_scale = model.routed_scale
+        if model.expert_score_bias:  # fixed: it only chooses, so no gradient reaches it (as transformers' buffer)
+            self.router.score_bias = nn.Parameter(torch.zeros(experts, device=torch.device("cpu")))
         fc1 = (experts, 2, f, h) if self.gated else (experts, f, h)
         self.linear_fc1 = ExpertWeights(fc1, len(fc1) - 2, tp, fc1[:-1] if model.mlp_bias else (), len(fc1) - 2)
         self.linear_fc2 = ExpertWeights((experts, h, f), 2, tp, (experts, h) if model.mlp_bias else ())
@@ -144,12 +153,14 @@ class MoE(nn.Module):
         # [tokens, h]; backward all-reduces the gradient the router and the experts send to it
         x = copy_to_tensor_model_parallel_region(x.reshape(-1, shape[-1]), group=self.tp_group)
         logits = F.linear(x, self.router.weight, self.router.bias).float()
-        probs = torch.softmax(logits, dim=-1)
-        weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # [tokens, k], fp32
-        losses = self._router_losses(logits, probs, chosen, shape[1]) \
+        # [tokens, k] fp32 weights and experts; what the balancing loss reads (probabilities, experts)
+        weights, chosen, probs, counted = (self._sigmoid_route if self.sigmoid else self._softmax_route)(logits)
+        losses = self._router_losses(logits, probs, counted, shape[1]) \
             if (self.aux_loss_coeff or self.z_loss_coeff) and torch.is_grad_enabled() else None
         if self.renorm:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if self.sigmoid else 0.0))
+        if self.routed_scale != 1:
+            weights = weights * self.routed_scale
         # the (token, slot) pairs grouped by expert, experts in order (transformers' order of summation)
         flat = chosen.flatten()
         order = torch.argsort(flat, stable=True)
@@ -176,6 +187,41 @@ class MoE(nn.Module):
         if losses is not None:
             out = _RouterLossGradient.apply(out, *losses, self)
         return out.view(shape), None
+
+    def _softmax_route(self, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The top k of the softmax probabilities (DeepSeek-V2's group-limited routing: among the groups_per_token
+        groups whose best probability is highest). Returns (weights, chosen [tokens, k], the probabilities and
+        each token's top k of them, ungrouped, which the balancing loss reads, as Megatron-LM's does)."""
+        probs = torch.softmax(logits, dim=-1)
+        if self.groups == 1:
+            weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+            return weights, chosen, probs, chosen
+        weights, chosen = torch.topk(self._best_groups(probs, probs.view(probs.size(0), self.groups, -1).amax(dim=-1),
+                                                       0.0), self.top_k, dim=-1)
+        return weights, chosen, probs, torch.topk(probs, self.top_k, dim=-1).indices
+
+    def _sigmoid_route(self, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """DeepSeek-V3's routing: scores sigmoid(logits); the experts chosen by scores + the fixed score bias,
+        among the groups_per_token groups whose two best biased scores sum highest; each chosen expert weighed
+        by its unbiased score. Returns (weights, chosen [tokens, k], and what the balancing loss reads, as
+        DeepSeek-V3's sequence-wise loss and Megatron-LM define it: the scores normalised to sum to 1 per token
+        as probabilities, and each token's top k of them, unbiased and ungrouped, as its experts)."""
+        scores = torch.sigmoid(logits)
+        choice = scores + self.router.score_bias.float() if hasattr(self.router, "score_bias") else scores
+        if self.groups > 1:
+            group_scores = choice.view(choice.size(0), self.groups, -1).topk(2, dim=-1).values.sum(dim=-1)
+            choice = self._best_groups(choice, group_scores, float("-inf"))
+        chosen = torch.topk(choice, self.top_k, dim=-1).indices
+        probs = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
+        return scores.gather(1, chosen), chosen, probs, torch.topk(probs, self.top_k, dim=-1).indices
+
+    def _best_groups(self, scores: torch.Tensor, group_scores: torch.Tensor, fill: float) -> torch.Tensor:
+        """scores [tokens, E] with those outside each token's groups_per_token best groups (by group_scores
+        [tokens, groups]) set to `fill`."""
+        best = torch.topk(group_scores, self.groups_per_token, dim=-1).indices
+        kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        grouped = scores.view(scores.size(0), self.groups, -1)
+        return grouped.masked_fill(~kept.unsqueeze(-1), fill).view_as(scores)
 
     def start_step(self, loss_scale: float, sequences: int, tokens: int) -> None:
         """The step's global batch (B sequences, T tokens) and loss scale. Every TP rank computes the same

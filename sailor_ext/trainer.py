@@ -336,7 +336,7 @@ class Trainer:
         self.grad_sync.zero_grad()
         self.step += 1
         self.consumed += self.plan.global_batch_size
-        blocks, batch = self.model_spec.num_blocks, self.plan.global_batch_size
+        blocks, batch = self.model_spec.sparse_blocks, self.plan.global_batch_size
         return StepResult(self.step, lr, stats, start, skipped, scale if self.scaler is not None else None,
                           blocks * batch if self.args.moe_aux_loss_coeff else 0,
                           blocks * batch * self.model_spec.seq_len if self.args.moe_z_loss_coeff else 0)

@@ -160,6 +160,10 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
                        16-bit), S = heads * s
         sinks          (gpt-oss) fused too, with q and k wider by the sink's dimension and padding,
                        (q + kv)/t * sink_dims / head_dim more
+        latent         (DeepSeek) Q and K each q/t wide, V and the output c/t (c = heads * v_head_dim);
+                       replicated, the latents' norms as the block's, 3(r_q + r_kv), and the shared
+                       rotary key beside the kv latent, rope_head_dim
+    A dense block among experts (DeepSeek's first) keeps what a dense model's block of its width keeps.
 
     The fused attention keeps no probabilities: one log-sum-exp per head and token (not counted,
     1/s of them). Measured on one H100 (bf16, bench/results/h100-2026-11-28): OPT-350m and
@@ -169,12 +173,17 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
     rotary angles and the mask, which do not grow with the batch."""
     if RUNTIME_WORK[runtime].attention == "eager" or model.kind(layer) != BLOCK:
         return model.activation_floats(layer, tp)
+    if model.dense(layer - 1):
+        model = model.dense_view
     pre = 3 if model.rms_norm else 2
     before = ((1 if model.shared_norm else 2) if model.input_norms else 0)  # norms before the sublayers; sandwich after
     inputs = 0 if model.input_norms else 2  # without pre-norms the sublayers' first linears keep their inputs
     norms = (before * pre + (model.block_norms - before) * (pre - 1) + inputs) * model.hidden
     kv = model.q_dim if model.attn_softcap else model.kv_dim
     attention = (model.q_dim + 2 * kv) + model.q_dim
+    if model.latent:
+        attention = 2 * (model.q_dim + model.context_dim)
+        norms += pre * (model.q_lora_rank + model.kv_lora_rank) + model.rope_head_dim
     if model.attention_sinks:  # q and k widened by the sink's dimension and padding (sailor_ext.attention)
         attention += (model.q_dim + model.kv_dim) * model.sink_dims / model.head_dim
     if model.qk_norm:  # the q and k norms' inputs and normalised values (rotary keeps none of its input)
@@ -223,15 +232,17 @@ def estimate_profile(model: ModelSpec, gpu: GPUSpec, precision: str = "fp32",
 
 def same_work(model: ModelSpec, layer: int, runtime: str = DEFAULT_RUNTIME) -> tuple:
     """Layers with equal keys do the same work: one of each kind, a block without rotary positions
-    apart from one with, and under fused attention a windowed block apart from a causal one (eager
-    attention, and capped attention, compute the whole square either way)."""
+    apart from one with, a dense block among experts apart from a sparse one, and under fused attention a
+    windowed block apart from a causal one (eager attention, and capped attention, compute the whole square
+    either way)."""
     kind = model.kind(layer)
     if kind != BLOCK:
         return (kind,)
     rotary = model.rotary(layer - 1)
+    dense = model.dense(layer - 1)
     if RUNTIME_WORK[runtime].attention == "eager" or model.attn_softcap:
-        return (kind, rotary)
-    return (kind, rotary, 0 < model.window(layer - 1) < model.seq_len)
+        return (kind, rotary, dense)
+    return (kind, rotary, dense, 0 < model.window(layer - 1) < model.seq_len)
 
 
 def per_layer(model: ModelSpec, runtimes: tuple[str, ...], fn) -> list:

@@ -52,6 +52,14 @@ operands of the linear layers:
              sink_dims; the clamped GLU: 10 f/t fwd, 20 f/t bwd per expert a token passes
              through, 5 and 10 kernels per expert
 
+  DeepSeek   latent attention: the down-projections read h twice and write the q and kv latents
+             and the shared rotary key (r_q + r_kv + r, read again by the up-projections), whose
+             outputs are q/t and [k; v] per head/t; two norms over the latents, replicated; q, k
+             and v put together, (4q + 2c)/t each way, 3 kernels; rotary on r dimensions per head
+             and the shared key; V and the context c = heads * v_head_dim wide. Its router: the
+             score bias and the group choice, 3 x 4E/d forward; its dense blocks count as a dense
+             model's
+
 plus, once per microbatch, every weight read (fwd), and read with its
 gradient accumulated (bwd): params/t x dtype bytes [B] (x2 backward).
 
@@ -120,20 +128,33 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
     if attention not in ATTENTION:
         raise ValueError(f"unknown attention {attention!r}; one of {ATTENTION}")
     if kind == BLOCK:
+        if model.dense(layer - 1):  # DeepSeek's dense blocks: a dense model's block of their width
+            model = model.dense_view
         weights = model.params(layer, tp) * d  # [B]
         q, kv, f, f_in = model.q_dim, model.kv_dim, model.ffn_hidden, model._mlp_in()
+        c = model.context_dim  # V's and the context's width (q for all but latent attention)
         scores = model.heads * model.seq_len  # S
         fused = d < 4  # Megatron's fused softmax takes 16-bit inputs only; fp32 runs PyTorch's ops
         rotary = model.rotary(layer - 1)
         rope = 6.0 * (q + kv) / t * model.rotary_fraction if rotary else 0.0
         gated, mlps = model.gated_mlp, model.active_mlps  # mlps: the MLPs (experts) a token passes through
         linear_io = 4 * h + (q + 2 * kv + q + mlps * (f_in + f)) / t
+        latent_f = latent_b = 0.0  # latent attention's own traffic (below)
+        if model.latent:
+            r_q, r_kv, r = model.q_lora_rank, model.kv_lora_rank, model.rope_head_dim
+            rope = 6.0 * (model.heads * r / t + r) if rotary else 0.0
+            kv_up = model.heads * (model.head_dim - r + model.v_head_dim)
+            # the down-projections read h twice, write the latents and the shared rotary key (read again by the
+            # up-projections); the up-projections write q and [k; v] per head, the output projection reads c
+            linear_io = 5 * h + 2 * (r_q + r_kv + r) + (q + kv_up + c + mlps * (f_in + f)) / t
+            copies = (4 * q + 2 * c) / t  # q, k and v put together (and their gradients taken apart)
+            latent_f, latent_b = norm_f * (r_q + r_kv) + copies, norm_b * (r_q + r_kv) + copies  # with two norms
         norms = model.block_norms
         squared = mlps * 2 * f / t if model.activation == "relu2" else 0.0  # relu then square: one more f in, f out
         fwd = (norms * norm_f * h + 2 * 3 * h + linear_io + (4 if fused else 7) * scores / t
-               + mlps * (3 if gated else 2) * f / t + 2 * q / t + rope + squared)
+               + mlps * (3 if gated else 2) * f / t + 2 * c / t + rope + squared + latent_f)
         bwd = (norms * norm_b * h + 2 * 3 * h + 2 * linear_io + (7 if fused else 9) * scores / t
-               + mlps * (5 if gated else 3) * f / t + 2 * q / t + rope + squared)
+               + mlps * (5 if gated else 3) * f / t + 2 * c / t + rope + squared + latent_b)
         k_f = 14 + (0 if fused else 1) + norms * norm_kf - 2 + (6 if rotary else 0) + 2 * gated + bool(squared)
         k_b = 30 + (0 if fused else 3) + norms * norm_kb - 4 + (12 if rotary else 0) + 4 * gated + 2 * bool(squared)
         if model.experts:
@@ -146,12 +167,16 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
             fwd += 2 * e + 3 * 4 / d * e + mlps * 6 * h
             bwd += 2 * e + 3 * 4 / d * e + mlps * 12 * h
             k_f, k_b = k_f + 8 * e + 8, k_b + 16 * e + 8
+            if model.router_sigmoid:  # DeepSeek's: the score bias added, the groups' best two, the mask (fp32)
+                fwd, bwd, k_f, k_b = fwd + 3 * 4 / d * e, bwd + 4 / d * e, k_f + 6, k_b + 2
             if model.shared_expert_ffn:  # one more MLP of its width for every token, its output gated (the gate's
                 # linear, sigmoid and product: 2h fwd, 5h bwd, 3 and 6 kernels; GraniteMoeShared has none) and added
                 fs, gate = model.shared_expert_ffn, model.shared_expert_gated
                 fwd += ((2 if gated else 1) * fs + fs + (3 if gated else 2) * fs) / t + 3 * h + 2 * h * gate
                 bwd += (2 * ((2 if gated else 1) * fs + fs) + (5 if gated else 3) * fs) / t + 3 * h + 5 * h * gate
                 k_f, k_b = k_f + 7 + 3 * gate, k_b + 14 + 6 * gate
+        if model.latent:  # the latents' two norms; three copies (q, k and v put together) each way
+            k_f, k_b = k_f + 2 * norm_kf + 3, k_b + 2 * norm_kb + 3
         if model.qk_norm:  # two more norms, over q and k (q + kv values per token, split over TP)
             fwd, bwd = fwd + norm_f * (q + kv) / t, bwd + norm_b * (q + kv) / t
             k_f, k_b = k_f + 2 * norm_kf, k_b + 2 * norm_kb
@@ -171,13 +196,14 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
         flops = n * model.forward_flops(layer) / t
         bwd_flops = 2 * flops
         if attention == "sdpa" and not model.attn_softcap:
-            square = n * 4.0 * model.seq_len * q / t  # [FLOP] QK^T and AV over the whole s x s
+            square = n * 2.0 * model.seq_len * (q + c) / t  # [FLOP] QK^T and AV over the whole s x s
             wide = square * (1 + model.sink_dims / (2 * model.head_dim))  # QK^T over heads widened for sinks
             causal = not 0 < model.window(layer - 1) < model.seq_len and not model.attention_sinks  # (a mask)
             attn = wide / 2 if causal else wide
             flops, bwd_flops = flops - square + attn, bwd_flops - 2 * square + FLASH_BACKWARD * attn
-            fwd += (2 * q + 2 * kv) / t - (4 if fused else 7) * scores / t
-            bwd += (4 * q + 4 * kv) / t - (7 if fused else 9) * scores / t
+            k_v = q + c if model.latent else 2 * kv  # K and V
+            fwd += (q + c + k_v) / t - (4 if fused else 7) * scores / t
+            bwd += 2 * (q + c + k_v) / t - (7 if fused else 9) * scores / t
             k_f, k_b = k_f - 2 - (0 if fused else 1), k_b - 2 - (0 if fused else 3)
         return (Work(flops, n * fwd * d + weights, 0.0, k_f + 2 * ar + qk_sums, 2 * comm, 2 * ar + qk_sums),
                 Work(bwd_flops, 0.0, n * bwd * d + 2 * weights, k_b + 2 * ar + qk_sums, 2 * comm, 2 * ar + qk_sums,

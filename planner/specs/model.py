@@ -26,6 +26,7 @@ padding (`padded=False`) they match transformers' models of the same config.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -121,6 +122,27 @@ class ModelSpec:
     glu_limit: float = 0.0
     glu_alpha: float = 1.0
     attention_sinks: bool = False  # a learned logit per head joins each softmax as a key with no value (gpt-oss)
+    # DeepSeek's routers: experts scored by sigmoid(logit) instead of the softmax (V3); a fixed bias per expert
+    # added to the scores that choose (not to those that weigh; V3); experts in `expert_groups` groups, a token's
+    # chosen from the `expert_groups_per_token` groups whose two best biased scores sum highest (sigmoid, V3) or
+    # whose best probability is highest (softmax, V2); the chosen weights (renormalised with expert_renorm) times
+    # routed_scale
+    router_sigmoid: bool = False
+    expert_score_bias: bool = False
+    expert_groups: int = 1
+    expert_groups_per_token: int = 1
+    routed_scale: float = 1.0
+    # blocks (0-based) of a mixture of experts whose MLP is dense, dense_ffn wide (DeepSeek's first blocks)
+    dense_blocks: tuple[int, ...] = ()
+    dense_ffn: int = 0
+    # multi-head latent attention (DeepSeek-V2/V3): each token's k and v come from one latent kv_lora_rank wide
+    # (up-projected per head to k's head_dim - rope_head_dim unrotated dimensions and v_head_dim), and its q from
+    # one q_lora_rank wide (0: from the hidden state directly); each head's q and k end in rope_head_dim rotated
+    # dimensions, k's shared by all heads (projected from the hidden state); 0: ordinary attention
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    rope_head_dim: int = 0
+    v_head_dim: int = 0
     hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
@@ -163,11 +185,13 @@ class ModelSpec:
         if self.qk_norm and not self.rms_norm and not self.qk_norm_per_head:
             raise SailorError(f"model {self.name!r}: per-head q/k norms are RMSNorms; a model with them has "
                               "RMSNorms (rms_norm)")
-        for field in ("embedding_multiplier", "residual_multiplier", "logits_divisor", "glu_alpha"):
+        for field in ("embedding_multiplier", "residual_multiplier", "logits_divisor", "glu_alpha", "routed_scale"):
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1e30:
                 raise SailorError(f"model {self.name!r}: {field} must be a positive finite number, not {short(value)}")
-        for field, hi in (("experts", 1 << 16), ("experts_per_token", 1 << 16), ("shared_expert_ffn", 1 << 22)):
+        for field, hi in (("experts", 1 << 16), ("experts_per_token", 1 << 16), ("shared_expert_ffn", 1 << 22),
+                          ("dense_ffn", 1 << 22), ("kv_lora_rank", 1 << 20), ("q_lora_rank", 1 << 20),
+                          ("rope_head_dim", 1 << 16), ("v_head_dim", 1 << 16)):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
                 raise SailorError(f"model {self.name!r}: {field} must be an integer from 0 to {hi}, not {short(value)}")
@@ -183,6 +207,8 @@ class ModelSpec:
                 not self.experts:
             raise SailorError(f"model {self.name!r}: experts_per_token, a shared expert, a router bias or a clamped "
                               "GLU (glu_limit) without experts")
+        self._check_router()
+        self._check_latent_attention()
         if self.glu_limit and not self.gated_mlp:
             raise SailorError(f"model {self.name!r}: a clamped GLU (glu_limit) is a gated MLP (gated_mlp)")
         if (self.qk_norm_full or self.qk_norm_per_head) and not self.qk_norm or \
@@ -226,6 +252,48 @@ class ModelSpec:
             raise SailorError(f"--seq-length {self.seq_len} exceeds the context length {self.max_positions} of "
                               f"{self.name}; use --seq-length {self.max_positions} or less")
 
+    def _check_router(self):
+        for field in ("expert_groups", "expert_groups_per_token"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 16:
+                raise SailorError(f"model {self.name!r}: {field} must be an integer from 1 to {1 << 16}, not "
+                                  f"{short(value)}")
+        if not self.experts:
+            if self.router_sigmoid or self.expert_score_bias or self.expert_groups > 1 or self.routed_scale != 1 \
+                    or self.dense_blocks or self.dense_ffn:
+                raise SailorError(f"model {self.name!r}: a sigmoid router, expert score biases, expert groups, a "
+                                  "routed scale or dense blocks among the experts' need experts")
+            return
+        groups, per_token = self.expert_groups, self.expert_groups_per_token
+        if self.experts % groups or per_token > groups or (groups > 1 and self.router_sigmoid and
+                                                           self.experts // groups < 2) or \
+                self.experts_per_token > per_token * (self.experts // groups):
+            raise SailorError(f"model {self.name!r}: {self.experts} experts in {groups} groups (n_group), each token's "
+                              f"{self.experts_per_token} from {per_token} of them (topk_group): the groups must "
+                              "split the experts evenly, at least 2 to a group, and hold the experts a token takes")
+        if self.expert_score_bias and not self.router_sigmoid:
+            raise SailorError(f"model {self.name!r}: expert score biases go with a sigmoid router (router_sigmoid)")
+        if any(isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < self.num_blocks for b in
+               self.dense_blocks) or list(self.dense_blocks) != sorted(set(self.dense_blocks)) or \
+                bool(self.dense_blocks) != bool(self.dense_ffn):
+            raise SailorError(f"model {self.name!r}: dense blocks must be block indices from 0 to "
+                              f"{self.num_blocks - 1}, ascending, with their MLP's width (dense_ffn)")
+
+    def _check_latent_attention(self):
+        if not self.kv_lora_rank:
+            if self.q_lora_rank or self.rope_head_dim or self.v_head_dim:
+                raise SailorError(f"model {self.name!r}: q_lora_rank, rope_head_dim and v_head_dim describe latent "
+                                  "attention, which needs kv_lora_rank")
+            return
+        if self.learned_positions or not self.rope_head_dim or self.rope_head_dim % 2 or \
+                self.rope_head_dim >= self.head_dim or self.rotary_fraction != 1:
+            raise SailorError(f"model {self.name!r}: latent attention rotates an even rope_head_dim of each head's "
+                              f"{self.head_dim} q and k dimensions, fewer than all, not {short(self.rope_head_dim)}")
+        if self.kv_heads or self.qk_norm or self.attention_sinks or self.attn_softcap or self.qkv_bias or \
+                self.out_bias or self.windows:
+            raise SailorError(f"model {self.name!r}: latent attention has one k and v per head, and no q/k norms, "
+                              "sinks, soft cap, attention biases or windows")
+
     # -- shape helpers -------------------------------------------------------
     @property
     def head_dim(self) -> int:
@@ -234,8 +302,34 @@ class ModelSpec:
     @property
     def rotary_dim(self) -> int:
         """Dimensions of a head that rotary positions rotate (the first ones; Hugging Face's
-        int(head_dim * partial_rotary_factor))."""
-        return int(self.head_dim * self.rotary_fraction)
+        int(head_dim * partial_rotary_factor); latent attention's: the last rope_head_dim)."""
+        return self.rope_head_dim if self.latent else int(self.head_dim * self.rotary_fraction)
+
+    @property
+    def latent(self) -> bool:
+        """Multi-head latent attention (kv_lora_rank)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def context_dim(self) -> int:
+        """Width of V and of the attention's context: heads * v_head_dim (latent attention), else q_dim."""
+        return self.heads * self.v_head_dim if self.latent else self.q_dim
+
+    def dense(self, block: int) -> bool:
+        """Whether block `block` (0-based) of a mixture of experts has a dense MLP (dense_blocks)."""
+        return block in self.dense_blocks
+
+    @property
+    def sparse_blocks(self) -> int:
+        """Blocks with experts (the others of a mixture of experts are dense_blocks)."""
+        return self.num_blocks - len(self.dense_blocks) if self.experts else 0
+
+    @functools.cached_property
+    def dense_view(self) -> "ModelSpec":
+        """This model as its dense blocks see it: one MLP dense_ffn wide, no experts (their counts)."""
+        return replace(self, experts=0, experts_per_token=0, shared_expert_ffn=0, router_bias=False, glu_limit=0.0,
+                       router_sigmoid=False, expert_score_bias=False, expert_groups=1, expert_groups_per_token=1,
+                       routed_scale=1.0, dense_blocks=(), dense_ffn=0, ffn_hidden=self.dense_ffn)
 
     @property
     def sink_dims(self) -> int:
@@ -308,15 +402,26 @@ class ModelSpec:
         kv = self.num_query_groups
         out, t = [], 1
         while t <= max_tp:
-            if self.heads % t == 0 and kv % t == 0 and self.ffn_hidden % t == 0 and self.shared_expert_ffn % t == 0:
+            if self.heads % t == 0 and kv % t == 0 and self.ffn_hidden % t == 0 and self.shared_expert_ffn % t == 0 \
+                    and self.dense_ffn % t == 0:
                 out.append(t)
             t *= 2
         return out
 
     # -- per-layer facts -----------------------------------------------------
     def _attention_weights(self) -> int:
-        """Weights of QKV and the output projection."""
+        """Weights of QKV and the output projection (latent attention: its up-projections of q, k and v, split
+        over TP with the heads, and the output projection)."""
+        if self.latent:
+            q_in = self.q_lora_rank or self.hidden
+            kv_up = self.kv_lora_rank * self.heads * (self.head_dim - self.rope_head_dim + self.v_head_dim)
+            return q_in * self.q_dim + kv_up + self.context_dim * self.hidden
         return self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
+
+    def _latent_weights(self) -> int:
+        """Latent attention's replicated down-projections, hidden -> q's latent and hidden -> [kv's latent; the
+        shared rotary k] (0 for ordinary attention)."""
+        return self.hidden * (self.q_lora_rank + self.kv_lora_rank + self.rope_head_dim) if self.latent else 0
 
     def _mlp_weights(self, ffn: int = 0) -> int:
         """Weights of one MLP (one expert's; ffn: another width, the shared expert's): fc1 (gate+up) and fc2."""
@@ -363,7 +468,13 @@ class ModelSpec:
                 return own_norm + projection  # the head reuses the embedding matrix
             return int(vocab * (self.word_dim + self.head_bias)) + own_norm + projection
         # transformer block
+        if self.dense(layer - 1):
+            return self.dense_view.params(layer, tp, padded)
         sharded, replicated = self._block_matmul_weights(), self.block_norms * self._norm_params()
+        # latent attention's down-projections and its latents' norms; DeepSeek's expert score biases (E values,
+        # fixed: a buffer in transformers, a tensor of the checkpoint, a parameter of DeepSeek's own code and ours)
+        replicated += self._latent_weights() + self.q_lora_rank + self.kv_lora_rank + \
+            self.experts * self.expert_score_bias
         if self.qk_norm_full or self.qk_norm_per_head:
             sharded += self.q_dim + self.kv_dim  # two norm weights as wide as q and k, split with the heads
         elif self.qk_norm:
@@ -405,14 +516,20 @@ class ModelSpec:
             return float(h)
         if kind == HEAD:
             return (3.0 if self.logit_softcap else 2.0) * self.padded_vocab(tp) / tp + 1.25 * h + extra
+        if self.dense(layer - 1):
+            return self.dense_view.activation_floats(layer, tp)
         mlp = 0 if self.experts else self._mlp_in()
         sharded = (self.q_dim + 2 * self.kv_dim) + self.q_dim + mlp + self.heads * self.seq_len
+        latent = 0.0
+        if self.latent:  # q, k, v and the context; each latent's norm (input, normalised, output), the rotary k
+            sharded += 2 * (self.context_dim - self.kv_dim)  # (v and the context as wide as the context)
+            latent = 3 * (self.q_lora_rank + self.kv_lora_rank) + self.rope_head_dim
         if self.qk_norm:
             sharded += self.q_dim + self.kv_dim  # the q and k norms' inputs
         if self.attn_softcap:
             sharded += self.heads * self.seq_len  # tanh's output, for its backward
         moe = self.moe_activation_floats(tp, 2) if self.experts else 0.0
-        return (3.0 + self.block_norms - 2) * h + sharded / tp + moe
+        return (3.0 + self.block_norms - 2) * h + sharded / tp + moe + latent
 
     def moe_activation_floats(self, tp: int, dtype_bytes: int) -> float:
         """Values (of `dtype_bytes` each) per token that a mixture-of-experts MLP keeps beyond its input,
@@ -446,11 +563,13 @@ class ModelSpec:
     def forward_flops(self, layer: int) -> float:
         """Forward FLOPs per token of the whole layer (all TP ranks together)."""
         kind = self.kind(layer)
+        if kind == BLOCK and self.dense(layer - 1):
+            return self.dense_view.forward_flops(layer)
         if kind == BLOCK:  # the matmuls of attention, of each MLP a token passes through and the router; QK^T, AV
             shared = self._mlp_weights(self.shared_expert_ffn) + self.hidden * self.shared_expert_gated \
                 if self.shared_expert_ffn else 0
-            return 2.0 * (self._attention_weights() + self.active_mlps * self._mlp_weights() + self.experts *
-                          self.hidden + shared) + 4.0 * self.seq_len * self.q_dim
+            return 2.0 * (self._attention_weights() + self._latent_weights() + self.active_mlps * self._mlp_weights()
+                          + self.experts * self.hidden + shared) + 2.0 * self.seq_len * (self.q_dim + self.context_dim)
         if kind == HEAD:
             projection = 2.0 * self.word_dim * self.hidden if self.projected else 0.0
             return 2.0 * self.word_dim * self.padded_vocab(1) + projection
@@ -462,6 +581,7 @@ class ModelSpec:
         d = asdict(self)
         d["windows"] = list(self.windows)
         d["nope_blocks"] = list(self.nope_blocks)
+        d["dense_blocks"] = list(self.dense_blocks)
         d["rope_scaling"] = dict(self.rope_scaling)
         return d
 
@@ -501,7 +621,7 @@ def model_from_dict(d: dict, source: str = "model description") -> ModelSpec:
             raise SailorError(f"{source}: {e}") from None
     d = dict(d)
     try:
-        for key in ("windows", "nope_blocks"):
+        for key in ("windows", "nope_blocks", "dense_blocks"):
             if key in d:
                 if not isinstance(d[key], list):
                     raise ValueError(f"{key} must be a list, not {short(d[key])}")

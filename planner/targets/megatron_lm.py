@@ -28,6 +28,10 @@ def megatron_model_args(model) -> list[str]:
         raise SailorError(f"{model.name} uses {what}, which stock Megatron-LM's arguments cannot express; train it "
                           "with sailor's runtime")
 
+    if model.latent or model.router_sigmoid or model.dense_blocks:  # (Megatron-LM has flags for them; not mapped)
+        raise SailorError(f"{model.name} uses DeepSeek's latent attention, sigmoid router or dense blocks among the "
+                          "experts', which sailor does not map onto Megatron-LM's arguments; train it with sailor's "
+                          "runtime")
     if model.post_norm:
         refuse("a norm after each residual add (post-LN)")
     if model.projected:

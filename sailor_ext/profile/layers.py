@@ -22,9 +22,11 @@ degree, and measures for one microbatch size:
   * output bytes per sample (what a stage boundary sends), parameters on this
     rank; on CUDA also the allocator's peak during forward + backward.
 
-Only `blocks` transformer blocks are built: blocks have identical shapes, so
-every block of the model gets the median of the measured blocks (Sailor
-profiles two). The optimizer step is the runtime's `Optimizer` (AdamW, global
+Only `blocks` transformer blocks of each kind of work are built (`built_blocks`:
+blocks alike in shape, rotary positions, a window under fused attention, a dense
+MLP among experts; planner.profiles.estimate.same_work), and every block of the
+model gets the median of the measured blocks of its kind (Sailor profiles two
+blocks of its uniform models). The optimizer step is the runtime's `Optimizer` (AdamW, global
 norm, clipping) over the built layers, reported per parameter. With bf16 or
 fp16 the stage is cast as the runtime casts it (precision.MainParams: 16-bit
 weights and activations, fp32 main gradients filled by hooks, fp32 masters
@@ -39,6 +41,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
+from planner.profiles.estimate import same_work
 from planner.specs.model import BLOCK, EMBEDDING, HEAD, ModelSpec
 from sailor_ext import compat
 from sailor_ext.loss import vocab_parallel_cross_entropy
@@ -86,8 +89,7 @@ class LayerBench:
     def __init__(self, model: ModelSpec, blocks: int, tp: int, tp_rank: int, tp_group, device: torch.device,
                  precision: str = "fp32", seed: int = 1234):
         self.model, self.tp, self.tp_group, self.device = model, tp, tp_group, device
-        self.blocks = min(blocks, model.num_blocks)
-        reduced = replace(model, num_blocks=self.blocks, windows=model.windows[: self.blocks])
+        reduced = reduced_model(model, built_blocks(model, blocks))
         spec = StageSpec(reduced, 0, reduced.num_layers - 1, tp, tp_rank, model.padded_vocab(tp),
                          stage=0, stage_chunks=tp, embedding_chunks=tp)
         compat.install(device, seed, tp_rank)
@@ -275,15 +277,38 @@ class LayerBench:
         return passes
 
 
-def expand_to_model(values: list, kinds: list[str], model: ModelSpec, combine=median) -> list:
-    """Per built layer -> per model layer: every block gets `combine` of the measured blocks."""
-    blocks = [v for v, k in zip(values, kinds) if k == BLOCK]
-    block = combine(blocks) if blocks else None
+def built_blocks(model: ModelSpec, blocks: int) -> tuple[int, ...]:
+    """The blocks (0-based) that a profile builds and times: the first `blocks` of each kind of work (same_work
+    under our runtime), in model order."""
+    chosen, counts = [], {}
+    for block in range(model.num_blocks):
+        key = same_work(model, block + 1, "sailor")
+        if counts.get(key, 0) < blocks:
+            counts[key] = counts.get(key, 0) + 1
+            chosen.append(block)
+    return tuple(chosen)
+
+
+def reduced_model(model: ModelSpec, chosen: tuple[int, ...]) -> ModelSpec:
+    """`model` with only the blocks `chosen`, each as the model has it (window, rotary positions, dense MLP)."""
+    dense = tuple(i for i, b in enumerate(chosen) if model.dense(b))
+    return replace(model, num_blocks=len(chosen), windows=tuple(model.windows[b] for b in chosen) if model.windows
+                   else (), nope_blocks=tuple(i for i, b in enumerate(chosen) if b in model.nope_blocks),
+                   dense_blocks=dense, dense_ffn=model.dense_ffn if dense else 0)
+
+
+def expand_to_model(values: list, kinds: list[str], model: ModelSpec, blocks: int, combine=median) -> list:
+    """Per built layer -> per model layer: every block gets `combine` of the measured blocks of its kind of work
+    (built_blocks(model, blocks) were built)."""
+    measured: dict[tuple, list] = {}
+    for block, value in zip(built_blocks(model, blocks), [v for v, k in zip(values, kinds) if k == BLOCK]):
+        measured.setdefault(same_work(model, block + 1, "sailor"), []).append(value)
+    combined = {key: combine(v) for key, v in measured.items()}
     out = []
     for layer in range(model.num_layers):
         kind = model.kind(layer)
         if kind == BLOCK:
-            out.append(block)
+            out.append(combined[same_work(model, layer, "sailor")])
         elif kind == EMBEDDING:
             out.append(values[kinds.index(EMBEDDING)])
         else:

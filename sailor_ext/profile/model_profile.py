@@ -244,16 +244,16 @@ def assemble(model: ModelSpec, settings: Settings, progress: Progress) -> Profil
     times, by_tp = {}, {}
     for rec in progress.points.values():
         kinds = rec["kinds"]
-        fwd = expand_to_model(rec["fwd"], kinds, model)
-        bwd = expand_to_model(rec["bwd"], kinds, model)
+        fwd = expand_to_model(rec["fwd"], kinds, model, settings.blocks)
+        bwd = expand_to_model(rec["bwd"], kinds, model, settings.blocks)
         times[(rec["mbs"], rec["tp"])] = LayerTimes(tuple(fwd), tuple(bwd))
         by_tp.setdefault(rec["tp"], []).append(rec)
     memory = {}
     for tp, recs in by_tp.items():
         kinds = recs[0]["kinds"]
-        params = expand_to_model(recs[0]["params"], kinds, model, combine=lambda v: v[0])
-        acts = [expand_to_model(r["activation_bytes"], kinds, model) for r in recs]
-        outs = [expand_to_model(r["output_bytes"], kinds, model) for r in recs]
+        params = expand_to_model(recs[0]["params"], kinds, model, settings.blocks, combine=lambda v: v[0])
+        acts = [expand_to_model(r["activation_bytes"], kinds, model, settings.blocks) for r in recs]
+        outs = [expand_to_model(r["output_bytes"], kinds, model, settings.blocks) for r in recs]
         memory[tp] = LayerMemory(tuple(int(p) for p in params),
                                  tuple(statistics.median(c) for c in zip(*acts)),
                                  tuple(statistics.median(c) for c in zip(*outs)))
@@ -262,7 +262,7 @@ def assemble(model: ModelSpec, settings: Settings, progress: Progress) -> Profil
         raise SailorError("the optimizer step was not measured; rerun with --resume")
     notes = {
         "seq_len": settings.seq_len, "blocks_measured": settings.blocks,
-        "blocks": "every transformer block gets the median of the measured blocks (identical shapes)",
+        "blocks": "every transformer block gets the median of the measured blocks of its kind of work",
         "warmup": settings.warmup, "repeats": settings.repeats,
         "statistic": STATISTIC_NOTES[settings.statistic],
         "timer": ("max(host launch, cuda events) per layer; blocks rescaled to their back-to-back time"

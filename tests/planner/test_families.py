@@ -151,16 +151,59 @@ PUBLISHED["gpt-oss-20b"] = ({**_GPT_OSS, "num_hidden_layers": 24, "num_local_exp
                              "layer_types": ["sliding_attention", "full_attention"] * 12}, 20_914_757_184)
 PUBLISHED["gpt-oss-120b"] = ({**_GPT_OSS, "num_hidden_layers": 36, "num_local_experts": 128,
                               "layer_types": ["sliding_attention", "full_attention"] * 18}, 116_829_156_672)
+# DeepSeek-V3: 671 B parameters, 37 B of them active, as its model card gives them (its multi-token prediction
+# module, 14 B more in the checkpoint, is not part of transformers' model, nor ours); published in FP8
+# (quantization_config left out here). Moonlight-16B-A3B: the same architecture without a q latent
+_DEEPSEEK_V3 = {"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
+                "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+                "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+                "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+                "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4,
+                "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True, "scoring_func": "sigmoid",
+                "hidden_act": "silu", "max_position_embeddings": 163840, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+                "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                 "original_max_position_embeddings": 4096, "type": "yarn"},
+                "tie_word_embeddings": False, "vocab_size": 129280, "num_nextn_predict_layers": 1}
+PUBLISHED["DeepSeek-V3"] = (_DEEPSEEK_V3, 671_026_419_200)
+PUBLISHED["Moonlight-16B-A3B"] = ({**_DEEPSEEK_V3, "hidden_size": 2048, "intermediate_size": 11264,
+                                   "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16,
+                                   "num_key_value_heads": 16, "n_shared_experts": 2, "n_routed_experts": 64,
+                                   "routed_scaling_factor": 2.446, "q_lora_rank": None, "n_group": 1, "topk_group": 1,
+                                   "num_experts_per_tok": 6, "first_k_dense_replace": 1,
+                                   "max_position_embeddings": 8192,
+                                   "rms_norm_eps": 1e-05, "rope_theta": 50000.0, "rope_scaling": None,
+                                   "vocab_size": 163840}, 15_960_108_544 + 26 * 64)
+# DeepSeek-V2 (236 B, 21 B active) and V2-Lite (15.7 B, 2.4 B active), as their model cards give them: a softmax
+# router, group-limited (V2) or greedy (Lite), unrenormalised and scaled weights
+_DEEPSEEK_V2 = {"model_type": "deepseek_v2", "hidden_size": 5120, "intermediate_size": 12288,
+                "moe_intermediate_size": 1536, "num_hidden_layers": 60, "num_attention_heads": 128,
+                "num_key_value_heads": 128, "n_shared_experts": 2, "n_routed_experts": 160,
+                "routed_scaling_factor": 16.0, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+                "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "group_limited_greedy", "n_group": 8,
+                "topk_group": 3, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "norm_topk_prob": False,
+                "scoring_func": "softmax", "aux_loss_alpha": 0.003, "seq_aux": True, "hidden_act": "silu",
+                "max_position_embeddings": 163840, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+                "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                                 "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096, "type": "yarn"},
+                "tie_word_embeddings": False, "vocab_size": 102400, "moe_layer_freq": 1}
+PUBLISHED["DeepSeek-V2"] = (_DEEPSEEK_V2, 235_741_434_880)
+PUBLISHED["DeepSeek-V2-Lite"] = ({**_DEEPSEEK_V2, "hidden_size": 2048, "intermediate_size": 10944,
+                                  "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16,
+                                  "num_key_value_heads": 16, "n_routed_experts": 64, "routed_scaling_factor": 1.0,
+                                  "q_lora_rank": None, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
+                                  "aux_loss_alpha": 0.001}, 15_706_484_224)
 
 
 def transformers_count(cfg: dict) -> int:
-    """Parameters of transformers' model of `cfg`, built on the meta device (skips without transformers)."""
+    """Parameters of transformers' model of `cfg`, built on the meta device (skips without transformers), and
+    DeepSeek-V3's expert score biases, buffers there, tensors of its checkpoints, and parameters of ours."""
     transformers = pytest.importorskip("transformers")
     import torch
 
     with torch.device("meta"):
         live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
-    return sum(p.numel() for p in live.parameters())
+    return sum(p.numel() for p in live.parameters()) + sum(b.numel() for name, b in live.named_buffers()
+                                                            if name.endswith("e_score_correction_bias"))
 
 
 def _write(tmp_path, cfg: dict):
@@ -522,7 +565,9 @@ _MINIMAL = {"gpt2": {"n_embd": 256, "n_layer": 2, "n_head": 32, "vocab_size": 30
             "phi3": {**_BASE, "vocab_size": 32064}, "smollm3": {**_BASE, "vocab_size": 128256},
             "glm": {**_BASE, "vocab_size": 151552}, "glm4": {**_BASE, "vocab_size": 151552},
             # (heads x its default head_dim 128 = hidden_size; heads a multiple of its default 20 KV heads)
-            "helium": {**_BASE, "hidden_size": 2560, "num_attention_heads": 20}}
+            "helium": {**_BASE, "hidden_size": 2560, "num_attention_heads": 20},
+            # (transformers has no default for its experts per token)
+            "deepseek_v2": {**_BASE, "num_experts_per_tok": 6}}
 
 
 @pytest.mark.parametrize("model_type", sorted(hf_types()))
@@ -756,3 +801,116 @@ def test_config_reads_as_transformers_builds_the_model(cfg, tmp_path):
     assert not ours.windows and getattr(live.config, "layer_types", None) is None
     if ours.experts:
         assert ours.experts == live.model.layers[0].block_sparse_moe.router.weight.shape[0]
+
+
+def test_deepseek_v3_details(tmp_path):
+    """DeepSeek-V3: latent attention (q and kv latents 1536 and 512 wide, heads of 128 + 64 rotated q/k dimensions
+    and 128 v ones), its softmax scale from YaRN's mscale_all_dim, three dense blocks first, 8 of 256 experts in 8
+    groups chosen from the best 4 by sigmoid scores, one shared expert: 37.6 B of its 671 B parameters active per
+    token. Moonlight has no q latent. Megatron-LM's launch refuses it; FP8 checkpoints are refused."""
+    from planner.specs.families import to_hf_config
+    from planner.targets.megatron_lm import megatron_model_args
+
+    model = get_model(str(_write(tmp_path, _DEEPSEEK_V3)), seq_len=4096)
+    assert (model.kv_lora_rank, model.q_lora_rank, model.rope_head_dim, model.v_head_dim, model.head_dim) == \
+        (512, 1536, 64, 128, 192)
+    assert (model.q_dim, model.context_dim, model.rotary_dim, model.rotary_interleaved) == (24576, 16384, 64, True)
+    assert model.attention_scale == pytest.approx(192 ** -0.5 * (0.1 * math.log(40) + 1) ** 2)
+    assert model.dense_blocks == (0, 1, 2) and (model.dense_ffn, model.ffn_hidden, model.shared_expert_ffn) == \
+        (18432, 2048, 2048) and not model.shared_expert_gated
+    assert (model.experts, model.experts_per_token, model.expert_groups, model.expert_groups_per_token) == \
+        (256, 8, 8, 4)
+    assert model.router_sigmoid and model.expert_score_bias and model.expert_renorm and model.routed_scale == 2.5
+    assert model.sparse_blocks == 58 and model.params(1, 8) < model.params(4, 8)
+    total = model.total_params(padded=False)
+    inactive = 58 * (256 - 8) * 3 * 7168 * 2048
+    assert round(total / 1e9) == 671 and round((total - inactive) / 1e9) == 38  # (the card: 37 B activated)
+    assert model.tp_degrees(8) == [1, 2, 4, 8]
+    # the exported config reads back as the same model
+    (tmp_path / "back").mkdir()
+    back = get_model(str(_write(tmp_path / "back", to_hf_config(model))), seq_len=4096)
+    assert replace(back, name="").to_dict() == replace(model, name="").to_dict()
+    with pytest.raises(SailorError, match="latent attention, sigmoid router or dense blocks .* not map onto "
+                                          "Megatron-LM's arguments"):
+        megatron_model_args(model)
+    moonlight = get_model(str(_write(tmp_path, PUBLISHED["Moonlight-16B-A3B"][0])))
+    assert moonlight.q_lora_rank == 0 and moonlight.attention_scale == 0 and moonlight.expert_groups == 1
+    assert moonlight.shared_expert_ffn == 2 * 1408 and moonlight.dense_blocks == (0,)
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}},
+     "quantized weights .* convert the checkpoint to bf16"),
+    ({"attention_bias": True}, "attention_bias is not supported for deepseek_v3; set it to false"),
+    ({"output_router_logits": True}, "--moe-aux-loss-coeff"),
+    ({"n_group": 7}, "256 experts in 7 groups"),
+    ({"topk_group": 9}, "from 9 of them"),
+    ({"num_experts_per_tok": 200}, "each token's 200 from 4 of them"),
+    ({"first_k_dense_replace": -1}, "first_k_dense_replace must be a whole number >= 0, not -1"),
+    ({"n_shared_experts": 1.5}, "n_shared_experts must be a whole number >= 0, not 1.5"),
+    ({"qk_rope_head_dim": 7}, "rotary positions turn pairs of dimensions, and 7 of each head's 135"),
+    ({"kv_lora_rank": 0}, "kv_lora_rank must be a positive integer"),
+    ({"routed_scaling_factor": -1}, "routed_scaling_factor must be a positive number"),
+])
+def test_bad_deepseek_config_is_one_clear_error(tmp_path, change, needle):
+    with pytest.raises(SailorError, match=needle):
+        get_model(str(_write(tmp_path, {**_DEEPSEEK_V3, **change})))
+
+
+@pytest.mark.parametrize("change", [{}, {"q_lora_rank": None}, {"num_local_experts": 16, "n_routed_experts": None},
+                                    {"rope_scaling": None, "rope_parameters": {"rope_type": "linear", "factor": 2.0,
+                                                                               "mscale_all_dim": 0.7}},
+                                    {"first_k_dense_replace": 0, "n_shared_experts": 0}],
+                         ids=["as-published", "no-q-latent", "experts-alias", "linear-mscale", "no-dense-no-shared"])
+def test_deepseek_reads_as_transformers_builds_the_model(change, tmp_path):
+    """A small DeepSeek-V3 config and transformers' model of it agree on the q width, the softmax scale (scaled by
+    mscale_all_dim under any scaled rope), the rotated dimensions, the experts, the groups, the shared expert's
+    width and which blocks are dense."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    cfg = {**_DEEPSEEK_V3, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 16,
+           "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 12,
+           "n_group": 4, "topk_group": 2, "num_experts_per_tok": 4, "first_k_dense_replace": 1, "vocab_size": 300,
+           "max_position_embeddings": 4096 * 40, **change}
+    cfg = {k: v for k, v in cfg.items() if v is not None or k == "q_lora_rank"}
+    ours = get_model(str(_write(tmp_path, cfg)))
+    with torch.device("meta"):
+        live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+    attention = live.model.layers[0].self_attn
+    q = attention.q_b_proj if attention.q_lora_rank is not None else attention.q_proj
+    assert ours.q_dim == q.out_features and bool(ours.q_lora_rank) == (attention.q_lora_rank is not None)
+    assert ours.rotary_dim == 2 * live.model.rotary_emb.inv_freq.numel()
+    assert (ours.attention_scale or ours.head_dim ** -0.5) == pytest.approx(attention.scaling, rel=1e-12)
+    dense = tuple(i for i, layer in enumerate(live.model.layers) if not hasattr(layer.mlp, "gate"))
+    assert ours.dense_blocks == dense
+    sparse = live.model.layers[-1].mlp
+    assert (ours.experts, ours.expert_groups, ours.expert_groups_per_token, ours.experts_per_token) == \
+        (sparse.gate.num_experts, sparse.gate.num_group, sparse.gate.topk_group, sparse.gate.top_k)
+    assert ours.shared_expert_ffn == sparse.shared_experts.down_proj.in_features
+    assert ours.total_params(padded=False) == transformers_count(cfg)
+
+
+def test_deepseek_v2_details(tmp_path):
+    """DeepSeek-V2: 236 B parameters, 21 B active (6 of 160 experts and 2 shared), as its card gives them; a softmax
+    router choosing from the best 3 of 8 groups, weights unrenormalised and times 16; adjacent pairs rotated.
+    V2-Lite (15.7 B) chooses greedily; topk methods its router does not run are refused."""
+    model = get_model(str(_write(tmp_path, _DEEPSEEK_V2)))
+    assert not model.router_sigmoid and not model.expert_score_bias and not model.expert_renorm
+    assert (model.expert_groups, model.expert_groups_per_token, model.routed_scale) == (8, 3, 16.0)
+    assert model.rotary_interleaved and model.dense_blocks == (0,) and model.shared_expert_ffn == 2 * 1536
+    assert model.attention_scale == pytest.approx(192 ** -0.5 * (0.1 * 0.707 * math.log(40) + 1) ** 2)
+    total = model.total_params(padded=False)
+    assert round(total / 1e9) == 236 and round((total - 59 * (160 - 6) * 3 * 5120 * 1536) / 1e9) == 21
+    lite = get_model(str(_write(tmp_path, PUBLISHED["DeepSeek-V2-Lite"][0])))
+    assert lite.expert_groups == 1 and lite.q_lora_rank == 0
+    total = lite.total_params(padded=False)
+    # (its card gives 2.4 B active; counted here, 6 of 64 experts, the shared ones and the rest, 2.66 B)
+    assert round(total / 1e9, 1) == 15.7 and round((total - 26 * (64 - 6) * 3 * 2048 * 1408) / 1e9, 2) == 2.66
+    for change, needle in (({"topk_method": "noaux_tc"}, "topk_method 'noaux_tc' is not one deepseek_v2's router "
+                                                         "runs; use greedy or group_limited_greedy"),
+                           ({"n_group": None}, "missing field 'n_group'"),
+                           ({"mlp_bias": True}, "mlp_bias is not supported for deepseek_v2")):
+        with pytest.raises(SailorError, match=needle):
+            get_model(str(_write(tmp_path, {**_DEEPSEEK_V2, **change})))

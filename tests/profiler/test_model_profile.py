@@ -146,9 +146,9 @@ def test_resume_without_a_run_is_refused(tmp_path):
 def test_expand_to_model_repeats_the_median_block():
     from sailor_ext.profile.layers import expand_to_model
 
-    model = get_model("tiny")  # 4 blocks
+    model = get_model("tiny")  # 4 blocks, alike
     kinds = ["embedding", "block", "block", "block", "head"]
-    assert expand_to_model([1.0, 5.0, 3.0, 4.0, 9.0], kinds, model) == [1.0, 4.0, 4.0, 4.0, 4.0, 9.0]
+    assert expand_to_model([1.0, 5.0, 3.0, 4.0, 9.0], kinds, model, 3) == [1.0, 4.0, 4.0, 4.0, 4.0, 9.0]
 
 
 def test_concurrency_runs_load_ranks(tmp_path):
@@ -186,3 +186,31 @@ def test_a_config_models_profile_applies_by_architecture(tmp_path):
         sim = json.loads(sailor("simulate", tmp_path / "plan.json", "--profiles", out, "--json").stdout)
         assert sim["sources"][f"profile org/{model} on CPU"] == source
     assert not load_profiles([str(out)], model=get_model(str(tmp_path / "b"), seq_len=64)).measured
+
+
+def test_blocks_of_each_kind_are_measured(tmp_path):
+    """A model whose blocks differ (DeepSeek-V3's dense first block, its sparse ones; SmolLM3's blocks without rotary
+    positions): one block of each kind is built and timed (--blocks 1), and each block of the model gets its
+    kind's measurement: its parameters are those the planner counts for it."""
+    configs = {"deepseek_v3": {"moe_intermediate_size": 32, "n_routed_experts": 8, "n_group": 4, "topk_group": 2,
+                               "num_experts_per_tok": 2, "first_k_dense_replace": 1, "q_lora_rank": 24,
+                               "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12},
+               "smollm3": {"vocab_size": 128256, "no_rope_layer_interval": 3}}
+    for model_type, fields in configs.items():
+        cfg = {"model_type": model_type, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
+               "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 300, "max_position_embeddings": 64,
+               **fields}
+        (tmp_path / model_type).mkdir()
+        (tmp_path / model_type / "config.json").write_text(json.dumps(cfg))
+        model = get_model(str(tmp_path / model_type))
+        out = tmp_path / f"profiles-{model_type}"
+        run = sailor("profile", "model", "--model", tmp_path / model_type, "--device", "cpu", "--micro-batch-sizes",
+                     "1", "--blocks", "1", *QUICK, "-o", out)
+        assert run.returncode == 0, run.stderr[-3000:]
+        profile = load_profiles([str(out)], model=str(tmp_path / model_type), runtime="sailor").measured[
+            (model.name, "CPU")]
+        params = profile.layer_memory(1).params
+        assert list(params) == [model.params(layer) for layer in range(model.num_layers)]
+        assert {model.dense(b) or b in model.nope_blocks for b in range(4)} == {True, False}  # (two kinds)
+        if model_type == "deepseek_v3":  # (NoPE blocks hold the same weights as the others)
+            assert len(set(params[1:5])) == 2

@@ -318,13 +318,25 @@ Z = ["--moe-z-loss-coeff", "0.01"]
 # rows, fc2's added by one TP rank), a clamp (0.1) that the gate and up values cross; under the same two plans.
 GPT_OSS = {**LLAMA, "model_type": "gpt_oss", "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
            "sliding_window": 8, "swiglu_limit": 0.1}
+# DeepSeek-V3's: latent attention (q and kv latents replicated, the up-projections split with the heads, the shared
+# rotary key's gradient summed over them), a dense first block, 8 experts in 4 groups chosen by sigmoid scores, their
+# weights scaled, a shared expert; its load balancing reads the normalised sigmoid scores
+DEEPSEEK = {**LLAMA, "model_type": "deepseek_v3", "num_key_value_heads": 8, "moe_intermediate_size": 32,
+            "n_routed_experts": 8, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 2, "n_shared_experts": 1,
+            "first_k_dense_replace": 1, "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 4, "v_head_dim": 8}
+# DeepSeek-V2's: a softmax router choosing from the best 2 of 4 groups, weights unrenormalised and scaled, 2 shared
+# experts, no q latent
+DEEPSEEK_V2 = {**DEEPSEEK, "model_type": "deepseek_v2", "topk_method": "group_limited_greedy", "q_lora_rank": None,
+               "n_shared_experts": 2, "routed_scaling_factor": 2.0}
 
 
 @pytest.fixture(scope="module")
 def moe_configs(tmp_path_factory):
     """config.json paths of the mixtures of experts tested here, by family."""
     configs = {}
-    for family, fields in (("mixtral", MIXTRAL), ("gpt_oss", GPT_OSS)):
+    for family, fields in (("mixtral", MIXTRAL), ("gpt_oss", GPT_OSS), ("deepseek_v3", DEEPSEEK),
+                           ("deepseek_v2", DEEPSEEK_V2)):
         configs[family] = tmp_path_factory.mktemp(family) / "config.json"
         configs[family].write_text(json.dumps(fields))
     return configs
@@ -335,14 +347,14 @@ def mixtral_config(moe_configs):
     return moe_configs["mixtral"]
 
 
-@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2"])
 @pytest.mark.parametrize("name", ["tp_per_replica", "combined_recompute"])
 def test_mixture_of_experts_plan_matches_single_process(family, name, runs_dir, reference, moe_configs):
     config = moe_configs[family]
     plan = llama_plan(name, config)
     world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
     sharded = ["--use-distributed-optimizer"] if name == "tp_per_replica" else []
-    aux = AUX + Z if name == "combined_recompute" and family == "mixtral" else []
+    aux = AUX + Z if name == "combined_recompute" and family != "gpt_oss" else []
     run = run_plan(runs_dir / f"{family}-{name}", plan, world, common_args(SGD + aux) + sharded)
     assert_ok(run)
     assert ("distributed optimizer" in run.log(0)) == bool(sharded)

@@ -17,9 +17,9 @@ microbatch sizes and counts (6 processes). We check, in fp32:
     by rounding; the tensor's norm covers them), and the exported
     directory loads with `from_pretrained` and gives the same logits.
 
-The mixtures of experts (Mixtral, Qwen2/3-MoE, OLMoE, gpt-oss) route every token to 2 of 4 (3 of 6) experts, so
-routing, the router's gradient (summed over the TP ranks) and per-expert checkpoint tensors are
-exercised. The sequence (32) is longer than the sliding windows (8) of Mistral, Qwen3, Mixtral,
+The mixtures of experts (Mixtral, Qwen2/3-MoE, OLMoE, gpt-oss) route every token to 2 of 4 (3 of 6) experts
+(DeepSeek-V3 2 of 8, in groups), so routing, the router's gradient (summed over the TP ranks) and per-expert
+checkpoint tensors are exercised. The sequence (32) is longer than the sliding windows (8) of Mistral, Qwen3, Mixtral,
 Phi-3, Gemma 2 and 3, StarCoder2 and GPT-Neo, and longer than the original context (16) in
 LLaMA-3.1's and LongRoPE's rope scaling, so those paths are exercised; the vocabulary (300) is not a multiple of
 128, so the padding is exercised too.
@@ -155,6 +155,32 @@ def _small(kind: str):
                                              "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                                              "rope_theta": 1e4, "beta_fast": 32.0, "beta_slow": 1.0,
                                              "truncate": False})
+    if kind in ("deepseek_v3", "deepseek_v3-lite"):  # latent attention, heads of 16 + 8 (rotated) q/k and 12 v
+        # dimensions; 8 experts in 4 groups, a token's 2 from the best 2 groups, chosen by sigmoid scores plus the
+        # score biases (_hf_model sets them) and scaled; a shared expert. deepseek_v3: q from a latent, YaRN past
+        # the original context with its softmax scale, adjacent pairs rotated, the first block dense (on the TP 2
+        # stage); -lite: q from the hidden state, halves rotated, every block sparse, unrenormalised
+        lite = kind.endswith("lite")
+        return transformers.DeepseekV3Config(
+            **{**llama, "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=8, n_group=4,
+            topk_group=2, num_experts_per_tok=2, n_shared_experts=1, routed_scaling_factor=2.5,
+            first_k_dense_replace=0 if lite else 1, q_lora_rank=None if lite else 24, kv_lora_rank=16,
+            qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, rope_interleave=not lite,
+            norm_topk_prob=not lite, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e4} if lite else {
+                "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 1e4,
+                "mscale": 1.0, "mscale_all_dim": 1.0})
+    if kind == "deepseek_v2":  # DeepSeek-V2-Lite's shape: latent attention without a q latent, YaRN with its mscale
+        # pair (the softmax scale); a dense first block; a softmax router choosing 2 of 8 experts from the best 2 of 4
+        # groups (by their best probability), weights unrenormalised and scaled; 2 shared experts
+        return transformers.DeepseekV2Config(
+            **{**llama, "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=8, n_group=4,
+            topk_group=2, topk_method="group_limited_greedy", num_experts_per_tok=2, n_shared_experts=2,
+            routed_scaling_factor=2.0, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16,
+            qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, pad_token_id=None, bos_token_id=None,
+            eos_token_id=None, rope_parameters={
+                "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 1e4,
+                "mscale": 0.707, "mscale_all_dim": 0.707})
     if kind == "starcoder2":  # LayerNorms and linears with biases, a plain GELU MLP, grouped queries, windows
         return transformers.Starcoder2Config(**llama, sliding_window=8, bos_token_id=None, eos_token_id=None)
     if kind == "gemma":  # (1 + w) norms, scaled embeddings, GeGLU, heads wider than hidden / heads
@@ -188,7 +214,8 @@ SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "ex
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "arcee",
             "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3",
             "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4",
-            "exaone4", "gpt_oss", "phi", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+            "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "phi", "opt", "opt-350m", "gpt2",
+            "gpt_neo", "gpt_neox")
 
 
 def _hf_model(kind: str, directory):
@@ -197,6 +224,9 @@ def _hf_model(kind: str, directory):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
+        for name, b in model.named_buffers():  # DeepSeek-V3's fixed expert score biases, large enough to choose
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.1)
     model.save_pretrained(directory)
     return model.eval()  # eval: no dropout (our runtime has none)
 
@@ -419,13 +449,13 @@ def test_sharded_checkpoints_load_and_export(tmp_path):
         torch.testing.assert_close(loaded(tokens).logits, reference(tokens).logits, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen3_moe", "gpt_oss", "deepseek_v3"])
 def test_bf16_run_keeps_the_hf_weights_as_its_fp32_masters(kind, tmp_path):
     """--load-hf in a bf16 run: the fp32 Hugging Face weights become the masters as they are (the model
     computes with their bf16 rounding). With lr 0 one step leaves the masters unchanged, so the
     export gives back transformers' own tensors bitwise; the first loss is transformers' fp32 loss
     within bf16's error (measured 6.1e-5 relative for LLaMA, 1.4e-5 for Gemma 2, 1.1e-5 for Qwen3-MoE,
-    1.5e-4 for gpt-oss; tolerance 5e-4; see BF16_* in
+    1.5e-4 for gpt-oss, 1.9e-4 for DeepSeek-V3; tolerance 5e-4; see BF16_* in
     test_equivalence.py)."""
     from planner.specs.model import get_model
 

@@ -361,3 +361,91 @@ def test_sink_attention_is_transformers_gpt_oss_attention(head_dim, window):
     grads = [torch.autograd.grad(out, (q, k, v, sinks), grad) for out in (ours, theirs)]
     for mine, reference in zip(*grads):
         torch.testing.assert_close(mine, reference, rtol=1e-10, atol=1e-12)
+
+
+def test_latent_attention_keeps_what_the_estimator_counts(world_of_one, tmp_path):
+    """DeepSeek-V3's block (latent attention, its first block's dense MLP): what a q latent, a wider kv latent and
+    a wider rotary share add to the tensors kept is what the planner adds for them (differences, as above: the
+    attention kernel's share on CPU is not the CUDA one counted)."""
+    from dataclasses import replace
+
+    model = _small_model({"model_type": "deepseek_v3", "num_key_value_heads": 4, "moe_intermediate_size": 32,
+                          "n_routed_experts": 8, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 2,
+                          "first_k_dense_replace": 1, "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+                          "qk_rope_head_dim": 8, "v_head_dim": 12}, tmp_path)
+    assert model.dense(0)
+    m0, c0 = _block_saved_floats(model)
+    for variant in (replace(model, q_lora_rank=0), replace(model, kv_lora_rank=40),
+                    replace(model, rope_head_dim=16, head_dim_override=32)):
+        measured, counted = _block_saved_floats(variant)
+        # (each latent's norm keeps one value per token more, its rsqrt, not counted)
+        assert counted - c0 == pytest.approx(measured - m0, abs=1), (measured - m0, counted - c0)
+
+
+def test_sigmoid_routing_is_transformers_deepseek_v3_and_its_balancing_megatrons(world_of_one, tmp_path):
+    """DeepSeek-V3's routing (sigmoid scores, the score biases, the best groups, renormalised and scaled weights)
+    chooses and weighs as transformers' DeepseekV3TopkRouter, and what its load balancing reads (normalised scores,
+    each token's top k of them) is Megatron-LM's compute_routing_scores_for_aux_loss."""
+    import torch.nn.functional as F
+
+    transformers = pytest.importorskip("transformers")
+    from megatron.core.transformer.moe.moe_utils import compute_routing_scores_for_aux_loss
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    from sailor_ext.moe import MoE
+
+    fields = {"n_routed_experts": 16, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 4,
+              "routed_scaling_factor": 2.5}
+    model = _small_model({"model_type": "deepseek_v3", "num_key_value_heads": 4, "first_k_dense_replace": 0,
+                          **fields}, tmp_path)
+    theirs = DeepseekV3TopkRouter(transformers.DeepseekV3Config(hidden_size=model.hidden, **fields))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        theirs.weight.normal_(0, 0.3)
+        theirs.e_score_correction_bias.normal_(0, 0.1)
+    ours = MoE(model, 1, dist.group.WORLD, F.silu)
+    with torch.no_grad():
+        ours.router.weight.copy_(theirs.weight)
+        ours.router.score_bias.copy_(theirs.e_score_correction_bias)
+    x = torch.randn(256, model.hidden)
+    logits, their_weights, their_chosen = theirs(x)
+    weights, chosen, probs, counted = ours._sigmoid_route(F.linear(x, ours.router.weight).float())
+    weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * model.routed_scale  # (as forward goes on)
+    order, their_order = chosen.argsort(dim=-1), their_chosen.argsort(dim=-1)
+    assert torch.equal(chosen.gather(1, order), their_chosen.gather(1, their_order))
+    torch.testing.assert_close(weights.gather(1, order), their_weights.gather(1, their_order), rtol=1e-6, atol=0)
+    # the bias and the groups matter here: plain top k of the scores chooses otherwise for some tokens
+    assert not torch.equal(chosen.sort(dim=-1).values, torch.sigmoid(logits).topk(4).indices.sort(dim=-1).values)
+    routing_map, scores = compute_routing_scores_for_aux_loss(logits, 4, "sigmoid")
+    assert torch.equal(probs, scores)
+    assert torch.equal(torch.zeros_like(routing_map).scatter(1, counted, True), routing_map)
+
+
+def test_grouped_softmax_routing_is_transformers_deepseek_v2(world_of_one, tmp_path):
+    """DeepSeek-V2's group-limited routing (softmax probabilities, the best groups by their best probability,
+    weights unrenormalised and scaled) chooses and weighs as transformers' DeepseekV2TopkRouter."""
+    import torch.nn.functional as F
+
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+
+    from sailor_ext.moe import MoE
+
+    fields = {"n_routed_experts": 16, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 4,
+              "routed_scaling_factor": 2.5, "topk_method": "group_limited_greedy"}
+    model = _small_model({"model_type": "deepseek_v2", "num_key_value_heads": 4, **fields}, tmp_path)
+    theirs = DeepseekV2TopkRouter(transformers.DeepseekV2Config(hidden_size=model.hidden, **fields))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        theirs.weight.normal_(0, 0.3)
+    ours = MoE(model, 1, dist.group.WORLD, F.silu)
+    with torch.no_grad():
+        ours.router.weight.copy_(theirs.weight)
+    x = torch.randn(256, model.hidden)
+    _, their_weights, their_chosen = theirs(x)
+    weights, chosen, probs, _ = ours._softmax_route(F.linear(x, ours.router.weight).float())
+    weights = weights * model.routed_scale  # (as forward goes on; DeepSeek-V2 does not renormalise)
+    order, their_order = chosen.argsort(dim=-1), their_chosen.argsort(dim=-1)
+    assert torch.equal(chosen.gather(1, order), their_chosen.gather(1, their_order))
+    torch.testing.assert_close(weights.gather(1, order), their_weights.gather(1, their_order), rtol=1e-6, atol=0)
+    assert not torch.equal(chosen.sort(dim=-1).values, probs.topk(4).indices.sort(dim=-1).values)  # groups matter

@@ -2,7 +2,7 @@
 
 One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
 Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE, OLMoE and GraniteMoE; olmo.py OLMo 2 and 3; gemma.py
-Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; exaone.py EXAONE 4; gpt_oss.py;
+Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; exaone.py EXAONE 4; gpt_oss.py; deepseek.py;
 arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything
 family-specific:
 
@@ -57,6 +57,9 @@ class WeightRule:
     ours: str
     hf: tuple[str, ...]
     op: str = "copy"
+    # which blocks of a mixture of experts with dense blocks among the sparse (ModelSpec.dense_blocks) it names:
+    # "dense", "sparse", or "" for every block
+    blocks: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,12 +80,13 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import (arcee, cohere, exaone, gemma, glm, gpt2, gpt_neo, gpt_neox, gpt_oss, llama, moe,
-                                        olmo, opt, phi, phi3, starcoder2)
+    from planner.specs.families import (arcee, cohere, deepseek, exaone, gemma, glm, gpt2, gpt_neo, gpt_neox, gpt_oss,
+                                        llama, moe, olmo, opt, phi, phi3, starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
                                 olmo.FAMILY, phi.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
-                                cohere.FAMILY, glm.FAMILY, exaone.FAMILY, gpt_oss.FAMILY, arcee.FAMILY, opt.FAMILY,
+                                cohere.FAMILY, glm.FAMILY, exaone.FAMILY, gpt_oss.FAMILY, deepseek.FAMILY, arcee.FAMILY,
+                                opt.FAMILY,
                                 gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
@@ -260,4 +264,5 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
                   "seed_oss": "SeedOssForCausalLM", "helium": "HeliumForCausalLM",
                   "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
-                  "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM"}
+                  "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
+                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}

@@ -1,0 +1,196 @@
+"""DeepSeek-V3 (model_type deepseek_v3: DeepSeek-V3, DeepSeek-R1, Kimi K2, Moonlight) and DeepSeek-V2
+(deepseek_v2: DeepSeek-V2, V2-Lite, V2.5, Coder-V2): multi-head latent attention and a mixture of experts with
+dense first blocks.
+
+  * Latent attention (ModelSpec.kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim; the runtime's
+    sailor_ext/latent_attention.py): q from a latent q_lora_rank wide (null: from the hidden state), k and v
+    from one latent kv_lora_rank wide, each q and k head qk_nope_head_dim + qk_rope_head_dim wide with a
+    rotary key shared by all heads, values v_head_dim wide. rope_interleave (on by default) turns adjacent
+    pairs. With a scaled rope whose parameters give mscale_all_dim, the softmax scale 1/sqrt(head width) is
+    multiplied by (0.1 mscale_all_dim ln(factor) + 1)^2, as transformers does.
+  * Experts: a sigmoid router whose scores plus a fixed bias per expert (e_score_correction_bias, a buffer
+    in transformers, never trained) choose num_experts_per_tok of n_routed_experts, from the topk_group of
+    n_group groups whose two best biased scores sum highest; the unbiased scores of the chosen, renormalised
+    (norm_topk_prob) and times routed_scaling_factor, weigh them. n_shared_experts experts of
+    moe_intermediate_size run for every token, as one shared MLP that wide, added without a gate.
+  * The first first_k_dense_replace blocks have a dense MLP of intermediate_size (ModelSpec.dense_blocks).
+  * DeepSeek-V2 differs: a softmax router without score biases whose chosen probabilities are not
+    renormalised, times routed_scaling_factor; topk_method greedy (the top k of all experts) or
+    group_limited_greedy (of the topk_group groups with the highest probability among n_group); its
+    rotary positions always turn adjacent pairs; its experts' count may be named num_experts.
+
+DeepSeek-V3's balancing updates the score biases between steps (auxiliary-loss-free); transformers keeps them
+fixed, and so do we (--moe-aux-loss-coeff is its complementary sequence-wise loss). The multi-token prediction
+layers (num_nextn_predict_layers) are not trained, as transformers does not; their weights are left unread.
+Refused: FP8 checkpoints (quantization_config: convert them to bf16 first), attention and MLP biases,
+output_router_logits (as for every mixture of experts, moe.py), DeepSeek-V2's topk_methods other than greedy
+and group_limited_greedy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from planner.errors import SailorError
+from planner.inputs import short
+from planner.specs.families import ACTIVATION_TO_HF, Family, WeightRule, llama, moe
+from planner.specs.model import MAX_BLOCKS, ModelSpec
+
+_LAYER = "model.layers.{i}."
+# transformers' DeepseekV3Config and DeepseekV2Config defaults (5.24) for the fields read here (V2's n_group,
+# topk_group and num_experts_per_tok have none)
+V3_DEFAULTS = {"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+            "num_hidden_layers": 61, "num_attention_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+            "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+            "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+            "first_k_dense_replace": 3, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6}
+V2_DEFAULTS = {"vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 11008, "moe_intermediate_size": 1407,
+               "num_hidden_layers": 32, "num_attention_heads": 32, "n_shared_experts": 2, "n_routed_experts": 64,
+               "routed_scaling_factor": 1.0, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+               "v_head_dim": 128, "qk_nope_head_dim": 128, "first_k_dense_replace": 0,
+               "max_position_embeddings": 2048, "rms_norm_eps": 1e-6}
+DEFAULTS = {"deepseek_v3": V3_DEFAULTS, "deepseek_v2": V2_DEFAULTS}
+V2_TOPK = ("greedy", "group_limited_greedy")  # the topk_method values DeepSeek-V2's router runs
+
+
+def _count(cfg, key: str, default: int) -> int:
+    """A field that may be 0 (first_k_dense_replace, n_shared_experts)."""
+    value = cfg.cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or \
+            not 0 <= value <= 1 << 30:
+        raise SailorError(f"model config {cfg.source}: {key} must be a whole number >= 0, not {short(value)}")
+    return int(value)
+
+
+def _softmax_scale(cfg, head_width: int) -> float:
+    """transformers' scale when its rope parameters give mscale_all_dim (any scaled rope), else 0 (1/sqrt(d))."""
+    params = cfg.cfg.get("rope_scaling") or cfg.cfg.get("rope_parameters") or {}  # (llama._rope's precedence)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default" or not params.get("mscale_all_dim"):
+        return 0.0
+    factor = cfg.number("rope factor", params.get("factor"))
+    m = 1.0 if factor <= 1 else 0.1 * cfg.number("rope mscale_all_dim", params["mscale_all_dim"]) * \
+        math.log(factor) + 1.0
+    return head_width ** -0.5 * m * m
+
+
+def from_hf(cfg, model_type: str) -> dict:
+    v3, defaults = model_type == "deepseek_v3", DEFAULTS[model_type]
+    if cfg.cfg.get("quantization_config") is not None:
+        raise SailorError(f"model config {cfg.source}: quantized weights (quantization_config, DeepSeek's FP8) are "
+                          "not read; convert the checkpoint to bf16 and remove quantization_config")
+    moe.refuse_router_logits(cfg)
+    for key in ("attention_bias", "mlp_bias"):
+        if cfg.bool(key, False):
+            raise SailorError(f"model config {cfg.source}: {key} is not supported for {model_type}; set it to false")
+    d = {key: cfg.int(key, defaults.get(key)) for key in (
+        "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads",
+        "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "num_experts_per_tok",
+        "max_position_embeddings")}
+    blocks = cfg.int("num_hidden_layers", defaults["num_hidden_layers"], hi=MAX_BLOCKS)
+    q_rank = 0 if "q_lora_rank" in cfg.cfg and cfg.cfg["q_lora_rank"] is None else \
+        cfg.int("q_lora_rank", defaults["q_lora_rank"])
+    alias = "num_local_experts" if v3 else "num_experts"  # (transformers' attribute_map)
+    experts = cfg.int("n_routed_experts" if cfg.has("n_routed_experts") or not cfg.has(alias) else alias,
+                      defaults["n_routed_experts"])
+    if v3:
+        groups = cfg.int("n_group", defaults["n_group"]), cfg.int("topk_group", defaults["topk_group"])
+    else:
+        method = cfg.str("topk_method", "greedy")
+        if method not in V2_TOPK:
+            raise SailorError(f"model config {cfg.source}: topk_method {short(method)} is not one deepseek_v2's "
+                              f"router runs; use {' or '.join(V2_TOPK)}")
+        groups = (cfg.int("n_group"), cfg.int("topk_group")) if method == "group_limited_greedy" else (1, 1)
+    dense = min(_count(cfg, "first_k_dense_replace", defaults["first_k_dense_replace"]), blocks)
+    theta, scaling = llama._rope(cfg)
+    head = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+    heads = d["num_attention_heads"]
+    return dict(
+        hidden=d["hidden_size"], num_blocks=blocks, heads=heads, ffn_hidden=d["moe_intermediate_size"],
+        vocab=d["vocab_size"], max_positions=d["max_position_embeddings"],
+        tied_embeddings=cfg.bool("tie_word_embeddings", False), gated_mlp=True, rms_norm=True,
+        learned_positions=False, qkv_bias=False, out_bias=False, mlp_bias=False, separate_final_norm=True,
+        head_dim_override=head if head * heads != d["hidden_size"] else 0,
+        activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("rms_norm_eps", defaults["rms_norm_eps"]),
+        rope_theta=theta, rope_scaling=scaling, pad_token=cfg.pad_token(None),
+        rotary_interleaved=cfg.bool("rope_interleave", True) if v3 else True,
+        attention_scale=_softmax_scale(cfg, head),
+        kv_lora_rank=d["kv_lora_rank"], q_lora_rank=q_rank, rope_head_dim=d["qk_rope_head_dim"],
+        v_head_dim=d["v_head_dim"],
+        experts=experts, experts_per_token=d["num_experts_per_tok"],
+        expert_renorm=cfg.bool("norm_topk_prob", True) if v3 else False,
+        shared_expert_ffn=d["moe_intermediate_size"] * _count(cfg, "n_shared_experts", defaults["n_shared_experts"]),
+        shared_expert_gated=False, router_sigmoid=v3, expert_score_bias=v3, expert_groups=groups[0],
+        expert_groups_per_token=groups[1],
+        routed_scale=cfg.float("routed_scaling_factor", defaults["routed_scaling_factor"]),
+        dense_blocks=tuple(range(dense)), dense_ffn=d["intermediate_size"] if dense else 0,
+    )
+
+
+def to_hf(spec: ModelSpec) -> dict:
+    model_type = spec.hf_model_type or ("deepseek_v3" if spec.router_sigmoid else "deepseek_v2")
+    v3 = model_type == "deepseek_v3"
+    if not spec.latent or (spec.router_sigmoid, spec.expert_score_bias) != (v3, v3) or \
+            (not v3 and (spec.expert_renorm or not spec.rotary_interleaved)) or spec.shared_expert_gated and \
+            spec.shared_expert_ffn or spec.shared_expert_ffn % spec.ffn_hidden or spec.glu_limit or \
+            spec.router_bias or spec.dense_blocks != tuple(range(len(spec.dense_blocks))) or spec.qk_norm or \
+            spec.nope_blocks:
+        raise SailorError(f"{spec.name} cannot be written as a {model_type} config: it has latent attention, a "
+                          "sigmoid router with score biases (deepseek_v3) or a softmax router with unrenormalised "
+                          "weights and adjacent pairs rotated (deepseek_v2), shared experts without a gate as wide "
+                          "as a multiple of a routed one, and dense blocks only first")
+    scale = spec.attention_scale or spec.head_dim ** -0.5
+    rope = llama.hf_rope(spec)
+    if abs(scale * spec.head_dim ** 0.5 - 1) > 1e-12:  # the softmax scale is (mscale_all_dim's factor)^2
+        if rope.get("factor", 1) <= 1:
+            raise SailorError(f"{spec.name}: {model_type}'s config scales attention only by a scaled rope's "
+                              "mscale_all_dim, and the model has no scaled rope")
+        rope["mscale_all_dim"] = (math.sqrt(scale * spec.head_dim ** 0.5) - 1) / (0.1 * math.log(rope["factor"]))
+    cfg = {
+        "model_type": model_type, "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
+        "num_attention_heads": spec.heads, "num_key_value_heads": spec.heads, "vocab_size": spec.vocab,
+        "max_position_embeddings": spec.context_length, "rms_norm_eps": spec.norm_eps,
+        "hidden_act": ACTIVATION_TO_HF[spec.activation], "rope_parameters": rope,
+        "tie_word_embeddings": spec.tied_embeddings,
+        "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None, "attention_bias": False,
+        "q_lora_rank": spec.q_lora_rank or None, "kv_lora_rank": spec.kv_lora_rank,
+        "qk_rope_head_dim": spec.rope_head_dim, "qk_nope_head_dim": spec.head_dim - spec.rope_head_dim,
+        "v_head_dim": spec.v_head_dim, "moe_intermediate_size": spec.ffn_hidden,
+        "intermediate_size": spec.dense_ffn or spec.ffn_hidden, "n_routed_experts": spec.experts,
+        "num_experts_per_tok": spec.experts_per_token, "n_shared_experts": spec.shared_expert_ffn // spec.ffn_hidden,
+        "n_group": spec.expert_groups, "topk_group": spec.expert_groups_per_token,
+        "routed_scaling_factor": spec.routed_scale, "first_k_dense_replace": len(spec.dense_blocks),
+        "output_router_logits": False,
+    }
+    if v3:
+        cfg.update(rope_interleave=spec.rotary_interleaved, norm_topk_prob=spec.expert_renorm,
+                   num_nextn_predict_layers=0)
+    else:
+        cfg.update(mlp_bias=False, topk_method="group_limited_greedy" if spec.expert_groups > 1 else "greedy")
+    return cfg
+
+
+_ATTENTION = {"linear_q_down_proj": "q_a_proj", "q_latent_layernorm": "q_a_layernorm", "linear_q_up_proj": "q_b_proj",
+              "linear_q_proj": "q_proj", "linear_kv_down_proj": "kv_a_proj_with_mqa",
+              "kv_latent_layernorm": "kv_a_layernorm", "linear_kv_up_proj": "kv_b_proj", "linear_proj": "o_proj"}
+_MLP, _EXPERT, _SHARED = _LAYER + "mlp.", _LAYER + "mlp.experts.{e}.", _LAYER + "mlp.shared_experts."
+# LLaMA's norms, embedding and head; the latent attention's tensors; a dense MLP in the dense blocks; in the
+# others the router with its score bias, the routed experts (one tensor each) and the shared experts
+WEIGHTS = replace(llama.WEIGHTS, block=(
+    WeightRule("input_layernorm.weight", (_LAYER + "input_layernorm.weight",)),
+    *(WeightRule(f"self_attention.{ours}.weight", (f"{_LAYER}self_attn.{theirs}.weight",))
+      for ours, theirs in _ATTENTION.items()),
+    WeightRule("pre_mlp_layernorm.weight", (_LAYER + "post_attention_layernorm.weight",)),
+    WeightRule("mlp.linear_fc1.weight", (_MLP + "gate_proj.weight", _MLP + "up_proj.weight"), "gate_up", "dense"),
+    WeightRule("mlp.linear_fc2.weight", (_MLP + "down_proj.weight",), blocks="dense"),
+    WeightRule("mlp.router.weight", (_MLP + "gate.weight",), blocks="sparse"),
+    WeightRule("mlp.router.score_bias", (_MLP + "gate.e_score_correction_bias",), blocks="sparse"),
+    WeightRule("mlp.linear_fc1.weight", (_EXPERT + "gate_proj.weight", _EXPERT + "up_proj.weight"), "experts_gate_up",
+               "sparse"),
+    WeightRule("mlp.linear_fc2.weight", (_EXPERT + "down_proj.weight",), "experts", "sparse"),
+    WeightRule("mlp.shared_expert.linear_fc1.weight", (_SHARED + "gate_proj.weight", _SHARED + "up_proj.weight"),
+               "gate_up", "sparse"),
+    WeightRule("mlp.shared_expert.linear_fc2.weight", (_SHARED + "down_proj.weight",), blocks="sparse"),
+))
+
+FAMILY = Family("deepseek", ("deepseek_v2", "deepseek_v3"), from_hf, to_hf, WEIGHTS)
