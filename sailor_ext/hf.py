@@ -8,7 +8,7 @@ tensor by tensor, which Hugging Face tensors make a logical tensor and how
 
   * `HFWeights(dir)` reads `model.safetensors` or a sharded checkpoint
     (`model.safetensors.index.json`), lazily, tensor by tensor, dequantizing MXFP4
-    tensors (gpt-oss's published experts);
+    tensors (gpt-oss's published experts) and block-scaled FP8 ones (DeepSeek-V3's, Kimi K2's);
   * `load_stage(stage, dir)` gives every parameter of a stage (its fp32 main
     parameter in bf16/fp16 runs) its slice of the converted tensor, reading
     only that slice from disk (`--load-hf`: any plan, any TP degree);
@@ -17,6 +17,7 @@ tensor by tensor, which Hugging Face tensors make a logical tensor and how
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import replace
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from planner.errors import SailorError
+from planner.inputs import short
 from planner.specs.families import WeightRule, family, from_hf_config, to_hf_config
 from planner.specs.model import BLOCK, EMBEDDING, FINAL_NORM, HEAD, ModelSpec
 
@@ -189,6 +191,20 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     return torch.ldexp(values, scales.int().sub(127).unsqueeze(-1)).flatten(-2)
 
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_BLOCK = (128, 128)  # transformers' FineGrainedFP8Config.weight_block_size when config.json gives none
+
+
+def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
+                   offset: tuple[int, int] = (0, 0)) -> torch.Tensor:
+    """A block-scaled FP8 matrix in fp32: weight [R, C] (float8) times the scale of the block [r // b0, c // b1]
+    that holds each element (DeepSeek's weight_dequant; the last blocks of a dimension may be partial).
+    scale_inv holds the blocks from those of weight[0, 0] on, which sits at `offset` of the whole matrix."""
+    scales = scale_inv.float().repeat_interleave(block[0], dim=0).repeat_interleave(block[1], dim=1)
+    rows, cols = offset[0] % block[0], offset[1] % block[1]
+    return weight.float() * scales[rows:rows + weight.shape[0], cols:cols + weight.shape[1]]
+
+
 class HFWeights:
     """The tensors of a Hugging Face checkpoint directory, opened lazily."""
 
@@ -264,10 +280,12 @@ class HFWeights:
     def get(self, name: str, dim: int | None = None, start: int | None = None, stop: int | None = None) \
             -> torch.Tensor:
         """Tensor `name` in fp32, or only [start, stop) along `dim`, read from disk alone (MXFP4 tensors:
-        only the blocks that hold it, dequantized)."""
+        only the blocks that hold it, dequantized; FP8 ones with the scales of their blocks)."""
         if self._quantized(name):
             return self._dequantized(name, dim, start, stop)
         tensor = self._read(name, dim, start, stop)
+        if tensor.dtype in FP8_DTYPES:
+            return self._fp8(name, tensor, dim, start)
         if not tensor.is_floating_point():  # integers would load as weights and train to NaN
             raise SailorError(f"Hugging Face weights in {self.directory}: {name} holds {tensor.dtype} values, not "
                               "floating-point weights; give a model's safetensors weights")
@@ -296,6 +314,43 @@ class HFWeights:
         if trim is not None:
             tensor = tensor[..., trim]
         return tensor.transpose(-1, -2)
+
+    def _fp8(self, name: str, tensor: torch.Tensor, dim: int | None, start: int | None) -> torch.Tensor:
+        """The FP8 tensor `name` [R, C] (or its [start, ...) along `dim`, read as `tensor`) times the scales of its
+        blocks, `<name>_scale_inv` [ceil(R / b0), ceil(C / b1)] (b: config.json's weight_block_size)."""
+        scale = f"{name}_scale_inv"
+        shape = self.shape(name)
+        block = self._fp8_block
+        grid = tuple(-(-n // b) for n, b in zip(shape, block))
+        if scale not in self.files or len(shape) != 2 or tuple(self._slice(scale).get_shape()) != grid:
+            raise SailorError(f"Hugging Face weights in {self.directory}: {name} holds {tensor.dtype} values without "
+                              f"a {scale} of the {grid} blocks of {block[0]} x {block[1]} (config.json's "
+                              "quantization_config weight_block_size); give block-scaled FP8 weights (DeepSeek's) or "
+                              "unquantized ones")
+        offset = [0, 0]
+        if dim is None:
+            scales = self._read(scale, None, None, None)
+        else:
+            first = start // block[dim]
+            scales = self._read(scale, dim, first, -(-(start + tensor.shape[dim]) // block[dim]))
+            offset[dim] = start
+        return dequantize_fp8(tensor, scales, block, tuple(offset))
+
+    @functools.cached_property
+    def _fp8_block(self) -> tuple[int, int]:
+        """config.json's quantization_config weight_block_size [b0, b1], else transformers' default."""
+        try:
+            quant = json.loads((self.directory / "config.json").read_text()).get("quantization_config") or {}
+        except (OSError, ValueError, AttributeError):
+            quant = {}
+        block = quant.get("weight_block_size") if isinstance(quant, dict) else None
+        if block is None:
+            return FP8_BLOCK
+        if not isinstance(block, list) or len(block) != 2 or \
+                not all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= 1 << 20 for b in block):
+            raise SailorError(f"{self.directory / 'config.json'}: quantization_config weight_block_size must be two "
+                              f"positive integers, not {short(block)}")
+        return block[0], block[1]
 
     def close(self) -> None:
         for handle in self._handles.values():

@@ -98,6 +98,7 @@ class StageSpec:
     recompute: bool = False  # checkpoint every block: keep its input, rerun its forward in backward
     moe_aux_loss_coeff: float = 0.0  # the router losses' weights (sailor_ext/moe.py): load balancing, z-loss
     moe_z_loss_coeff: float = 0.0
+    moe_count_loads: bool = False  # count each expert's tokens (DeepSeek-V3's score bias updates)
 
     @property
     def layers(self) -> range:
@@ -352,7 +353,7 @@ class Block(nn.Module):
             self.pre_mlp_layernorm = norm(model, model.hidden)
         if model.experts and not model.dense(layer_number - 1):
             self.mlp = MoE(model, spec.tp, pg.tp, ACTIVATIONS[model.activation], spec.moe_aux_loss_coeff,
-                           spec.moe_z_loss_coeff, spec.tp_rank)
+                           spec.moe_z_loss_coeff, spec.tp_rank, spec.moe_count_loads)
         else:
             mlp = MLPSubmodules(linear_fc1=with_bias(ColumnParallelLinear, model.mlp_bias),
                                 linear_fc2=with_bias(RowParallelLinear, model.mlp_bias))
@@ -477,6 +478,15 @@ class StageModel(nn.Module):
         for moe in self.moe_layers:
             total, moe.router_sums = total + moe.router_sums, 0.0
         return total
+
+    def take_expert_loads(self) -> dict[int, torch.Tensor]:
+        """The step's tokens per expert [E] (float64, on the device) of this stage's MoE blocks, by block
+        (0-based); resets them."""
+        loads = {}
+        for layer, module in self.layers.items():
+            if isinstance(module, Block) and isinstance(module.mlp, MoE) and module.mlp.count_loads:
+                loads[int(layer) - 1], module.mlp.expert_load = module.mlp.expert_load, 0.0
+        return loads
 
     @property
     def vocab_start(self) -> int:

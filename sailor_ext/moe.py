@@ -87,19 +87,29 @@ class _RouterLossGradient(torch.autograd.Function):
 
     They are no stage's output, so no stage's loss would carry their gradient: backward starts it here,
     with d(objective)/d(loss) = moe.grad_scale, and adds the microbatch's sums (balances, z) to
-    moe.router_sums, once per microbatch (a forward that activation recomputation reruns in backward
-    builds a node whose backward never runs)."""
+    moe.router_sums and its tokens per expert to moe.expert_load (when counted), once per microbatch (a
+    forward that activation recomputation reruns in backward builds a node whose backward never runs)."""
 
     @staticmethod
-    def forward(ctx, out: torch.Tensor, loss: torch.Tensor, sums: torch.Tensor, moe: "MoE") -> torch.Tensor:
-        ctx.moe, ctx.sums = moe, sums
+    def forward(ctx, out: torch.Tensor, loss: torch.Tensor, sums: torch.Tensor, loads: torch.Tensor | None,
+                moe: "MoE") -> torch.Tensor:
+        ctx.moe, ctx.sums, ctx.loads = moe, sums, loads
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         moe = ctx.moe
         moe.router_sums = moe.router_sums + ctx.sums  # stays on the device
-        return grad, torch.full((), moe.grad_scale, dtype=torch.float32, device=grad.device), None, None
+        if ctx.loads is not None:
+            moe.expert_load = moe.expert_load + ctx.loads
+        return grad, torch.full((), moe.grad_scale, dtype=torch.float32, device=grad.device), None, None, None
+
+
+def updated_score_bias(bias: torch.Tensor, loads: torch.Tensor, rate: float) -> torch.Tensor:
+    """DeepSeek-V3's auxiliary-loss-free balancing: each expert's score bias moves by `rate` toward an even
+    load, b_e + rate * sign(mean_e' n_e' - n_e), n the tokens each expert took over the global batch (an
+    expert above the mean becomes less likely to be chosen). Megatron-LM's --moe-router-bias-update-rate."""
+    return (bias.double() + rate * torch.sign(loads.double().mean() - loads.double())).to(bias.dtype)
 
 
 def sequence_balance(probs: torch.Tensor, chosen: torch.Tensor, batch: int) -> torch.Tensor:
@@ -119,14 +129,18 @@ class MoE(nn.Module):
     """forward(x [s, b, h]) -> (output [s, b, h], None), as megatron's MLP returns (output, bias)."""
 
     def __init__(self, model: ModelSpec, tp: int, tp_group, activation, aux_loss_coeff: float = 0.0,
-                 z_loss_coeff: float = 0.0, tp_rank: int = 0):
+                 z_loss_coeff: float = 0.0, tp_rank: int = 0, count_loads: bool = False):
+        """count_loads: count the tokens each expert takes (expert_load; for updated_score_bias)."""
         super().__init__()
         # router losses: their coefficients; the step's global batch and gradient scale (start_step); the
-        # step's sums of sequence balances and token z values, read and reset by the trainer
+        # step's sums of sequence balances and token z values and its tokens per expert (float64, [E]), read and
+        # reset by the trainer
         self.aux_loss_coeff, self.z_loss_coeff, self.tp, self.tp_rank = aux_loss_coeff, z_loss_coeff, tp, tp_rank
+        self.count_loads = count_loads
         self.sequences = self.tokens = 1
         self.grad_scale = 0.0
         self.router_sums: torch.Tensor | float = 0.0
+        self.expert_load: torch.Tensor | float = 0.0
         experts, h, f = model.experts, model.hidden, model.ffn_hidden
         self.top_k, self.renorm, self.gated = model.experts_per_token, model.expert_renorm, model.gated_mlp
         self.glu_limit, self.glu_alpha = model.glu_limit, model.glu_alpha
@@ -156,7 +170,7 @@ class MoE(nn.Module):
         # [tokens, k] fp32 weights and experts; what the balancing loss reads (probabilities, experts)
         weights, chosen, probs, counted = (self._sigmoid_route if self.sigmoid else self._softmax_route)(logits)
         losses = self._router_losses(logits, probs, counted, shape[1]) \
-            if (self.aux_loss_coeff or self.z_loss_coeff) and torch.is_grad_enabled() else None
+            if (self.aux_loss_coeff or self.z_loss_coeff or self.count_loads) and torch.is_grad_enabled() else None
         if self.renorm:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if self.sigmoid else 0.0))
         if self.routed_scale != 1:
@@ -185,7 +199,8 @@ class MoE(nn.Module):
             out = out + (weights.view(-1, self.top_k, 1) * self.linear_fc2.bias[chosen]).sum(dim=1).to(out.dtype)
         out = reduce_from_tensor_model_parallel_region(out, group=self.tp_group)
         if losses is not None:
-            out = _RouterLossGradient.apply(out, *losses, self)
+            loads = torch.tensor(counts, dtype=torch.float64, device=x.device) if self.count_loads else None
+            out = _RouterLossGradient.apply(out, *losses, loads, self)
         return out.view(shape), None
 
     def _softmax_route(self, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -80,6 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--moe-z-loss-coeff", type=number(0.0, 1e3), default=0.0,
                    help="weight of the router z-loss of each MoE block, logsumexp(router logits)^2 per token "
                         "(ST-MoE; default 0: off; 1e-3 is usual)")
+    g.add_argument("--moe-router-bias-update-rate", type=number(0.0, 1.0), default=0.0,
+                   help="after each step, move every expert's score bias (DeepSeek-V3's auxiliary-loss-free "
+                        "balancing) by this toward an even load of the global batch, as Megatron-LM's flag "
+                        "(default 0: fixed, as transformers keeps them; DeepSeek-V3 trained with 1e-3)")
     g = p.add_argument_group("precision (sailor_ext/precision.py)")
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 parameters and activations, fp32 main gradients and master weights (default: the "
@@ -216,6 +220,9 @@ def check_model_flags(args, model: ModelSpec) -> None:
         if value and not model.experts:
             raise SailorError(f"{flag} weighs a loss on the router of a mixture of experts, and {model.name} has "
                               "none; drop the flag")
+    if args.moe_router_bias_update_rate and not model.expert_score_bias:
+        raise SailorError(f"--moe-router-bias-update-rate moves the expert score biases of a DeepSeek-V3 router, "
+                          f"and {model.name} has none; drop the flag")
 
 
 def resolve_plan(args, world_size: int) -> tuple[Plan, ModelSpec, Layout]:

@@ -27,13 +27,14 @@ import torch.distributed as dist
 from planner.errors import SailorError
 from planner.launch import Layout
 from planner.outputs import append_record
-from planner.specs.model import ModelSpec
+from planner.specs.model import BLOCK, ModelSpec
 from planner.specs.plan import Plan
 from sailor_ext import checkpoint, compat, devices
 from sailor_ext.data import BatchSlicer, DataSources, Source, evaluation, microbatches, open_training_data
 from sailor_ext.distributed_optimizer import DistributedOptimizer
 from sailor_ext.grad_sync import GradSync
 from sailor_ext.model import KernelFusion, StageModel, StageSpec, init_from_seed
+from sailor_ext.moe import updated_score_bias
 from sailor_ext.optimizer import Optimizer, OptimizerConfig
 from sailor_ext.p2p import StageLinks
 from sailor_ext.precision import LossScaler, MainParams, precision_config
@@ -99,8 +100,8 @@ class StepResult:
 
     step: int
     lr: float
-    # [global gradient sum of squares, loss, stop requests, sums of MoE sequence balances and token z values]:
-    # float64, on the device
+    # [global gradient sum of squares, loss, stop requests, sums of MoE sequence balances and token z values,
+    # (with score bias updates) the largest expert load over the mean of its block]: float64, on the device
     stats: torch.Tensor
     started: float  # time.perf_counter() when the step began
     skipped: bool = False  # fp16: a gradient overflowed; the weights and the optimizer did not move
@@ -111,9 +112,15 @@ class StepResult:
     z_values: int = 0
 
     @functools.cached_property
-    def _host(self) -> tuple[float, float, bool, float, float, float]:
-        sumsq, loss, stop, balance, z = self.stats.tolist()
-        return sumsq, loss, stop > 0, time.perf_counter() - self.started, balance, z
+    def _host(self) -> tuple:
+        sumsq, loss, stop, balance, z, *load = self.stats.tolist()
+        return sumsq, loss, stop > 0, time.perf_counter() - self.started, balance, z, load[0] if load else None
+
+    @property
+    def expert_load_max(self) -> float | None:
+        """With score bias updates: over the MoE blocks, the largest of an expert's tokens over the mean of
+        its block's experts (1 when even); else None."""
+        return self._host[6]
 
     @property
     def load_balance(self) -> float | None:
@@ -155,6 +162,8 @@ class StepResult:
             out["load_balance"] = self.load_balance
         if self.z_values:
             out["router_z"] = self.router_z
+        if self.expert_load_max is not None:
+            out["expert_load_max"] = self.expert_load_max
         return out
 
     def line(self) -> str:
@@ -164,7 +173,8 @@ class StepResult:
         scale = f" | loss scale {self.loss_scale:g}" if self.loss_scale is not None else ""
         balance = f" | load balance {self.load_balance:.4f}" if self.balances else ""
         z = f" | router z {self.router_z:.4g}" if self.z_values else ""
-        return f"loss {self.loss:.6f} | grad norm {self.grad_norm:.4f} | lr {self.lr:.3g}{scale}{balance}{z}"
+        load = f" | expert load max/mean {self.expert_load_max:.3f}" if self.expert_load_max is not None else ""
+        return f"loss {self.loss:.6f} | grad norm {self.grad_norm:.4f} | lr {self.lr:.3g}{scale}{balance}{z}{load}"
 
 
 class MetricsWriter:
@@ -219,7 +229,8 @@ class Trainer:
             embedding_stages=embedding_stages, stage=topology.stage,
             stage_chunks=topology.stage_tp(topology.stage),
             embedding_chunks=max(topology.stage_tp(s) for s in embedding_stages), recompute=stage.recompute,
-            moe_aux_loss_coeff=args.moe_aux_loss_coeff, moe_z_loss_coeff=args.moe_z_loss_coeff)
+            moe_aux_loss_coeff=args.moe_aux_loss_coeff, moe_z_loss_coeff=args.moe_z_loss_coeff,
+            moe_count_loads=bool(args.moe_router_bias_update_rate))
         fusion = KernelFusion.default(device, swiglu=args.swiglu_fusion, rope=args.rope_fusion)
         self.model = StageModel(self.spec, topology.tp_group, device, fusion)
         self.fused = fusion.applied(model_spec)
@@ -316,11 +327,13 @@ class Trainer:
             self.optimizer.unscale(scale)
         counts_loss = topo.is_last_stage and topo.tp_rank == 0  # one copy of each pipeline's loss
         router = self.model.take_router_sums()  # [2]
+        loads = self._expert_loads() if self.args.moe_router_bias_update_rate else []
         stats = torch.cat([torch.stack([self.optimizer.local_grad_sumsq(),
                                         (loss_sum if counts_loss else torch.zeros_like(loss_sum)).double(),
                                         torch.full((), float(stop), dtype=torch.float64, device=loss_sum.device)]),
-                           router if topo.tp_rank == 0 else torch.zeros_like(router)])  # no host copy
-        dist.all_reduce(stats, group=topo.world_group)  # grad norm, loss, stop requests, router sums: one collective
+                           router if topo.tp_rank == 0 else torch.zeros_like(router), *loads])  # no host copy
+        # grad norm, loss, stop requests, router sums, expert loads: one collective
+        dist.all_reduce(stats, group=topo.world_group)
         skipped = False
         if self.scaler is not None:
             # fp16 only: skipping is the host's decision, so it reads the norm (as Megatron reads found_inf).
@@ -331,6 +344,10 @@ class Trainer:
         if skipped:  # as Megatron: the iteration counts, the optimizer (and its LR schedule) does not move
             lr = self.optimizer.lr
         else:
+            if loads:
+                loads = stats[5:].view(self.model_spec.sparse_blocks, self.model_spec.experts)
+                self._update_score_biases(loads)
+                stats = torch.cat([stats[:5], (loads.amax(dim=1) / loads.mean(dim=1)).amax().view(1)])
             lr = self.optimizer.step(stats[0].sqrt())
             self.main.copy_to_model()
         self.grad_sync.zero_grad()
@@ -340,6 +357,32 @@ class Trainer:
         return StepResult(self.step, lr, stats, start, skipped, scale if self.scaler is not None else None,
                           blocks * batch if self.args.moe_aux_loss_coeff else 0,
                           blocks * batch * self.model_spec.seq_len if self.args.moe_z_loss_coeff else 0)
+
+    def _expert_loads(self) -> list[torch.Tensor]:
+        """This step's tokens per expert of this stage's MoE blocks, for the step's all-reduce: [the model's
+        sparse blocks x E] float64, this stage's rows filled by TP rank 0 of each replica (its TP ranks route
+        alike) and zero elsewhere, so the sum over the world counts the global batch once."""
+        spec, index = self.model_spec, self._sparse_rows()
+        rows = torch.zeros(spec.sparse_blocks, spec.experts, dtype=torch.float64, device=self.device)
+        for block, load in self.model.take_expert_loads().items():
+            if self.topology.tp_rank == 0:
+                rows[index[block]] += load
+        return [rows.flatten()]
+
+    def _sparse_rows(self) -> dict[int, int]:
+        """This stage's MoE blocks (0-based) -> their rows among the model's sparse blocks."""
+        spec = self.model_spec
+        return {layer - 1: layer - 1 - sum(d < layer - 1 for d in spec.dense_blocks) for layer in self.spec.layers
+                if spec.kind(layer) == BLOCK and spec.experts and not spec.dense(layer - 1)}
+
+    def _update_score_biases(self, loads: torch.Tensor) -> None:
+        """Move each local MoE block's score biases toward an even load of the global batch (updated_score_bias)
+        in the main parameters, before the step: every rank holding a copy moves it alike, and the optimizer
+        leaves it (no gradient reaches it)."""
+        with torch.no_grad():
+            for block, row in self._sparse_rows().items():
+                main = self.main.params[f"layers.{block + 1}.mlp.router.score_bias"]
+                main.copy_(updated_score_bias(main, loads[row], self.args.moe_router_bias_update_rate))
 
     def _inject_overflow(self) -> None:
         """The test hook: an inf in this rank's first gradient (after the sync), as an fp16 overflow leaves it."""

@@ -807,11 +807,14 @@ def test_deepseek_v3_details(tmp_path):
     """DeepSeek-V3: latent attention (q and kv latents 1536 and 512 wide, heads of 128 + 64 rotated q/k dimensions
     and 128 v ones), its softmax scale from YaRN's mscale_all_dim, three dense blocks first, 8 of 256 experts in 8
     groups chosen from the best 4 by sigmoid scores, one shared expert: 37.6 B of its 671 B parameters active per
-    token. Moonlight has no q latent. Megatron-LM's launch refuses it; FP8 checkpoints are refused."""
+    token; its published config names FP8 weights (read on load). Moonlight has no q latent. Megatron-LM's launch
+    refuses it."""
     from planner.specs.families import to_hf_config
     from planner.targets.megatron_lm import megatron_model_args
 
-    model = get_model(str(_write(tmp_path, _DEEPSEEK_V3)), seq_len=4096)
+    published = {**_DEEPSEEK_V3, "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                                         "quant_method": "fp8", "weight_block_size": [128, 128]}}
+    model = get_model(str(_write(tmp_path, published)), seq_len=4096)
     assert (model.kv_lora_rank, model.q_lora_rank, model.rope_head_dim, model.v_head_dim, model.head_dim) == \
         (512, 1536, 64, 128, 192)
     assert (model.q_dim, model.context_dim, model.rotary_dim, model.rotary_interleaved) == (24576, 16384, 64, True)
@@ -839,8 +842,8 @@ def test_deepseek_v3_details(tmp_path):
 
 
 @pytest.mark.parametrize("change, needle", [
-    ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}},
-     "quantized weights .* convert the checkpoint to bf16"),
+    ({"quantization_config": {"quant_method": "awq"}}, "quantization 'awq' is not supported; give unquantized "
+                                                        "weights or DeepSeek's own block-scaled FP8 ones"),
     ({"attention_bias": True}, "attention_bias is not supported for deepseek_v3; set it to false"),
     ({"output_router_logits": True}, "--moe-aux-loss-coeff"),
     ({"n_group": 7}, "256 experts in 7 groups"),

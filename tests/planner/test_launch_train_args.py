@@ -46,6 +46,9 @@ def test_bad_training_arguments_are_one_line_and_nothing_is_written(tmp_path, ta
     (["--train-iters", "5", "--moe-aux-loss-coeff", "0.01"],
      ["--moe-aux-loss-coeff weighs a loss on the router of a mixture of experts, and opt-125m has none; drop"]),
     (["--train-iters", "5", "--moe-z-loss-coeff", "0.001"], ["--moe-z-loss-coeff weighs", "opt-125m has none"]),
+    (["--train-iters", "5", "--moe-router-bias-update-rate", "0.001"],
+     ["--moe-router-bias-update-rate moves the expert score biases of a DeepSeek-V3 router", "opt-125m has none"]),
+    (["--train-iters", "5", "--moe-router-bias-update-rate", "2"], ["argument --moe-router-bias-update-rate: must"]),
 ])
 @pytest.mark.parametrize("target", ["slurm", "megatron-lm"])  # (megatron-lm's own parser took --lr -1)
 def test_what_every_rank_would_reject_is_refused_at_launch(tmp_path, train_args, words, target):

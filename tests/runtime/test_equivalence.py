@@ -370,6 +370,32 @@ def test_mixture_of_experts_plan_matches_single_process(family, name, runs_dir, 
             assert values == [None] * STEPS
 
 
+BIAS_UPDATE = ["--moe-router-bias-update-rate", "0.01"]
+
+
+@pytest.mark.parametrize("name", ["tp_per_replica", "combined_recompute"])
+def test_score_bias_updates_match_single_process(name, runs_dir, reference, moe_configs):
+    """DeepSeek-V3's auxiliary-loss-free balancing under TP 4/2 replicas with the distributed optimizer, and with a
+    recomputing stage: the score biases move by the global batch's loads as in the single process (each replica
+    counted once, whatever its TP degree), and each step logs the largest load over its block's mean."""
+    config = moe_configs["deepseek_v3"]
+    plan = llama_plan(name, config)
+    world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
+    sharded = ["--use-distributed-optimizer"] if name == "tp_per_replica" else []
+    run = run_plan(runs_dir / f"deepseek_v3-bias-{name}", plan, world, common_args(SGD + BIAS_UPDATE) + sharded)
+    assert_ok(run)
+    ref = reference("deepseek_v3-sgd-bias", plan_dict([((0, 6), [1])], [(12, 1)], model=str(config)), 1,
+                    SGD + BIAS_UPDATE)
+    assert_same_training(run, ref)
+    loads = [m["expert_load_max"] for m in run.metrics]
+    assert loads == pytest.approx([m["expert_load_max"] for m in ref.metrics]) and all(v > 1 for v in loads)
+    assert "expert load max/mean" in run.log(0)
+    biases = [t for n, t in logical_params(ref).items() if n.endswith("score_bias")]
+    assert len(biases) == 3  # (three sparse blocks after the dense one) moved in steps of 0.01, not all alike
+    for bias in biases:
+        assert torch.allclose(bias / 0.01, (bias / 0.01).round(), atol=1e-4) and len(set(bias.tolist())) > 1
+
+
 def test_fp16_loss_scale_scales_the_load_balancing_gradient(runs_dir, mixtral_config):
     """In fp16 the load-balancing loss's gradient takes the loss scale, as the token losses' does, and the
     optimizer's unscaling gives back fp32's gradient: with a coefficient large enough that balancing

@@ -189,3 +189,50 @@ def test_an_index_naming_the_wrong_file_is_one_line(tmp_path):
     with pytest.raises(SailorError, match="a.safetensors holds no tensor b, which model.safetensors.index.json "
                                           "places there"):
         HFWeights(tmp_path).get("b")
+
+
+@pytest.mark.parametrize("scale, block, needle", [
+    (None, [8, 8], "holds torch.float8_e4m3fn values without a w.weight_scale_inv of the (2, 3) blocks of 8 x 8"),
+    ((2, 2), [8, 8], "without a w.weight_scale_inv of the (2, 3) blocks"),  # a grid of other blocks
+    ((2, 3), [8, 0], "weight_block_size must be two positive integers, not [8, 0]"),
+    ((2, 3), "8x8", "weight_block_size must be two positive integers, not '8x8'"),
+], ids=["no-scales", "other-grid", "zero-block", "string-block"])
+def test_malformed_fp8_weights_are_one_line(tmp_path, scale, block, needle):
+    """FP8 weights without the scales of their blocks were read as their bare FP8 values (silently wrong)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from planner.errors import SailorError
+    from sailor_ext.hf import HFWeights
+
+    tensors = {"w.weight": torch.zeros(12, 20).to(torch.float8_e4m3fn)}
+    if scale is not None:
+        tensors["w.weight_scale_inv"] = torch.ones(scale)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "fp8",
+                                                                              "weight_block_size": block}}))
+    with pytest.raises(SailorError, match=needle.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")) as e:
+        HFWeights(tmp_path).get("w.weight", 0, 0, 4)
+    assert "\n" not in str(e.value)
+
+
+def test_fp8_blocks_cut_short_by_the_edge_take_their_scale(tmp_path):
+    """DeepSeek's matrices need not fill their last blocks (kv_a_proj_with_mqa: 576 rows in blocks of 128): each
+    element takes the scale of the block that holds it, whole and in slices (element by element here)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from sailor_ext.hf import HFWeights
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(12, 20, generator=generator).to(torch.float8_e4m3fn)
+    scale = torch.rand(2, 3, generator=generator) + 0.5
+    save_file({"w.weight": weight, "w.weight_scale_inv": scale}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "fp8",
+                                                                              "weight_block_size": [8, 8]}}))
+    expected = torch.tensor([[weight[i, j].float().item() * scale[i // 8, j // 8].item() for j in range(20)]
+                             for i in range(12)])
+    ours = HFWeights(tmp_path)
+    torch.testing.assert_close(ours.get("w.weight"), expected, rtol=1e-6, atol=0)
+    torch.testing.assert_close(ours.get("w.weight", 0, 5, 12), expected[5:12], rtol=1e-6, atol=0)
+    torch.testing.assert_close(ours.get("w.weight", 1, 7, 17), expected[:, 7:17], rtol=1e-6, atol=0)

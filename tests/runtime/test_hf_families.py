@@ -418,6 +418,46 @@ def test_mxfp4_experts_load_as_transformers_dequantizes_them(tmp_path):
     _trains_like_transformers(reference, hf_dir, tmp_path)
 
 
+def test_fp8_weights_load_as_transformers_dequantizes_them(tmp_path):
+    """DeepSeek-V3's published weights are FP8, each linear's with a scale per block of 128 x 128
+    (`<name>_scale_inv`). Random scales and the weights quantized by them in that layout (blocks of 8 x 8 here),
+    read by our loader whole and in slices that cut through blocks, equal transformers' dequantization
+    (from_pretrained on the CPU) exactly; and the 6-rank plan trained from that checkpoint takes transformers'
+    dequantized model's losses and gradient norms."""
+    pytest.importorskip("accelerate")
+    from safetensors.torch import load_file, save_file
+
+    from sailor_ext.hf import HFWeights
+
+    hf_dir = tmp_path / "hf"
+    _hf_model("deepseek_v3", hf_dir)
+    tensors, generator = load_file(hf_dir / "model.safetensors"), torch.Generator().manual_seed(1)
+    for name in [n for n in tensors if n.endswith("proj.weight")]:  # (every linear but the router and the head)
+        rows, cols = tensors[name].shape
+        scale = torch.rand(rows // 8, cols // 8, generator=generator) * 0.01 + 0.001
+        tensors[name] = (tensors[name] / scale.repeat_interleave(8, 0).repeat_interleave(8, 1)).to(
+            torch.float8_e4m3fn)
+        tensors[name + "_scale_inv"] = scale
+    save_file(tensors, hf_dir / "model.safetensors", {"format": "pt"})
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, "quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [8, 8]}}))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    theirs = reference.state_dict()
+
+    ours = HFWeights(hf_dir)
+    for name in ("model.layers.0.self_attn.q_a_proj.weight", "model.layers.1.self_attn.kv_b_proj.weight",
+                 "model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.shared_experts.up_proj.weight"):
+        assert ours.get(name).dtype == torch.float32 and torch.equal(ours.get(name), theirs[name])
+        assert torch.equal(ours.get(name, 0, 3, 21), theirs[name][3:21])  # within and across blocks
+        assert torch.equal(ours.get(name, 1, 5, 13), theirs[name][:, 5:13])
+    gate_up = theirs["model.layers.1.mlp.experts.gate_up_proj"][2]  # expert 2's [gate; up]
+    assert torch.equal(ours.get("model.layers.1.mlp.experts.2.up_proj.weight"), gate_up[32:])
+    ours.close()
+
+    _trains_like_transformers(reference, hf_dir, tmp_path)
+
+
 def test_sharded_checkpoints_load_and_export(tmp_path):
     """A checkpoint saved in shards (with model.safetensors.index.json) loads under a plan,
     and `sailor export --max-shard-size` writes one that transformers loads."""

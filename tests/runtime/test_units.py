@@ -449,3 +449,21 @@ def test_grouped_softmax_routing_is_transformers_deepseek_v2(world_of_one, tmp_p
     assert torch.equal(chosen.gather(1, order), their_chosen.gather(1, their_order))
     torch.testing.assert_close(weights.gather(1, order), their_weights.gather(1, their_order), rtol=1e-6, atol=0)
     assert not torch.equal(chosen.sort(dim=-1).values, probs.topk(4).indices.sort(dim=-1).values)  # groups matter
+
+
+def test_score_bias_update_is_megatrons(world_of_one, monkeypatch):
+    """DeepSeek-V3's auxiliary-loss-free balancing step (updated_score_bias) is Megatron-LM's
+    get_updated_expert_bias, ties with the mean included (its all-reduce over a group of one here)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    from sailor_ext.moe import updated_score_bias
+
+    monkeypatch.setattr(moe_utils.parallel_state, "get_tensor_and_data_parallel_group",
+                        lambda **kwargs: dist.group.WORLD)
+    generator = torch.Generator().manual_seed(0)
+    for experts in (4, 8, 256):
+        loads = torch.randint(0, 50, (experts,), generator=generator).double()
+        loads[0] = loads.mean().round()  # (a tie with the mean, where it is whole)
+        bias = torch.randn(experts, generator=generator)
+        expected = moe_utils.get_updated_expert_bias(loads.clone(), bias, 1e-3)
+        assert torch.equal(updated_score_bias(bias, loads, 1e-3), expected.float())  # (Megatron's buffer: fp32)

@@ -19,10 +19,13 @@ dense first blocks.
     group_limited_greedy (of the topk_group groups with the highest probability among n_group); its
     rotary positions always turn adjacent pairs; its experts' count may be named num_experts.
 
-DeepSeek-V3's balancing updates the score biases between steps (auxiliary-loss-free); transformers keeps them
-fixed, and so do we (--moe-aux-loss-coeff is its complementary sequence-wise loss). The multi-token prediction
+DeepSeek-V3's balancing moves the score biases between steps (auxiliary-loss-free); transformers keeps them
+fixed, and so do we unless the training argument --moe-router-bias-update-rate asks (sailor_ext/moe.py;
+--moe-aux-loss-coeff is its complementary sequence-wise loss). The multi-token prediction
 layers (num_nextn_predict_layers) are not trained, as transformers does not; their weights are left unread.
-Refused: FP8 checkpoints (quantization_config: convert them to bf16 first), attention and MLP biases,
+The published FP8 weights (quantization_config quant_method fp8: float8 tensors with a scale per block of
+weight_block_size, `<name>_scale_inv`) are dequantized on load (sailor_ext/hf.py); export writes unquantized
+weights. Refused: other quantizations, attention and MLP biases,
 output_router_logits (as for every mixture of experts, moe.py), DeepSeek-V2's topk_methods other than greedy
 and group_limited_greedy.
 """
@@ -76,9 +79,11 @@ def _softmax_scale(cfg, head_width: int) -> float:
 
 def from_hf(cfg, model_type: str) -> dict:
     v3, defaults = model_type == "deepseek_v3", DEFAULTS[model_type]
-    if cfg.cfg.get("quantization_config") is not None:
-        raise SailorError(f"model config {cfg.source}: quantized weights (quantization_config, DeepSeek's FP8) are "
-                          "not read; convert the checkpoint to bf16 and remove quantization_config")
+    quant = cfg.cfg.get("quantization_config")
+    if quant is not None and (not isinstance(quant, dict) or quant.get("quant_method") != "fp8"):
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise SailorError(f"model config {cfg.source}: quantization {short(method)} is not supported; give "
+                          "unquantized weights or DeepSeek's own block-scaled FP8 ones (quant_method fp8)")
     moe.refuse_router_logits(cfg)
     for key in ("attention_bias", "mlp_bias"):
         if cfg.bool(key, False):
