@@ -327,13 +327,18 @@ class Trainer:
             self.optimizer.unscale(scale)
         counts_loss = topo.is_last_stage and topo.tp_rank == 0  # one copy of each pipeline's loss
         router = self.model.take_router_sums()  # [2]
-        loads = self._expert_loads() if self.args.moe_router_bias_update_rate else []
+        counted = self._expert_loads() if self.args.moe_router_bias_update_rate and self.model_spec.sparse_blocks \
+            else []
         stats = torch.cat([torch.stack([self.optimizer.local_grad_sumsq(),
                                         (loss_sum if counts_loss else torch.zeros_like(loss_sum)).double(),
                                         torch.full((), float(stop), dtype=torch.float64, device=loss_sum.device)]),
-                           router if topo.tp_rank == 0 else torch.zeros_like(router), *loads])  # no host copy
+                           router if topo.tp_rank == 0 else torch.zeros_like(router), *counted])  # no host copy
         # grad norm, loss, stop requests, router sums, expert loads: one collective
         dist.all_reduce(stats, group=topo.world_group)
+        loads = None
+        if counted:  # the global batch's tokens per expert [sparse blocks, E]; the step reports the worst balance
+            loads = stats[5:].view(self.model_spec.sparse_blocks, self.model_spec.experts)
+            stats = torch.cat([stats[:5], (loads.amax(dim=1) / loads.mean(dim=1)).amax().view(1)])
         skipped = False
         if self.scaler is not None:
             # fp16 only: skipping is the host's decision, so it reads the norm (as Megatron reads found_inf).
@@ -344,10 +349,8 @@ class Trainer:
         if skipped:  # as Megatron: the iteration counts, the optimizer (and its LR schedule) does not move
             lr = self.optimizer.lr
         else:
-            if loads:
-                loads = stats[5:].view(self.model_spec.sparse_blocks, self.model_spec.experts)
+            if loads is not None:
                 self._update_score_biases(loads)
-                stats = torch.cat([stats[:5], (loads.amax(dim=1) / loads.mean(dim=1)).amax().view(1)])
             lr = self.optimizer.step(stats[0].sqrt())
             self.main.copy_to_model()
         self.grad_sync.zero_grad()

@@ -396,6 +396,26 @@ def test_score_bias_updates_match_single_process(name, runs_dir, reference, moe_
         assert torch.allclose(bias / 0.01, (bias / 0.01).round(), atol=1e-4) and len(set(bias.tolist())) > 1
 
 
+def test_a_skipped_fp16_step_leaves_the_score_biases(runs_dir, moe_configs):
+    """fp16: a step skipped for an overflowing gradient (the test hook, at step 2) moves neither the weights nor
+    the score biases, and still reports its load balance; the biases move again at step 3."""
+    from sailor_ext.checkpoint import read_logical
+
+    config = moe_configs["deepseek_v3"]
+    workdir = runs_dir / "deepseek_v3-fp16-skip"
+    run = run_plan(workdir, plan_dict([((0, 6), [1])], [(12, 1)], model=str(config)), 1,
+                   ["--train-iters", "3", "--seed", "7", "--fp16", "--initial-loss-scale", "1024", "--save", "ckpt",
+                    "--save-interval", "1", "--keep-checkpoints", "0", *BIAS_UPDATE],
+                   env={"SAILOR_TEST_GRAD_OVERFLOW": "2:0"})
+    assert_ok(run)
+    assert [m["skipped"] for m in run.metrics] == [False, True, False]
+    assert all(1 < m["expert_load_max"] < 8 for m in run.metrics)  # (a ratio to the mean of 8 experts)
+    biases = [{n: t for n, t in read_logical(str(workdir / "ckpt" / f"iter_{step:07d}"))[1].items()
+               if n.endswith("score_bias")} for step in (1, 2, 3)]
+    assert all(torch.equal(biases[0][n], biases[1][n]) for n in biases[0])
+    assert not all(torch.equal(biases[1][n], biases[2][n]) for n in biases[1])
+
+
 def test_fp16_loss_scale_scales_the_load_balancing_gradient(runs_dir, mixtral_config):
     """In fp16 the load-balancing loss's gradient takes the loss scale, as the token losses' does, and the
     optimizer's unscaling gives back fp32's gradient: with a coefficient large enough that balancing
