@@ -200,7 +200,7 @@ def parse_gpus(spec: str, cluster: Cluster, flag: str = "--gpus") -> tuple[Pool,
     form = "write TYPE@ZONE=COUNT,..., e.g. A100-40@us-central1-a=64 (`sailor list gpus`, `sailor list zones`)"
     if not spec.strip():
         raise SailorError(f"{flag} is empty; {form}")
-    pools, given = [], {}
+    pools = []
     for item in (s.strip() for s in spec.split(",")):
         what, eq, count = item.rpartition("=")
         gpu, at, zone = what.partition("@")
@@ -209,12 +209,7 @@ def parse_gpus(spec: str, cluster: Cluster, flag: str = "--gpus") -> tuple[Pool,
         if not (count.strip().isascii() and count.strip().isdigit()) or int(count) > MAX_COUNT:
             raise SailorError(f"bad {flag} item {item!r}: the count must be an integer from 0 to {MAX_COUNT}")
         zone = cluster.check_zone(zone.strip(), f"{flag} item {item!r}") if at else "us-central1-a"
-        pool = Pool(cluster.gpu(gpu.strip()).name, zone, int(count))
-        if (pool.gpu, pool.zone) in given:  # (a typo would otherwise add up silently)
-            raise SailorError(f"{flag} names {pool.gpu}@{zone} twice ({given[pool.gpu, pool.zone]!r} and {item!r}); "
-                              "give each GPU type and zone once, with its whole count")
-        given[pool.gpu, pool.zone] = item
-        pools.append(pool)
+        pools.append(Pool(cluster.gpu(gpu.strip()).name, zone, int(count)))
     return tuple(_merge(pools))
 
 

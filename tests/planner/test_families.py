@@ -173,6 +173,13 @@ PUBLISHED["Moonlight-16B-A3B"] = ({**_DEEPSEEK_V3, "hidden_size": 2048, "interme
                                    "max_position_embeddings": 8192,
                                    "rms_norm_eps": 1e-05, "rope_theta": 50000.0, "rope_scaling": None,
                                    "vocab_size": 163840}, 15_960_108_544 + 26 * 64)
+# Kimi K2: DeepSeek-V3's architecture with 384 experts in one group and 64 heads; 1 T parameters, 32 B active
+PUBLISHED["Kimi-K2"] = ({**_DEEPSEEK_V3, "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": 384,
+                         "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.827,
+                         "vocab_size": 163840, "max_position_embeddings": 131072, "rope_theta": 50000.0,
+                         "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
+                                          "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                                          "type": "yarn"}, "num_nextn_predict_layers": 0}, 1_026_408_232_448)
 # DeepSeek-V2 (236 B, 21 B active) and V2-Lite (15.7 B, 2.4 B active), as their model cards give them: a softmax
 # router, group-limited (V2) or greedy (Lite), unrenormalised and scaled weights
 _DEEPSEEK_V2 = {"model_type": "deepseek_v2", "hidden_size": 5120, "intermediate_size": 12288,
@@ -192,6 +199,21 @@ PUBLISHED["DeepSeek-V2-Lite"] = ({**_DEEPSEEK_V2, "hidden_size": 2048, "intermed
                                   "num_key_value_heads": 16, "n_routed_experts": 64, "routed_scaling_factor": 1.0,
                                   "q_lora_rank": None, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
                                   "aux_loss_alpha": 0.001}, 15_706_484_224)
+
+# GLM-4.5-Air (106 B, 12 B active) and GLM-4.5 (355 B with its multi-token prediction layer, 32 B active): GQA
+# with q/k/v biases, half of each head rotated, DeepSeek-V3's experts
+_GLM45_AIR = {"model_type": "glm4_moe", "attention_bias": True, "pad_token_id": 151329, "head_dim": 128,
+              "hidden_act": "silu", "hidden_size": 4096, "partial_rotary_factor": 0.5, "intermediate_size": 10944,
+              "max_position_embeddings": 131072, "moe_intermediate_size": 1408, "norm_topk_prob": True,
+              "num_attention_heads": 96, "n_group": 1, "topk_group": 1, "n_routed_experts": 128,
+              "n_shared_experts": 1, "routed_scaling_factor": 1.0, "num_experts_per_tok": 8,
+              "first_k_dense_replace": 1, "num_hidden_layers": 46, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+              "rope_scaling": None, "rope_theta": 1000000, "num_nextn_predict_layers": 1, "tie_word_embeddings": False,
+              "use_qk_norm": False, "vocab_size": 151552}
+PUBLISHED["GLM-4.5-Air"] = (_GLM45_AIR, 106_852_251_264)
+PUBLISHED["GLM-4.5"] = ({**_GLM45_AIR, "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+                         "num_hidden_layers": 92, "n_routed_experts": 160, "first_k_dense_replace": 3,
+                         "routed_scaling_factor": 2.5, "use_qk_norm": True}, 352_797_829_024)
 
 
 def transformers_count(cfg: dict) -> int:
@@ -807,7 +829,8 @@ def test_deepseek_v3_details(tmp_path):
     """DeepSeek-V3: latent attention (q and kv latents 1536 and 512 wide, heads of 128 + 64 rotated q/k dimensions
     and 128 v ones), its softmax scale from YaRN's mscale_all_dim, three dense blocks first, 8 of 256 experts in 8
     groups chosen from the best 4 by sigmoid scores, one shared expert: 37.6 B of its 671 B parameters active per
-    token; its published config names FP8 weights (read on load). Moonlight has no q latent. Megatron-LM's launch
+    token; its published config names FP8 weights (read on load). Kimi K2: 1 T, 32 B active, as its card gives
+    them. Moonlight has no q latent. Megatron-LM's launch
     refuses it."""
     from planner.specs.families import to_hf_config
     from planner.targets.megatron_lm import megatron_model_args
@@ -836,6 +859,9 @@ def test_deepseek_v3_details(tmp_path):
     with pytest.raises(SailorError, match="latent attention, sigmoid router or dense blocks .* not map onto "
                                           "Megatron-LM's arguments"):
         megatron_model_args(model)
+    kimi = get_model(str(_write(tmp_path, PUBLISHED["Kimi-K2"][0])))
+    total = kimi.total_params(padded=False)
+    assert round(total / 1e12) == 1 and int((total - 60 * (384 - 8) * 3 * 7168 * 2048) / 1e9) == 32
     moonlight = get_model(str(_write(tmp_path, PUBLISHED["Moonlight-16B-A3B"][0])))
     assert moonlight.q_lora_rank == 0 and moonlight.attention_scale == 0 and moonlight.expert_groups == 1
     assert moonlight.shared_expert_ffn == 2 * 1408 and moonlight.dense_blocks == (0,)
@@ -917,3 +943,33 @@ def test_deepseek_v2_details(tmp_path):
                            ({"mlp_bias": True}, "mlp_bias is not supported for deepseek_v2")):
         with pytest.raises(SailorError, match=needle):
             get_model(str(_write(tmp_path, {**_DEEPSEEK_V2, **change})))
+
+
+def test_glm4_moe_details(tmp_path):
+    """GLM-4.5-Air: q/k/v biases and none on the output projection, the first 64 of each head's 128 dimensions
+    rotated by halves, DeepSeek-V3's router and a dense first block; 12 B of its 106 B parameters active, the
+    embeddings left out, as its card counts them. GLM-4.5 adds per-head q/k norms (32 B active; 352.8 B here,
+    its card's 355 B counting the multi-token prediction layer). The exported config reads back as the model."""
+    from planner.specs.families import to_hf_config
+
+    air = get_model(str(_write(tmp_path, _GLM45_AIR)))
+    assert air.qkv_bias and not air.out_bias and not air.qk_norm and not air.rotary_interleaved
+    assert (air.rotary_dim, air.num_query_groups, air.dense_blocks, air.experts, air.expert_groups) == \
+        (64, 8, (0,), 128, 1)
+    assert air.router_sigmoid and air.expert_score_bias and air.shared_expert_ffn == 1408
+    embeddings = 2 * 151552 * 4096
+    inactive = 45 * (128 - 8) * 3 * 4096 * 1408
+    assert round((air.total_params(padded=False) - inactive - embeddings) / 1e9) == 12
+    full = get_model(str(_write(tmp_path, PUBLISHED["GLM-4.5"][0])))
+    assert full.qk_norm and full.dense_blocks == (0, 1, 2) and full.routed_scale == 2.5
+    inactive, embeddings = 89 * (160 - 8) * 3 * 5120 * 1536, 2 * 151552 * 5120
+    assert round((full.total_params(padded=False) - inactive - embeddings) / 1e9) == 32
+    for model in (air, full):
+        (tmp_path / "back").mkdir(exist_ok=True)
+        back = get_model(str(_write(tmp_path / "back", to_hf_config(model))))
+        assert replace(back, name="").to_dict() == replace(model, name="").to_dict()
+    with pytest.raises(SailorError, match="quantization 'gptq' is not supported"):
+        get_model(str(_write(tmp_path, {**_GLM45_AIR, "quantization_config": {"quant_method": "gptq"}})))
+    # (transformers' glm4_moe reads no window: every block attends to every token)
+    assert get_model(str(_write(tmp_path, {**_GLM45_AIR, "sliding_window": 8, "layer_types": [
+        "sliding_attention"] * 46}))).windows == ()

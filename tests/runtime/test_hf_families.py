@@ -181,6 +181,13 @@ def _small(kind: str):
             eos_token_id=None, rope_parameters={
                 "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 1e4,
                 "mscale": 0.707, "mscale_all_dim": 0.707})
+    if kind == "glm4_moe":  # GLM-4.5: q/k/v biases, per-head q/k norms, half of each head rotated by halves; a dense
+        # first block on the TP 2 stage; DeepSeek-V3's router (8 experts in 4 groups, score biases) and shared expert
+        return transformers.Glm4MoeConfig(**llama, head_dim=16, attention_bias=True, use_qk_norm=True,
+                                          moe_intermediate_size=32, n_routed_experts=8, n_group=4, topk_group=2,
+                                          num_experts_per_tok=2, n_shared_experts=1, routed_scaling_factor=2.5,
+                                          first_k_dense_replace=1, pad_token_id=None, bos_token_id=None,
+                                          eos_token_id=None)
     if kind == "starcoder2":  # LayerNorms and linears with biases, a plain GELU MLP, grouped queries, windows
         return transformers.Starcoder2Config(**llama, sliding_window=8, bos_token_id=None, eos_token_id=None)
     if kind == "gemma":  # (1 + w) norms, scaled embeddings, GeGLU, heads wider than hidden / heads
@@ -214,8 +221,8 @@ SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "ex
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "arcee",
             "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3",
             "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4",
-            "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "phi", "opt", "opt-350m", "gpt2",
-            "gpt_neo", "gpt_neox")
+            "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "phi", "opt",
+            "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 def _hf_model(kind: str, directory):

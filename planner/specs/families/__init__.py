@@ -2,9 +2,9 @@
 
 One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
 Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE, OLMoE and GraniteMoE; olmo.py OLMo 2 and 3; gemma.py
-Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; exaone.py EXAONE 4; gpt_oss.py; deepseek.py;
-arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything
-family-specific:
+Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5; exaone.py EXAONE 4;
+gpt_oss.py; deepseek.py DeepSeek-V2 and V3; arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py,
+gpt_neo.py). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -80,13 +80,13 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import (arcee, cohere, deepseek, exaone, gemma, glm, gpt2, gpt_neo, gpt_neox, gpt_oss,
-                                        llama, moe, olmo, opt, phi, phi3, starcoder2)
+    from planner.specs.families import (arcee, cohere, deepseek, exaone, gemma, glm, glm_moe, gpt2, gpt_neo, gpt_neox,
+                                        gpt_oss, llama, moe, olmo, opt, phi, phi3, starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
                                 olmo.FAMILY, phi.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
-                                cohere.FAMILY, glm.FAMILY, exaone.FAMILY, gpt_oss.FAMILY, deepseek.FAMILY, arcee.FAMILY,
-                                opt.FAMILY,
+                                cohere.FAMILY, glm.FAMILY, glm_moe.FAMILY, exaone.FAMILY, gpt_oss.FAMILY,
+                                deepseek.FAMILY, arcee.FAMILY, opt.FAMILY,
                                 gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
@@ -246,6 +246,11 @@ HF_DEFAULTS = {
     "exaone4": {"num_key_value_heads": 32, "rms_norm_eps": 1e-5, "sliding_window": 4096},
     "ernie4_5": {"num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "pad_token_id": 0,
                  "tie_word_embeddings": True},
+    "glm4_moe": {"vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 10944, "num_hidden_layers": 46,
+                 "num_attention_heads": 96, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+                 "rms_norm_eps": 1e-5, "moe_intermediate_size": 1408, "num_experts_per_tok": 8, "n_shared_experts": 1,
+                 "n_routed_experts": 128, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
+                 "first_k_dense_replace": 1},
     "gpt_oss": {"num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 150000.0,
                 "sliding_window": 128, "attention_bias": True, "intermediate_size": 2880},
 }
@@ -265,4 +270,5 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "seed_oss": "SeedOssForCausalLM", "helium": "HeliumForCausalLM",
                   "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
-                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+                  "glm4_moe": "Glm4MoeForCausalLM"}

@@ -25,9 +25,9 @@ fixed, and so do we unless the training argument --moe-router-bias-update-rate a
 layers (num_nextn_predict_layers) are not trained, as transformers does not; their weights are left unread.
 The published FP8 weights (quantization_config quant_method fp8: float8 tensors with a scale per block of
 weight_block_size, `<name>_scale_inv`) are dequantized on load (sailor_ext/hf.py); export writes unquantized
-weights. Refused: other quantizations, attention and MLP biases,
-output_router_logits (as for every mixture of experts, moe.py), DeepSeek-V2's topk_methods other than greedy
-and group_limited_greedy.
+weights. Refused: other quantizations, attention biases, V2's MLP biases (V3's MLPs have none: transformers
+ignores mlp_bias there, and so do we), output_router_logits (as for every mixture of experts, moe.py),
+DeepSeek-V2's topk_methods other than greedy and group_limited_greedy. GLM-4.5 (glm_moe.py) shares the experts.
 """
 from __future__ import annotations
 
@@ -43,10 +43,10 @@ _LAYER = "model.layers.{i}."
 # transformers' DeepseekV3Config and DeepseekV2Config defaults (5.24) for the fields read here (V2's n_group,
 # topk_group and num_experts_per_tok have none)
 V3_DEFAULTS = {"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
-            "num_hidden_layers": 61, "num_attention_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
-            "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
-            "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
-            "first_k_dense_replace": 3, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6}
+               "num_hidden_layers": 61, "num_attention_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+               "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+               "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+               "first_k_dense_replace": 3, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6}
 V2_DEFAULTS = {"vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 11008, "moe_intermediate_size": 1407,
                "num_hidden_layers": 32, "num_attention_heads": 32, "n_shared_experts": 2, "n_routed_experts": 64,
                "routed_scaling_factor": 1.0, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
@@ -77,58 +77,78 @@ def _softmax_scale(cfg, head_width: int) -> float:
     return head_width ** -0.5 * m * m
 
 
-def from_hf(cfg, model_type: str) -> dict:
-    v3, defaults = model_type == "deepseek_v3", DEFAULTS[model_type]
+def refuse_quantization(cfg) -> None:
+    """Quantized checkpoints other than DeepSeek's block-scaled FP8 (which sailor_ext/hf.py dequantizes)."""
     quant = cfg.cfg.get("quantization_config")
     if quant is not None and (not isinstance(quant, dict) or quant.get("quant_method") != "fp8"):
         method = quant.get("quant_method") if isinstance(quant, dict) else quant
         raise SailorError(f"model config {cfg.source}: quantization {short(method)} is not supported; give "
                           "unquantized weights or DeepSeek's own block-scaled FP8 ones (quant_method fp8)")
+
+
+def sigmoid_experts(cfg, defaults: dict, blocks: int, alias: str = "num_local_experts") -> dict:
+    """DeepSeek-V3's mixture of experts as a config gives it (GLM-4.5's too): the sigmoid router with score
+    biases and groups, the shared experts, the dense first blocks (ModelSpec fields). alias: another name of
+    n_routed_experts (transformers' attribute_map)."""
+    fields = _experts(cfg, defaults, blocks, alias)
+    fields.update(router_sigmoid=True, expert_score_bias=True, expert_renorm=cfg.bool("norm_topk_prob", True),
+                  expert_groups=cfg.int("n_group", defaults["n_group"]),
+                  expert_groups_per_token=cfg.int("topk_group", defaults["topk_group"]))
+    return fields
+
+
+def _experts(cfg, defaults: dict, blocks: int, alias: str) -> dict:
+    """The experts' fields V2 and V3 read alike."""
+    width = cfg.int("moe_intermediate_size", defaults["moe_intermediate_size"])
+    experts = cfg.int("n_routed_experts" if cfg.has("n_routed_experts") or not cfg.has(alias) else alias,
+                      defaults["n_routed_experts"])
+    dense = min(_count(cfg, "first_k_dense_replace", defaults["first_k_dense_replace"]), blocks)
+    return dict(ffn_hidden=width, experts=experts,
+                experts_per_token=cfg.int("num_experts_per_tok", defaults.get("num_experts_per_tok")),
+                shared_expert_ffn=width * _count(cfg, "n_shared_experts", defaults["n_shared_experts"]),
+                shared_expert_gated=False,
+                routed_scale=cfg.float("routed_scaling_factor", defaults["routed_scaling_factor"]),
+                dense_blocks=tuple(range(dense)),
+                dense_ffn=cfg.int("intermediate_size", defaults["intermediate_size"]) if dense else 0)
+
+
+def from_hf(cfg, model_type: str) -> dict:
+    v3, defaults = model_type == "deepseek_v3", DEFAULTS[model_type]
+    refuse_quantization(cfg)
     moe.refuse_router_logits(cfg)
-    for key in ("attention_bias", "mlp_bias"):
+    for key in ("attention_bias", "mlp_bias") if not v3 else ("attention_bias",):  # (V3's MLPs never have biases)
         if cfg.bool(key, False):
             raise SailorError(f"model config {cfg.source}: {key} is not supported for {model_type}; set it to false")
     d = {key: cfg.int(key, defaults.get(key)) for key in (
-        "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads",
-        "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "num_experts_per_tok",
-        "max_position_embeddings")}
+        "vocab_size", "hidden_size", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim",
+        "qk_nope_head_dim", "max_position_embeddings")}
     blocks = cfg.int("num_hidden_layers", defaults["num_hidden_layers"], hi=MAX_BLOCKS)
     q_rank = 0 if "q_lora_rank" in cfg.cfg and cfg.cfg["q_lora_rank"] is None else \
         cfg.int("q_lora_rank", defaults["q_lora_rank"])
-    alias = "num_local_experts" if v3 else "num_experts"  # (transformers' attribute_map)
-    experts = cfg.int("n_routed_experts" if cfg.has("n_routed_experts") or not cfg.has(alias) else alias,
-                      defaults["n_routed_experts"])
     if v3:
-        groups = cfg.int("n_group", defaults["n_group"]), cfg.int("topk_group", defaults["topk_group"])
+        experts = sigmoid_experts(cfg, defaults, blocks)
     else:
         method = cfg.str("topk_method", "greedy")
         if method not in V2_TOPK:
             raise SailorError(f"model config {cfg.source}: topk_method {short(method)} is not one deepseek_v2's "
                               f"router runs; use {' or '.join(V2_TOPK)}")
         groups = (cfg.int("n_group"), cfg.int("topk_group")) if method == "group_limited_greedy" else (1, 1)
-    dense = min(_count(cfg, "first_k_dense_replace", defaults["first_k_dense_replace"]), blocks)
+        experts = {**_experts(cfg, defaults, blocks, "num_experts"), "expert_renorm": False,
+                   "expert_groups": groups[0], "expert_groups_per_token": groups[1]}
     theta, scaling = llama._rope(cfg)
     head = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
     heads = d["num_attention_heads"]
     return dict(
-        hidden=d["hidden_size"], num_blocks=blocks, heads=heads, ffn_hidden=d["moe_intermediate_size"],
-        vocab=d["vocab_size"], max_positions=d["max_position_embeddings"],
-        tied_embeddings=cfg.bool("tie_word_embeddings", False), gated_mlp=True, rms_norm=True,
-        learned_positions=False, qkv_bias=False, out_bias=False, mlp_bias=False, separate_final_norm=True,
-        head_dim_override=head if head * heads != d["hidden_size"] else 0,
+        hidden=d["hidden_size"], num_blocks=blocks, heads=heads, vocab=d["vocab_size"],
+        max_positions=d["max_position_embeddings"], tied_embeddings=cfg.bool("tie_word_embeddings", False),
+        gated_mlp=True, rms_norm=True, learned_positions=False, qkv_bias=False, out_bias=False, mlp_bias=False,
+        separate_final_norm=True, head_dim_override=head if head * heads != d["hidden_size"] else 0,
         activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("rms_norm_eps", defaults["rms_norm_eps"]),
         rope_theta=theta, rope_scaling=scaling, pad_token=cfg.pad_token(None),
         rotary_interleaved=cfg.bool("rope_interleave", True) if v3 else True,
         attention_scale=_softmax_scale(cfg, head),
         kv_lora_rank=d["kv_lora_rank"], q_lora_rank=q_rank, rope_head_dim=d["qk_rope_head_dim"],
-        v_head_dim=d["v_head_dim"],
-        experts=experts, experts_per_token=d["num_experts_per_tok"],
-        expert_renorm=cfg.bool("norm_topk_prob", True) if v3 else False,
-        shared_expert_ffn=d["moe_intermediate_size"] * _count(cfg, "n_shared_experts", defaults["n_shared_experts"]),
-        shared_expert_gated=False, router_sigmoid=v3, expert_score_bias=v3, expert_groups=groups[0],
-        expert_groups_per_token=groups[1],
-        routed_scale=cfg.float("routed_scaling_factor", defaults["routed_scaling_factor"]),
-        dense_blocks=tuple(range(dense)), dense_ffn=d["intermediate_size"] if dense else 0,
+        v_head_dim=d["v_head_dim"], **experts,
     )
 
 
@@ -136,14 +156,10 @@ def to_hf(spec: ModelSpec) -> dict:
     model_type = spec.hf_model_type or ("deepseek_v3" if spec.router_sigmoid else "deepseek_v2")
     v3 = model_type == "deepseek_v3"
     if not spec.latent or (spec.router_sigmoid, spec.expert_score_bias) != (v3, v3) or \
-            (not v3 and (spec.expert_renorm or not spec.rotary_interleaved)) or spec.shared_expert_gated and \
-            spec.shared_expert_ffn or spec.shared_expert_ffn % spec.ffn_hidden or spec.glu_limit or \
-            spec.router_bias or spec.dense_blocks != tuple(range(len(spec.dense_blocks))) or spec.qk_norm or \
-            spec.nope_blocks:
-        raise SailorError(f"{spec.name} cannot be written as a {model_type} config: it has latent attention, a "
+            (not v3 and (spec.expert_renorm or not spec.rotary_interleaved)) or spec.qk_norm or spec.nope_blocks:
+        raise SailorError(f"{spec.name} cannot be written as a {model_type} config: it has latent attention and a "
                           "sigmoid router with score biases (deepseek_v3) or a softmax router with unrenormalised "
-                          "weights and adjacent pairs rotated (deepseek_v2), shared experts without a gate as wide "
-                          "as a multiple of a routed one, and dense blocks only first")
+                          "weights and adjacent pairs rotated (deepseek_v2)")
     scale = spec.attention_scale or spec.head_dim ** -0.5
     rope = llama.hf_rope(spec)
     if abs(scale * spec.head_dim ** 0.5 - 1) > 1e-12:  # the softmax scale is (mscale_all_dim's factor)^2
@@ -160,18 +176,28 @@ def to_hf(spec: ModelSpec) -> dict:
         "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None, "attention_bias": False,
         "q_lora_rank": spec.q_lora_rank or None, "kv_lora_rank": spec.kv_lora_rank,
         "qk_rope_head_dim": spec.rope_head_dim, "qk_nope_head_dim": spec.head_dim - spec.rope_head_dim,
-        "v_head_dim": spec.v_head_dim, "moe_intermediate_size": spec.ffn_hidden,
-        "intermediate_size": spec.dense_ffn or spec.ffn_hidden, "n_routed_experts": spec.experts,
-        "num_experts_per_tok": spec.experts_per_token, "n_shared_experts": spec.shared_expert_ffn // spec.ffn_hidden,
-        "n_group": spec.expert_groups, "topk_group": spec.expert_groups_per_token,
-        "routed_scaling_factor": spec.routed_scale, "first_k_dense_replace": len(spec.dense_blocks),
-        "output_router_logits": False,
+        "v_head_dim": spec.v_head_dim, **experts_to_hf(spec, model_type),
     }
     if v3:
-        cfg.update(rope_interleave=spec.rotary_interleaved, norm_topk_prob=spec.expert_renorm,
-                   num_nextn_predict_layers=0)
+        cfg.update(rope_interleave=spec.rotary_interleaved)
     else:
         cfg.update(mlp_bias=False, topk_method="group_limited_greedy" if spec.expert_groups > 1 else "greedy")
+    return cfg
+
+
+def experts_to_hf(spec: ModelSpec, model_type: str) -> dict:
+    """The config fields of DeepSeek's experts (V3's and GLM-4.5's, V2's without norm_topk_prob)."""
+    if spec.shared_expert_gated and spec.shared_expert_ffn or spec.shared_expert_ffn % spec.ffn_hidden or \
+            spec.glu_limit or spec.router_bias or spec.dense_blocks != tuple(range(len(spec.dense_blocks))):
+        raise SailorError(f"{spec.name} cannot be written as a {model_type} config: its shared experts "
+                          "must be ungated and as wide as a multiple of a routed one, and its dense blocks first")
+    cfg = {"moe_intermediate_size": spec.ffn_hidden, "intermediate_size": spec.dense_ffn or spec.ffn_hidden,
+           "n_routed_experts": spec.experts, "num_experts_per_tok": spec.experts_per_token,
+           "n_shared_experts": spec.shared_expert_ffn // spec.ffn_hidden, "n_group": spec.expert_groups,
+           "topk_group": spec.expert_groups_per_token, "routed_scaling_factor": spec.routed_scale,
+           "first_k_dense_replace": len(spec.dense_blocks), "output_router_logits": False}
+    if spec.router_sigmoid:
+        cfg.update(norm_topk_prob=spec.expert_renorm, num_nextn_predict_layers=0)
     return cfg
 
 
@@ -179,13 +205,9 @@ _ATTENTION = {"linear_q_down_proj": "q_a_proj", "q_latent_layernorm": "q_a_layer
               "linear_q_proj": "q_proj", "linear_kv_down_proj": "kv_a_proj_with_mqa",
               "kv_latent_layernorm": "kv_a_layernorm", "linear_kv_up_proj": "kv_b_proj", "linear_proj": "o_proj"}
 _MLP, _EXPERT, _SHARED = _LAYER + "mlp.", _LAYER + "mlp.experts.{e}.", _LAYER + "mlp.shared_experts."
-# LLaMA's norms, embedding and head; the latent attention's tensors; a dense MLP in the dense blocks; in the
-# others the router with its score bias, the routed experts (one tensor each) and the shared experts
-WEIGHTS = replace(llama.WEIGHTS, block=(
-    WeightRule("input_layernorm.weight", (_LAYER + "input_layernorm.weight",)),
-    *(WeightRule(f"self_attention.{ours}.weight", (f"{_LAYER}self_attn.{theirs}.weight",))
-      for ours, theirs in _ATTENTION.items()),
-    WeightRule("pre_mlp_layernorm.weight", (_LAYER + "post_attention_layernorm.weight",)),
+# a dense MLP in the dense blocks; in the others the router with its score bias, the routed experts (one tensor
+# each) and the shared experts
+EXPERT_RULES = (
     WeightRule("mlp.linear_fc1.weight", (_MLP + "gate_proj.weight", _MLP + "up_proj.weight"), "gate_up", "dense"),
     WeightRule("mlp.linear_fc2.weight", (_MLP + "down_proj.weight",), blocks="dense"),
     WeightRule("mlp.router.weight", (_MLP + "gate.weight",), blocks="sparse"),
@@ -196,6 +218,12 @@ WEIGHTS = replace(llama.WEIGHTS, block=(
     WeightRule("mlp.shared_expert.linear_fc1.weight", (_SHARED + "gate_proj.weight", _SHARED + "up_proj.weight"),
                "gate_up", "sparse"),
     WeightRule("mlp.shared_expert.linear_fc2.weight", (_SHARED + "down_proj.weight",), blocks="sparse"),
-))
+)
+# LLaMA's norms, embedding and head; the latent attention's tensors; the experts'
+WEIGHTS = replace(llama.WEIGHTS, block=(
+    WeightRule("input_layernorm.weight", (_LAYER + "input_layernorm.weight",)),
+    *(WeightRule(f"self_attention.{ours}.weight", (f"{_LAYER}self_attn.{theirs}.weight",))
+      for ours, theirs in _ATTENTION.items()),
+    WeightRule("pre_mlp_layernorm.weight", (_LAYER + "post_attention_layernorm.weight",)), *EXPERT_RULES))
 
 FAMILY = Family("deepseek", ("deepseek_v2", "deepseek_v3"), from_hf, to_hf, WEIGHTS)
