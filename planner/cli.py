@@ -58,6 +58,8 @@ def _context(args, model, plan=None, cluster=None):
                                   plan.precision if plan else None)
     runtime = getattr(args, "runtime", None) or (plan.runtime if plan else "sailor")
     store = load_profiles(args.profiles, dict(cluster.gpus), model, runtime)
+    for note in [] if getattr(args, "quiet", False) else store.skipped:  # (--quiet: errors only)
+        print(f"sailor: note: {note}", file=sys.stderr)
     return cluster, Simulator(model, cluster, store, precision)
 
 

@@ -37,10 +37,12 @@ from planner.specs.model import ModelSpec, canonical_name, get_model
 class ProfileStore:
     def __init__(self, measured: dict[tuple[str, str], Profile] | None = None,
                  network: NetworkFits | None = None, gpus: dict[str, GPUSpec] | None = None,
-                 runtime: str = DEFAULT_RUNTIME):
+                 runtime: str = DEFAULT_RUNTIME, skipped: list[str] | None = None):
+        """skipped: why profiles of the model's name were not used (notes for the user)."""
         if runtime not in RUNTIME_WORK:
             raise SailorError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIME_WORK)}")
         self.runtime = runtime
+        self.skipped = list(skipped or [])
         self.measured = dict(measured or {})
         self._by_model: dict[tuple, Profile] = {}  # (model_key, gpu) -> profile
         for p in self.measured.values():
@@ -111,6 +113,7 @@ def load_profiles(dirs: list[str] | None = None, gpus: dict[str, GPUSpec] | None
         model = get_model(model)
     keys = model_keys(model) if model is not None else ()
     measured: dict[tuple[str, str], Profile] = {}
+    skipped: list[str] = []
     network = NetworkFits()
     for d in profile_dirs(dirs):
         root = Path(d)
@@ -127,9 +130,12 @@ def load_profiles(dirs: list[str] | None = None, gpus: dict[str, GPUSpec] | None
             doc = read_profile_file(f)
             name = doc.get("model")
             # a profile of another model is not read beyond its description (a malformed one is read, and refused)
-            if model is not None and isinstance(name, str) and name.strip() and \
-                    model_key(name, profile_spec(doc, str(f))) not in keys:
-                continue
+            if model is not None and isinstance(name, str) and name.strip():
+                spec = profile_spec(doc, str(f))
+                if model_key(name, spec) not in keys:
+                    if canonical_name(name) == canonical_name(model.name):  # the model's name, other layers
+                        skipped.append(_other_layers(f, name, spec, model))
+                    continue
             p = profile_from_dict(doc, str(f))
             measured[(canonical_name(p.model), p.gpu)] = p
         net = root / "network.json"
@@ -138,4 +144,14 @@ def load_profiles(dirs: list[str] | None = None, gpus: dict[str, GPUSpec] | None
         if not files and not net.exists():
             raise SailorError(f"profiles directory {d} holds no profiles (expected MODEL/GPU/profile.json files, "
                               "or Sailor's layout with profiles/ and llm_info.json)")
-    return ProfileStore(measured, network, gpus, runtime)
+    return ProfileStore(measured, network, gpus, runtime, skipped)
+
+
+def _other_layers(path: Path, name: str, spec: ModelSpec | None, model: ModelSpec) -> str:
+    """Why the profile at `path`, of a model named as `model`, does not apply to it: the fields that differ."""
+    measured = measured_model(name, spec)
+    theirs = measured.architecture().to_dict() if measured is not None else {}
+    ours = model.architecture().to_dict()
+    diff = ", ".join(f"{k} {theirs.get(k)!r}, here {ours[k]!r}" for k in ours if theirs.get(k) != ours[k])
+    return (f"profile {path} measured {name} with other layers ({diff[:300]}), so it is not used; profile the model "
+            "as planned here (sailor profile model) to use measurements")

@@ -214,3 +214,21 @@ def test_blocks_of_each_kind_are_measured(tmp_path):
         assert {model.dense(b) or b in model.nope_blocks for b in range(4)} == {True, False}  # (two kinds)
         if model_type == "deepseek_v3":  # (NoPE blocks hold the same weights as the others)
             assert len(set(params[1:5])) == 2
+
+
+def test_a_profile_of_other_layers_is_named_when_skipped(tiny_profile, tmp_path):
+    """Planning the tiny model at another sequence length than it was profiled at uses an estimate, as it must;
+    the profile is no longer skipped without a word: a note on stderr names the file and the fields that differ
+    (--quiet keeps to errors)."""
+    args = ["plan", "--model", "tiny", "--seq-length", "32", "--gpus", "CPU@local=2", "--global-batch", "8",
+            "--profiles", tiny_profile, "-o", tmp_path / "plan.json"]
+    out = sailor(*args)
+    assert out.returncode == 0, out.stderr
+    profile = tiny_profile / "tiny" / "CPU" / "profile.json"
+    assert out.stderr == f"sailor: note: profile {profile} measured tiny with other layers (seq_len 64, here 32), so " \
+        "it is not used; profile the model as planned here (sailor profile model) to use measurements\n"
+    assert "estimated: no measured profile of tiny on CPU" in out.stdout
+    quiet = sailor(*args, "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    same = sailor(*args[:4], "64", *args[5:])  # at the profiled length: measured, no note
+    assert same.returncode == 0 and same.stderr == "" and "estimated: no measured profile" not in same.stdout
