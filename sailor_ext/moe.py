@@ -167,9 +167,9 @@ class MoE(nn.Module):
         # [tokens, h]; backward all-reduces the gradient the router and the experts send to it
         x = copy_to_tensor_model_parallel_region(x.reshape(-1, shape[-1]), group=self.tp_group)
         logits = F.linear(x, self.router.weight, self.router.bias).float()
-        # [tokens, k] fp32 weights and experts; what the balancing loss reads (probabilities, experts)
-        weights, chosen, probs, counted = (self._sigmoid_route if self.sigmoid else self._softmax_route)(logits)
-        losses = self._router_losses(logits, probs, counted, shape[1]) \
+        # [tokens, k] fp32 weights and experts, and the [tokens, E] probabilities (a sigmoid router's scores)
+        weights, chosen, probs = (self._sigmoid_route if self.sigmoid else self._softmax_route)(logits)
+        losses = self._router_losses(logits, probs, chosen, shape[1]) \
             if (self.aux_loss_coeff or self.z_loss_coeff or self.count_loads) and torch.is_grad_enabled() else None
         if self.renorm:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if self.sigmoid else 0.0))
@@ -205,30 +205,37 @@ class MoE(nn.Module):
 
     def _softmax_route(self, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The top k of the softmax probabilities (DeepSeek-V2's group-limited routing: among the groups_per_token
-        groups whose best probability is highest). Returns (weights, chosen [tokens, k], the probabilities and
-        each token's top k of them, ungrouped, which the balancing loss reads, as Megatron-LM's does)."""
+        groups whose best probability is highest). Returns (weights, chosen [tokens, k], the probabilities)."""
         probs = torch.softmax(logits, dim=-1)
-        if self.groups == 1:
+        if self.groups > 1:
+            weights, chosen = torch.topk(self._best_groups(probs, probs.view(probs.size(0), self.groups, -1)
+                                                           .amax(dim=-1), 0.0), self.top_k, dim=-1)
+        else:
             weights, chosen = torch.topk(probs, self.top_k, dim=-1)
-            return weights, chosen, probs, chosen
-        weights, chosen = torch.topk(self._best_groups(probs, probs.view(probs.size(0), self.groups, -1).amax(dim=-1),
-                                                       0.0), self.top_k, dim=-1)
-        return weights, chosen, probs, torch.topk(probs, self.top_k, dim=-1).indices
+        return weights, chosen, probs
 
     def _sigmoid_route(self, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """DeepSeek-V3's routing: scores sigmoid(logits); the experts chosen by scores + the fixed score bias,
         among the groups_per_token groups whose two best biased scores sum highest; each chosen expert weighed
-        by its unbiased score. Returns (weights, chosen [tokens, k], and what the balancing loss reads, as
-        DeepSeek-V3's sequence-wise loss and Megatron-LM define it: the scores normalised to sum to 1 per token
-        as probabilities, and each token's top k of them, unbiased and ungrouped, as its experts)."""
+        by its unbiased score. Returns (weights, chosen [tokens, k], the scores)."""
         scores = torch.sigmoid(logits)
         choice = scores + self.router.score_bias.float() if hasattr(self.router, "score_bias") else scores
         if self.groups > 1:
             group_scores = choice.view(choice.size(0), self.groups, -1).topk(2, dim=-1).values.sum(dim=-1)
             choice = self._best_groups(choice, group_scores, float("-inf"))
         chosen = torch.topk(choice, self.top_k, dim=-1).indices
-        probs = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
-        return scores.gather(1, chosen), chosen, probs, torch.topk(probs, self.top_k, dim=-1).indices
+        return scores.gather(1, chosen), chosen, scores
+
+    def balance_reads(self, probs: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the balancing loss reads of a routing (probabilities [tokens, E], chosen [tokens, k]), as
+        DeepSeek-V3's sequence-wise loss and Megatron-LM define it: a sigmoid router's scores normalised to sum
+        to 1 per token; with a sigmoid router or expert groups, each token's top k of those, unbiased and
+        ungrouped, in place of the experts chosen."""
+        if self.sigmoid:
+            probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20)
+        if self.sigmoid or self.groups > 1:
+            chosen = torch.topk(probs, self.top_k, dim=-1).indices
+        return probs, chosen
 
     def _best_groups(self, scores: torch.Tensor, group_scores: torch.Tensor, fill: float) -> torch.Tensor:
         """scores [tokens, E] with those outside each token's groups_per_token best groups (by group_scores
@@ -247,7 +254,7 @@ class MoE(nn.Module):
     def _router_losses(self, logits, probs, chosen, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The microbatch's router loss c_aux / B * sum of balances + c_z / T * sum of z, and the two sums."""
         zero = logits.new_zeros(())
-        balance = sequence_balance(probs, chosen, batch).sum() if self.aux_loss_coeff else zero
+        balance = sequence_balance(*self.balance_reads(probs, chosen), batch).sum() if self.aux_loss_coeff else zero
         z = torch.logsumexp(logits, dim=-1).square().sum() if self.z_loss_coeff else zero
         loss = self.aux_loss_coeff / self.sequences * balance + self.z_loss_coeff / self.tokens * z
         return loss, torch.stack([balance, z]).detach().double()

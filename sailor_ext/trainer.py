@@ -234,6 +234,10 @@ class Trainer:
         fusion = KernelFusion.default(device, swiglu=args.swiglu_fusion, rope=args.rope_fusion)
         self.model = StageModel(self.spec, topology.tp_group, device, fusion)
         self.fused = fusion.applied(model_spec)
+        # this stage's MoE blocks (0-based) -> their rows among the model's sparse blocks (expert loads)
+        self.sparse_rows = {layer - 1: layer - 1 - sum(d < layer - 1 for d in model_spec.dense_blocks)
+                            for layer in self.spec.layers if model_spec.kind(layer) == BLOCK and model_spec.experts
+                            and not model_spec.dense(layer - 1)}
         init_from_seed(self.model, args.seed)
 
         # bf16/fp16: the model is cast, fp32 main parameters and gradients stay (precision.py)
@@ -365,25 +369,19 @@ class Trainer:
         """This step's tokens per expert of this stage's MoE blocks, for the step's all-reduce: [the model's
         sparse blocks x E] float64, this stage's rows filled by TP rank 0 of each replica (its TP ranks route
         alike) and zero elsewhere, so the sum over the world counts the global batch once."""
-        spec, index = self.model_spec, self._sparse_rows()
+        spec = self.model_spec
         rows = torch.zeros(spec.sparse_blocks, spec.experts, dtype=torch.float64, device=self.device)
         for block, load in self.model.take_expert_loads().items():
             if self.topology.tp_rank == 0:
-                rows[index[block]] += load
+                rows[self.sparse_rows[block]] += load
         return [rows.flatten()]
-
-    def _sparse_rows(self) -> dict[int, int]:
-        """This stage's MoE blocks (0-based) -> their rows among the model's sparse blocks."""
-        spec = self.model_spec
-        return {layer - 1: layer - 1 - sum(d < layer - 1 for d in spec.dense_blocks) for layer in self.spec.layers
-                if spec.kind(layer) == BLOCK and spec.experts and not spec.dense(layer - 1)}
 
     def _update_score_biases(self, loads: torch.Tensor) -> None:
         """Move each local MoE block's score biases toward an even load of the global batch (updated_score_bias)
         in the main parameters, before the step: every rank holding a copy moves it alike, and the optimizer
         leaves it (no gradient reaches it)."""
         with torch.no_grad():
-            for block, row in self._sparse_rows().items():
+            for block, row in self.sparse_rows.items():
                 main = self.main.params[f"layers.{block + 1}.mlp.router.score_bias"]
                 main.copy_(updated_score_bias(main, loads[row], self.args.moe_router_bias_update_rate))
 
