@@ -64,18 +64,33 @@ def hf_names(rule: WeightRule, block: int, experts: int = 0) -> tuple[str, ...]:
 
 
 # -- layout conversions (one per WeightRule.op) -------------------------------------------
-def _group_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -> torch.Tensor:
-    """[q; k; v] rows of `groups` query groups -> megatron's rows [q_g, k_g, v_g] for each group g."""
-    rest = q.shape[1:]
-    return torch.cat([q.reshape(groups, -1, *rest), k.reshape(groups, -1, *rest), v.reshape(groups, -1, *rest)],
-                     dim=1).reshape(-1, *rest)
+def _group_qkv(*parts: torch.Tensor, groups: int) -> torch.Tensor:
+    """[q; k; v] rows of `groups` query groups -> megatron's rows [q_g, k_g, v_g] for each group g (any parts:
+    [q_g, gate_g, k_g, v_g] with an output gate, Gated DeltaNet's [q_g, k_g, v_g] per key head)."""
+    rest = parts[0].shape[1:]
+    return torch.cat([p.reshape(groups, -1, *rest) for p in parts], dim=1).reshape(-1, *rest)
 
 
-def _ungroup_qkv(model: ModelSpec, fused: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    groups, rest, d = model.num_query_groups, fused.shape[1:], model.head_dim
-    per_group = fused.reshape(groups, -1, *rest)
-    q, k, v = per_group.split([per_group.size(1) - 2 * d, d, d], dim=1)
-    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+def _ungroup(fused: torch.Tensor, groups: int, widths: list[int]) -> list[torch.Tensor]:
+    """_group_qkv undone: the parts' rows, of `widths` rows per group each."""
+    rest = fused.shape[1:]
+    return [part.reshape(-1, *rest) for part in fused.reshape(groups, -1, *rest).split(widths, dim=1)]
+
+
+def _qkv_widths(model: ModelSpec) -> list[int]:
+    """Rows per query group of megatron's fused QKV: q (and the output gate's), k, v."""
+    q, d = model.q_dim // model.num_query_groups, model.head_dim
+    return [q, q, d, d] if model.attention_gate else [q, d, d]
+
+
+def _ungroup_qkv(model: ModelSpec, fused: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tuple(_ungroup(fused, model.num_query_groups, _qkv_widths(model)))
+
+
+def _delta_widths(model: ModelSpec) -> list[int]:
+    """Rows per key head of Gated DeltaNet's [q; k; v] as we keep it (sailor_ext.linear_attention)."""
+    dk = model.linear_key_dim
+    return [dk, dk, model.linear_v_dim // model.linear_key_heads]
 
 
 def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -92,6 +107,13 @@ def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torc
     if op in ("qkv_cat", "qkv_cat_t"):
         fused = torch.cat(_ungroup_qkv(model, tensor), dim=0)
         return [fused.t() if op == "qkv_cat_t" else fused]
+    if op == "qkv_gated":  # q_proj holds each head's [q; gate] (Qwen3.5)
+        q, gate, k, v = _ungroup_qkv(model, tensor)
+        rest = q.shape[1:]
+        return [torch.stack([q.reshape(model.heads, -1, *rest), gate.reshape(model.heads, -1, *rest)], dim=1)
+                .reshape(-1, *rest), k, v]
+    if op == "delta_qkv":
+        return [torch.cat(_ungroup(tensor, model.linear_key_heads, _delta_widths(model)), dim=0)]
     if op == "gate_up":
         return list(tensor.unbind(0))
     if op == "gate_up_cat":
@@ -169,6 +191,21 @@ def local_slice(weights: "HFWeights", model: ModelSpec, rule: WeightRule, names:
             parts = [weights.get(names[0], axis, o + lo, o + hi) for o, (lo, hi) in zip(offsets, spans)]
             parts = [p.t() for p in parts] if op == "qkv_cat_t" else parts
         out = _group_qkv(*parts, groups=g1 - g0)
+    elif op == "qkv_gated":  # q_proj's rows [heads, 2 (q, gate), head_dim], k_proj, v_proj -> [q_g, gate_g, k_g, v_g]
+        widths = _qkv_widths(model)
+        g0, g1 = (0, model.num_query_groups) if dim is None else (start // sum(widths), stop // sum(widths))
+        q_rows, kv_rows = 2 * widths[0], widths[2]
+        paired = weights.get(names[0], 0, g0 * q_rows, g1 * q_rows)
+        paired = paired.reshape(-1, 2, model.head_dim, *paired.shape[1:])
+        k, v = (weights.get(n, 0, g0 * kv_rows, g1 * kv_rows) for n in names[1:])
+        q, gate = (paired[:, i].reshape(-1, *paired.shape[3:]) for i in (0, 1))
+        out = _group_qkv(q, gate, k, v, groups=g1 - g0)
+    elif op == "delta_qkv":  # transformers' [q; k; v] rows -> ours grouped by key head
+        widths = _delta_widths(model)
+        g0, g1 = (0, model.linear_key_heads) if dim is None else (start // sum(widths), stop // sum(widths))
+        offsets = (0, model.linear_k_dim, 2 * model.linear_k_dim)
+        out = _group_qkv(*(weights.get(names[0], 0, o + g0 * w, o + g1 * w) for o, w in zip(offsets, widths)),
+                         groups=g1 - g0)
     else:
         raise ValueError(f"unknown weight op {op!r}")
     return out.reshape(shard.local_shape)
@@ -205,6 +242,9 @@ def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[i
     return weight.float() * scales[rows:rows + weight.shape[0], cols:cols + weight.shape[1]]
 
 
+LANGUAGE_MODEL, LANGUAGE_MODEL_ROOT = "model.language_model.", "model."
+
+
 class HFWeights:
     """The tensors of a Hugging Face checkpoint directory, opened lazily."""
 
@@ -228,6 +268,11 @@ class HFWeights:
         else:
             raise SailorError(f"no Hugging Face weights in {self.directory}: expected {SINGLE_FILE} or {INDEX_FILE} "
                               "(safetensors; convert .bin checkpoints with transformers' save_pretrained)")
+        # a multimodal checkpoint (Qwen3.5's) holds its language model as model.language_model.*: read as model.*
+        # (the vision tower's tensors are not read)
+        self.stored = {LANGUAGE_MODEL_ROOT + n.removeprefix(LANGUAGE_MODEL): n for n in self.files
+                       if n.startswith(LANGUAGE_MODEL)}
+        self.files.update({name: self.files[n] for name, n in self.stored.items()})
         self._handles: dict[Path, object] = {}
 
     @staticmethod
@@ -250,7 +295,7 @@ class HFWeights:
         if path not in self._handles:
             self._handles[path] = self._open(path).__enter__()
         try:
-            return self._handles[path].get_slice(name)
+            return self._handles[path].get_slice(self.stored.get(name, name))
         except Exception:  # safetensors' own error type: the index names a file that lacks the tensor
             raise SailorError(f"{path} holds no tensor {name}, which {INDEX_FILE} places there; give the "
                               "checkpoint's own index") from None

@@ -13,7 +13,8 @@ else: the norm (LayerNorm or RMSNorm), pre- or post-norm blocks, the MLP
 (GELU, tanh-GELU, ReLU, or SwiGLU with fc1 = [gate; up]; a mixture of experts
 in moe.py), which linears have biases, grouped-query attention, per-head q/k
 norms (OLMo 2's across all heads, Command R+'s one per head), attention sinks (gpt-oss), DeepSeek's latent
-attention (latent_attention.py) and its dense first blocks among experts, rotary positions
+attention (latent_attention.py) and its dense first blocks among experts, Qwen3.5's Gated DeltaNet blocks
+(linear_attention.py) and its attention's output gate, rotary positions
 (megatron's apply_rotary_pos_emb, frequencies from sailor_ext.attention; Gemma 3's
 and OLMo 3's windowed blocks have their own, unscaled), the attention scale,
 per-block attention windows, Gemma's touches ((1 + w) norms, a norm on each
@@ -71,6 +72,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 from planner.specs.model import BLOCK, EMBEDDING, FINAL_NORM, ModelSpec  # noqa: E402
 from sailor_ext.attention import FusedCoreAttention, rotary_embedding, rotary_mscale, window_mask  # noqa: E402
 from sailor_ext.latent_attention import LatentAttention  # noqa: E402
+from sailor_ext.linear_attention import GatedDeltaNet, ShortConv  # noqa: E402
 from sailor_ext.moe import ExpertWeights, MoE  # noqa: E402
 from sailor_ext.sharding import ParamShard  # noqa: E402
 
@@ -166,6 +168,7 @@ def transformer_config(model: ModelSpec, tp: int, fusion: KernelFusion = KernelF
         # (q/k norms across all heads, or with a weight per head: WidthRMSNorm, PerHeadNorm, set by Block)
         qk_layernorm=model.qk_norm and not (model.qk_norm_full or model.qk_norm_per_head),
         rotary_interleaved=model.rotary_interleaved,
+        attention_output_gate=model.attention_gate,
     )
     config.sailor_rope_fusion = fusion.rope  # read by _rotary below (megatron's own flag wants Transformer Engine)
     config.sailor_attn_softcap = model.attn_softcap  # read by FusedCoreAttention
@@ -337,15 +340,19 @@ class Block(nn.Module):
         if model.local_rope_theta and model.window(layer_number - 1):  # rotary positions of their own, unscaled
             config = copy.copy(config)
             config.sailor_rope_mscale = 1.0
-        if model.latent:
+        self.linear = model.linear(layer_number - 1)
+        if self.linear:
+            self.linear_attention = GatedDeltaNet(model, config, pg.tp)
+        elif model.latent:
             self.self_attention = LatentAttention(model, config, functools.partial(norm, model), layer_number, pg.tp)
         else:
             self.self_attention = SelfAttention(config, attention, layer_number, attn_mask_type=AttnMaskType.causal,
                                                 pg_collection=pg)
-        if model.qk_norm_full:  # megatron calls q_layernorm(query [s, b, heads, head_dim]) where set
+        # (megatron calls q_layernorm(query [s, b, heads, head_dim]) where set)
+        if model.qk_norm_full and not self.linear:
             self.self_attention.q_layernorm = WidthRMSNorm(model.q_dim, spec.tp, model.norm_eps, pg.tp)
             self.self_attention.k_layernorm = WidthRMSNorm(model.kv_dim, spec.tp, model.norm_eps, pg.tp)
-        elif model.qk_norm_per_head:
+        elif model.qk_norm_per_head and not self.linear:
             self.self_attention.q_layernorm, self.self_attention.k_layernorm = (
                 PerHeadNorm(heads // spec.tp, model.head_dim, model.rms_norm, model.norm_eps)
                 for heads in (model.heads, model.num_query_groups))
@@ -367,7 +374,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rotary: torch.Tensor | None) -> torch.Tensor:
         h = self._input(x, "input_layernorm")
-        out, bias = self.self_attention(h, attention_mask=mask, rotary_pos_emb=rotary)
+        attention = self.linear_attention if self.linear else self.self_attention
+        out, bias = attention(h, attention_mask=mask, rotary_pos_emb=rotary)
         if self.parallel_residual:  # the MLP reads the block's input too, not the attention's output
             mlp, mlp_bias = self.mlp(h if self.shared_norm else self.pre_mlp_layernorm(x))
             return x + self._branch(out if bias is None else out + bias) + \
@@ -503,7 +511,8 @@ class StageModel(nn.Module):
         return self._masks[key]
 
     def rotary(self, block: int, seq_len: int) -> torch.Tensor | None:
-        """Block `block`'s (1-based) rotary angles; None with learned positions or none (NoPE blocks)."""
+        """Block `block`'s (1-based) rotary angles; None with learned positions or none (NoPE and linear-attention
+        blocks)."""
         model = self.spec.model
         if not model.rotary(block - 1):
             return None
@@ -540,8 +549,10 @@ class StageModel(nn.Module):
                 dim = None
                 if isinstance(module, ExpertWeights):
                     dim = module.partition_dim if pname == "weight" else module.bias_dim
-                elif isinstance(module, (WidthRMSNorm, PerHeadNorm, FusedCoreAttention)):
-                    dim = 0  # split with the heads (OLMo 2's and Command R+'s q/k norm weights, gpt-oss's sinks)
+                elif isinstance(module, (WidthRMSNorm, PerHeadNorm, FusedCoreAttention, ShortConv, GatedDeltaNet)):
+                    # split with the heads (OLMo 2's and Command R+'s q/k norm weights, gpt-oss's sinks, Gated
+                    # DeltaNet's convolution taps, decay rates and step biases)
+                    dim = 0
                 elif isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
                     dim = 0  # output features / vocabulary rows (weight and bias)
                 elif isinstance(module, RowParallelLinear) and pname == "weight":
@@ -562,7 +573,8 @@ class StageModel(nn.Module):
                     shape = [2, shape[0] // 2, *shape[1:]]
                     dim = 1
                 partial = dim is None and (isinstance(module, ExpertWeights) or module_name.endswith(
-                    ("self_attention.q_layernorm", "self_attention.k_layernorm", "mlp.router", "mlp.shared_gate")))
+                    ("self_attention.q_layernorm", "self_attention.k_layernorm", "mlp.router", "mlp.shared_gate",
+                     "linear_attention.out_norm")))
                 out[name] = ParamShard(logical, tuple(shape), dim, spec.tp, spec.tp_rank,
                                        chunks if dim is not None else 1, stages, partial_grad=partial)
         return out
@@ -581,10 +593,17 @@ def init_tensor(name: str, shape: tuple[int, ...], seed: int, num_blocks: int,
         return torch.zeros(shape)
     if "layernorm" in name:
         return torch.zeros(shape) if norm_offset else torch.ones(shape)
+    if name.endswith("out_norm.weight"):  # Gated DeltaNet's output norm scales by w, whatever the model's norms
+        return torch.ones(shape)
+    generator = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+    if leaf == "A_log":  # Gated DeltaNet's decay rates A, uniform in [1, 16] (Mamba-2's initialisation)
+        return torch.empty(shape).uniform_(1, 16, generator=generator).log()
+    if leaf == "dt_bias":  # its steps dt = softplus(dt_bias), log-uniform in [1e-3, 0.1] (Mamba-2's)
+        dt = torch.empty(shape).uniform_(math.log(1e-3), math.log(0.1), generator=generator).exp()
+        return dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt)
     std = INIT_STD
     if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
         std = INIT_STD / math.sqrt(2.0 * num_blocks)  # megatron's scaled init for output projections
-    generator = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
     return torch.randn(shape, generator=generator) * std
 
 

@@ -163,7 +163,8 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
         latent         (DeepSeek) Q and K each q/t wide, V and the output c/t (c = heads * v_head_dim);
                        replicated, the latents' norms as the block's, 3(r_q + r_kv), and the shared
                        rotary key beside the kv latent, rope_head_dim
-    A dense block among experts (DeepSeek's first) keeps what a dense model's block of its width keeps.
+    A dense block among experts (DeepSeek's first) keeps what a dense model's block of its width keeps; a Gated
+    DeltaNet block (Qwen3.5) keeps ModelSpec.linear_attention_floats in place of the attention's.
 
     The fused attention keeps no probabilities: one log-sum-exp per head and token (not counted,
     1/s of them). Measured on one H100 (bf16, bench/results/h100-2026-11-28): OPT-350m and
@@ -175,6 +176,7 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
         return model.activation_floats(layer, tp)
     if model.dense(layer - 1):
         model = model.dense_view
+    linear = model.linear(layer - 1)
     pre = 3 if model.rms_norm else 2
     before = ((1 if model.shared_norm else 2) if model.input_norms else 0)  # norms before the sublayers; sandwich after
     inputs = 0 if model.input_norms else 2  # without pre-norms the sublayers' first linears keep their inputs
@@ -190,6 +192,8 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
         attention += 2 * (model.q_dim + model.kv_dim)
     if model.attn_softcap:
         attention += (2 if DTYPE_BYTES[precision] == 4 else 4) * model.heads * model.seq_len
+    if linear:  # a Gated DeltaNet instead (its own count is per TP rank)
+        attention = model.linear_attention_floats(tp, DTYPE_BYTES[precision]) * tp
     if model.experts:
         return norms + attention / tp + model.moe_activation_floats(tp, DTYPE_BYTES[precision])
     fused = model.gated_mlp and model.activation == "silu"
@@ -234,10 +238,12 @@ def same_work(model: ModelSpec, layer: int, runtime: str = DEFAULT_RUNTIME) -> t
     """Layers with equal keys do the same work: one of each kind, a block without rotary positions
     apart from one with, a dense block among experts apart from a sparse one, and under fused attention a
     windowed block apart from a causal one (eager attention, and capped attention, compute the whole square
-    either way)."""
+    either way); a Gated DeltaNet block has its own key."""
     kind = model.kind(layer)
     if kind != BLOCK:
         return (kind,)
+    if model.linear(layer - 1):
+        return (kind, "linear", model.dense(layer - 1))
     rotary = model.rotary(layer - 1)
     dense = model.dense(layer - 1)
     if RUNTIME_WORK[runtime].attention == "eager" or model.attn_softcap:

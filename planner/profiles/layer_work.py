@@ -89,9 +89,10 @@ scaled_dot_product_attention ("sdpa"), whose kernels keep the scores on chip:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from planner.specs.model import BLOCK, EMBEDDING, FINAL_NORM, HEAD, ModelSpec
+from planner.specs.model import BLOCK, DELTA_CHUNK, EMBEDDING, FINAL_NORM, HEAD, ModelSpec
 
 CE_BYTES = 4  # Megatron's cross entropy upcasts the logits to fp32
 ATTENTION = ("eager", "sdpa")  # Megatron's core attention; PyTorch's fused kernels (module doc)
@@ -149,14 +150,26 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
             linear_io = 5 * h + 2 * (r_q + r_kv + r) + (q + kv_up + c + mlps * (f_in + f)) / t
             copies = (4 * q + 2 * c) / t  # q, k and v put together (and their gradients taken apart)
             latent_f, latent_b = norm_f * (r_q + r_kv) + copies, norm_b * (r_q + r_kv) + copies  # with two norms
+        mixer_f = (4 if fused else 7) * scores / t + 2 * c / t + rope + latent_f  # the attention's own traffic
+        mixer_b = (7 if fused else 9) * scores / t + 2 * c / t + rope + latent_b
+        mixer_kf, mixer_kb = (0 if fused else 1) + (6 if rotary else 0), (0 if fused else 3) + (12 if rotary else 0)
+        linear = model.linear(layer - 1)
+        if linear:
+            # Gated DeltaNet: the projections write [q; k; v], z, b and a and the output projection reads v; what
+            # the block keeps (ModelSpec.linear_attention_floats, per rank) is written once forward and read once
+            # backward, beside its gradient written and read; about 40 kernels a pass plus 8 per chunk of the
+            # recurrence (its matmuls and the state's update), twice as many backward
+            kept = model.linear_attention_floats(t, d)
+            linear_io = 4 * h + (2 * model.linear_k_dim + 2 * model.linear_v_dim + 2 * model.linear_value_heads
+                                 + mlps * (f_in + f)) / t
+            chunks = math.ceil(model.seq_len / DELTA_CHUNK)
+            mixer_f, mixer_b, mixer_kf, mixer_kb = 2 * kept, 3 * kept, 40 + 8 * chunks, 80 + 16 * chunks
         norms = model.block_norms
         squared = mlps * 2 * f / t if model.activation == "relu2" else 0.0  # relu then square: one more f in, f out
-        fwd = (norms * norm_f * h + 2 * 3 * h + linear_io + (4 if fused else 7) * scores / t
-               + mlps * (3 if gated else 2) * f / t + 2 * c / t + rope + squared + latent_f)
-        bwd = (norms * norm_b * h + 2 * 3 * h + 2 * linear_io + (7 if fused else 9) * scores / t
-               + mlps * (5 if gated else 3) * f / t + 2 * c / t + rope + squared + latent_b)
-        k_f = 14 + (0 if fused else 1) + norms * norm_kf - 2 + (6 if rotary else 0) + 2 * gated + bool(squared)
-        k_b = 30 + (0 if fused else 3) + norms * norm_kb - 4 + (12 if rotary else 0) + 4 * gated + 2 * bool(squared)
+        fwd = (norms * norm_f * h + 2 * 3 * h + linear_io + mixer_f + mlps * (3 if gated else 2) * f / t + squared)
+        bwd = (norms * norm_b * h + 2 * 3 * h + 2 * linear_io + mixer_b + mlps * (5 if gated else 3) * f / t + squared)
+        k_f = 14 + norms * norm_kf - 2 + mixer_kf + 2 * gated + bool(squared)
+        k_b = 30 + norms * norm_kb - 4 + mixer_kb + 4 * gated + 2 * bool(squared)
         if model.experts:
             # routing (sailor_ext/moe.py): the router's E scores, their fp32 softmax (written, read) and top k
             # (values moved per token in units of d: 4/d per fp32 value); each of the k experts' tokens gathered
@@ -177,15 +190,17 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
                 k_f, k_b = k_f + 7 + 3 * gate, k_b + 14 + 6 * gate
         if model.latent:  # the latents' two norms; three copies (q, k and v put together) each way
             k_f, k_b = k_f + 2 * norm_kf + 3, k_b + 2 * norm_kb + 3
-        if model.qk_norm:  # two more norms, over q and k (q + kv values per token, split over TP)
+        if model.qk_norm and not linear:  # two more norms, over q and k (q + kv values per token, split over TP)
             fwd, bwd = fwd + norm_f * (q + kv) / t, bwd + norm_b * (q + kv) / t
             k_f, k_b = k_f + 2 * norm_kf, k_b + 2 * norm_kb
-        qk_sums = 2 * ar if model.qk_norm_full else 0.0  # norms across the heads of all TP ranks: their sums of
-        # squares all-reduced, one per norm and pass (a value per token: their latency counts, not their bytes)
-        if model.attn_softcap:
+        # norms across the heads of all TP ranks: their sums of squares all-reduced, one per norm and pass (a value
+        # per token: their latency counts, not their bytes)
+        qk_sums = 2 * ar if model.qk_norm_full and not linear else 0.0
+        if model.attn_softcap and not linear:
             fwd, bwd, k_f, k_b = fwd + 6 * scores / t, bwd + 7 * scores / t, k_f + 3, k_b + 3
-        if model.attention_sinks:  # q and k widened (the sink's dimension, padding), k and v given the sink's key
-            # and value, the mask widened: read and written once more forward, their gradients sliced backward
+        if model.attention_sinks and not linear:  # q and k widened (the sink's dimension, padding), k and v given
+            # the sink's key and value, the mask widened: read and written once more forward, their gradients sliced
+            # backward
             fwd, bwd, k_f, k_b = fwd + 2 * (q + 2 * kv) / t, bwd + 2 * (q + 2 * kv) / t, k_f + 6, k_b + 3
         if model.glu_limit:  # gpt-oss's clamped GLU: two clamps, the scaled sigmoid, up + 1 and one more product,
             # five more elementwise kernels per expert forward, ten backward, each moving about 2 f values
@@ -195,7 +210,10 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
             fwd, bwd, k_f, k_b = fwd + 4 * h, bwd + 4 * h, k_f + 2, k_b + 2
         flops = n * model.forward_flops(layer) / t
         bwd_flops = 2 * flops
-        if attention == "sdpa" and not model.attn_softcap:
+        if model.attention_gate and not linear:  # the output times sigmoid(gate): the gate written by QKV, its
+            # sigmoid and the product (read, written), twice backward; three kernels forward, six backward
+            fwd, bwd, k_f, k_b = fwd + 5 * q / t, bwd + 10 * q / t, k_f + 3, k_b + 6
+        if attention == "sdpa" and not model.attn_softcap and not linear:
             square = n * 2.0 * model.seq_len * (q + c) / t  # [FLOP] QK^T and AV over the whole s x s
             wide = square * (1 + model.sink_dims / (2 * model.head_dim))  # QK^T over heads widened for sinks
             causal = not 0 < model.window(layer - 1) < model.seq_len and not model.attention_sinks  # (a mask)

@@ -36,6 +36,7 @@ from planner.inputs import FLOAT_MAX, short
 
 EMBEDDING, BLOCK, FINAL_NORM, HEAD = "embedding", "block", "final_norm", "head"
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "relu2", "silu")  # relu2: ReLU squared
+DELTA_CHUNK = 64  # tokens per chunk of the gated delta rule (linear attention: sailor_ext/linear_attention.py)
 DEFAULT_SEQ_LEN = 2048  # sequence length of a config.json model when none is given (capped by its context)
 MAX_BLOCKS = 4096  # far beyond any real model; keeps a malformed config from building a huge description
 LIMITS = {"hidden": 1 << 20, "heads": 1 << 16, "ffn_hidden": 1 << 22, "vocab": 1 << 24, "seq_len": 1 << 24,
@@ -143,6 +144,18 @@ class ModelSpec:
     q_lora_rank: int = 0
     rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Gated DeltaNet (Qwen3.5, Qwen3-Next): blocks (0-based) whose attention is a linear recurrence instead
+    # (sailor_ext/linear_attention.py): per token a short causal convolution (linear_conv taps) over its q, k and
+    # v, then for each of linear_value_heads heads a state [linear_key_dim, linear_value_dim] decayed and
+    # corrected by the delta rule, read by q; q and k have linear_key_heads heads, each serving
+    # linear_value_heads / linear_key_heads value heads
+    linear_blocks: tuple[int, ...] = ()
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    linear_conv: int = 0
+    attention_gate: bool = False  # the attention's output times sigmoid(a gate projected beside q) (Qwen3.5)
     hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
@@ -209,6 +222,7 @@ class ModelSpec:
                               "GLU (glu_limit) without experts")
         self._check_router()
         self._check_latent_attention()
+        self._check_linear_attention()
         if self.glu_limit and not self.gated_mlp:
             raise SailorError(f"model {self.name!r}: a clamped GLU (glu_limit) is a gated MLP (gated_mlp)")
         if (self.qk_norm_full or self.qk_norm_per_head) and not self.qk_norm or \
@@ -294,6 +308,26 @@ class ModelSpec:
             raise SailorError(f"model {self.name!r}: latent attention has one k and v per head, and no q/k norms, "
                               "sinks, soft cap, attention biases or windows")
 
+    def _check_linear_attention(self):
+        sizes = ("linear_key_heads", "linear_value_heads", "linear_key_dim", "linear_value_dim", "linear_conv")
+        for field in sizes:
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1 << 16:
+                raise SailorError(f"model {self.name!r}: {field} must be an integer from 0 to {1 << 16}, not "
+                                  f"{short(value)}")
+        if any(isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < self.num_blocks for b in
+               self.linear_blocks) or list(self.linear_blocks) != sorted(set(self.linear_blocks)):
+            raise SailorError(f"model {self.name!r}: linear-attention blocks must be block indices from 0 to "
+                              f"{self.num_blocks - 1}, ascending")
+        if not all(getattr(self, f) for f in sizes) if self.linear_blocks else any(getattr(self, f) for f in sizes):
+            raise SailorError(f"model {self.name!r}: linear-attention blocks need all of {', '.join(sizes)}, and "
+                              "those describe linear-attention blocks")
+        if self.linear_blocks and self.linear_value_heads % self.linear_key_heads:
+            raise SailorError(f"model {self.name!r}: {self.linear_value_heads} linear-attention value heads are not "
+                              f"divisible by its {self.linear_key_heads} key heads")
+        if self.attention_gate and self.latent:
+            raise SailorError(f"model {self.name!r}: an output gate on latent attention is not supported")
+
     # -- shape helpers -------------------------------------------------------
     @property
     def head_dim(self) -> int:
@@ -318,6 +352,20 @@ class ModelSpec:
     def dense(self, block: int) -> bool:
         """Whether block `block` (0-based) of a mixture of experts has a dense MLP (dense_blocks)."""
         return block in self.dense_blocks
+
+    def linear(self, block: int) -> bool:
+        """Whether block `block` (0-based) is a Gated DeltaNet block (linear_blocks)."""
+        return block in self.linear_blocks
+
+    @property
+    def linear_k_dim(self) -> int:
+        """Width of a linear-attention block's q (and of its k): linear_key_heads * linear_key_dim."""
+        return self.linear_key_heads * self.linear_key_dim
+
+    @property
+    def linear_v_dim(self) -> int:
+        """Width of a linear-attention block's v (and of its gate z and output): heads * linear_value_dim."""
+        return self.linear_value_heads * self.linear_value_dim
 
     @property
     def sparse_blocks(self) -> int:
@@ -390,7 +438,7 @@ class ModelSpec:
 
     def rotary(self, block: int) -> bool:
         """Whether block `block` (0-based) rotates q and k by their positions."""
-        return not self.learned_positions and block not in self.nope_blocks
+        return not self.learned_positions and block not in self.nope_blocks and not self.linear(block)
 
     def padded_vocab(self, tp: int) -> int:
         """Megatron pads the vocabulary to a multiple of vocab_divisor * tp."""
@@ -403,7 +451,7 @@ class ModelSpec:
         out, t = [], 1
         while t <= max_tp:
             if self.heads % t == 0 and kv % t == 0 and self.ffn_hidden % t == 0 and self.shared_expert_ffn % t == 0 \
-                    and self.dense_ffn % t == 0:
+                    and self.dense_ffn % t == 0 and self.linear_key_heads % t == 0:
                 out.append(t)
             t *= 2
         return out
@@ -416,7 +464,15 @@ class ModelSpec:
             q_in = self.q_lora_rank or self.hidden
             kv_up = self.kv_lora_rank * self.heads * (self.head_dim - self.rope_head_dim + self.v_head_dim)
             return q_in * self.q_dim + kv_up + self.context_dim * self.hidden
-        return self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
+        gate = self.q_dim if self.attention_gate else 0
+        return self.hidden * (self.q_dim + gate + 2 * self.kv_dim) + self.q_dim * self.hidden
+
+    def _linear_attention_weights(self) -> int:
+        """Weights of a Gated DeltaNet, all split over TP with the heads: the projections to [q; k; v], to the
+        output gate z and to each value head's beta and decay step, the convolution's taps over [q; k; v], each
+        value head's decay rate and step bias, and the output projection."""
+        qkv, v, heads = 2 * self.linear_k_dim + self.linear_v_dim, self.linear_v_dim, self.linear_value_heads
+        return self.hidden * (qkv + v + 2 * heads) + qkv * self.linear_conv + 2 * heads + v * self.hidden
 
     def _latent_weights(self) -> int:
         """Latent attention's replicated down-projections, hidden -> q's latent and hidden -> [kv's latent; the
@@ -428,11 +484,11 @@ class ModelSpec:
         ffn = ffn or self.ffn_hidden
         return (3 if self.gated_mlp else 2) * self.hidden * ffn
 
-    def _block_matmul_weights(self) -> int:
-        """Weights of a block's matmuls split over TP: QKV, proj, and every expert's fc1 and fc2 (the
-        router and the shared expert's gate are replicated: params())."""
+    def _mlp_matmul_weights(self) -> int:
+        """Weights of a block's MLP matmuls split over TP: every expert's fc1 and fc2 and the shared expert's
+        (the router and the shared expert's gate are replicated: params())."""
         shared = self._mlp_weights(self.shared_expert_ffn) if self.shared_expert_ffn else 0
-        return self._attention_weights() + max(1, self.experts) * self._mlp_weights() + shared
+        return max(1, self.experts) * self._mlp_weights() + shared
 
     @property
     def active_mlps(self) -> int:
@@ -470,28 +526,34 @@ class ModelSpec:
         # transformer block
         if self.dense(layer - 1):
             return self.dense_view.params(layer, tp, padded)
-        sharded, replicated = self._block_matmul_weights(), self.block_norms * self._norm_params()
-        # latent attention's down-projections and its latents' norms; DeepSeek's expert score biases (E values,
-        # fixed: a buffer in transformers, a tensor of the checkpoint, a parameter of DeepSeek's own code and ours)
-        replicated += self._latent_weights() + self.q_lora_rank + self.kv_lora_rank + \
-            self.experts * self.expert_score_bias
+        sharded, replicated = self._attention_params(layer - 1)
+        sharded += self._mlp_matmul_weights()
+        # the norms; DeepSeek's expert score biases (E values, fixed: a buffer in transformers, a tensor of the
+        # checkpoint, a parameter of DeepSeek's own code and ours)
+        replicated += self.block_norms * self._norm_params() + self.experts * self.expert_score_bias
+        # the router, the shared expert's gate
+        replicated += self.experts * h + (h if self.shared_expert_ffn and self.shared_expert_gated else 0)
+        replicated += self.experts if self.router_bias else 0
+        if self.mlp_bias:  # (each expert's)
+            sharded += max(1, self.experts) * self._mlp_in()
+            replicated += max(1, self.experts) * h  # fc2's bias, added after the row-parallel all-reduce
+        return sharded // tp + replicated
+
+    def _attention_params(self, block: int) -> tuple[int, int]:
+        """(split over TP, replicated) parameters of block `block`'s attention (0-based)."""
+        if self.linear(block):  # the output norm's weight, over one value head, shared by all heads
+            return self._linear_attention_weights(), self.linear_value_dim
+        # latent attention's down-projections and its latents' norms
+        sharded, replicated = self._attention_weights(), self._latent_weights() + self.q_lora_rank + self.kv_lora_rank
         if self.qk_norm_full or self.qk_norm_per_head:
             sharded += self.q_dim + self.kv_dim  # two norm weights as wide as q and k, split with the heads
         elif self.qk_norm:
             replicated += 2 * self.head_dim  # two RMSNorm weights, each shared by all heads of q (of k)
-        # the router, the shared expert's gate
-        replicated += self.experts * h + (h if self.shared_expert_ffn and self.shared_expert_gated else 0)
-        replicated += self.experts if self.router_bias else 0
         if self.attention_sinks:
             sharded += self.heads  # one logit per head, split with the heads
         if self.qkv_bias:
-            sharded += self.q_dim + 2 * self.kv_dim  # column-parallel
-        if self.mlp_bias:  # (each expert's)
-            sharded += max(1, self.experts) * self._mlp_in()
-            replicated += max(1, self.experts) * h  # fc2's bias, added after the row-parallel all-reduce
-        if self.out_bias:
-            replicated += h
-        return sharded // tp + replicated
+            sharded += self.q_dim * (2 if self.attention_gate else 1) + 2 * self.kv_dim  # column-parallel
+        return sharded, replicated + (self.hidden if self.out_bias else 0)
 
     def total_params(self, padded: bool = True) -> int:
         return sum(self.params(layer, 1, padded) for layer in range(self.num_layers))
@@ -519,6 +581,9 @@ class ModelSpec:
         if self.dense(layer - 1):
             return self.dense_view.activation_floats(layer, tp)
         mlp = 0 if self.experts else self._mlp_in()
+        moe = self.moe_activation_floats(tp, 2) if self.experts else 0.0
+        if self.linear(layer - 1):
+            return (3.0 + self.block_norms - 2) * h + mlp / tp + moe + self.linear_attention_floats(tp, 2)
         sharded = (self.q_dim + 2 * self.kv_dim) + self.q_dim + mlp + self.heads * self.seq_len
         latent = 0.0
         if self.latent:  # q, k, v and the context; each latent's norm (input, normalised, output), the rotary k
@@ -528,8 +593,36 @@ class ModelSpec:
             sharded += self.q_dim + self.kv_dim  # the q and k norms' inputs
         if self.attn_softcap:
             sharded += self.heads * self.seq_len  # tanh's output, for its backward
-        moe = self.moe_activation_floats(tp, 2) if self.experts else 0.0
         return (3.0 + self.block_norms - 2) * h + sharded / tp + moe + latent
+
+    def linear_attention_floats(self, tp: int, dtype_bytes: int) -> float:
+        """Values (of `dtype_bytes` each) per token that a Gated DeltaNet keeps beyond its input, as
+        sailor_ext/linear_attention.py runs it (autograd's saved tensors, fp32 on CPU: tests/runtime/test_units.py),
+        per TP rank, with C = [q; k; v]'s width, H value heads of d_k, d_v, H_k key heads, chunks of c tokens,
+        f = 4/b for the values kept in fp32:
+
+            convolution    its input, its output (taps - 1 columns longer than the sequence), the SiLU's, 3C
+            the rule (fp32)  q and k's norms 2H_k; per value head beta, the decay step's input and
+                           output, three decays and the output norm's 1/rms, 7; per head and token the
+                           chunk's pairwise decays, K K^T and the solve's system, Q K^T and the scores,
+                           5c; ten copies of q or k wide (k as repeated, the keys weighed by beta and
+                           decayed, q, q decayed, the keys decayed to the chunk's end, and the copies
+                           batched matmuls make), 10 d_k; four of v wide (v weighed by beta, the
+                           corrected values per chunk and solved, the output), 4 d_v; the chunk's
+                           state, d_k d_v / c
+            output norm    the normalised output, it times the weight, z, SiLU(z), the product, 5 v
+                           (16-bit: the first and the SiLUs' inputs and outputs in fp32, 3 v + 4 v f)
+            16-bit         q and k in fp32 before their norms, 2 H_k d_k f, and v, H d_v f
+        """
+        f, c, t = 4 / dtype_bytes, DELTA_CHUNK, tp
+        heads, key_heads, dk, dv = self.linear_value_heads / t, self.linear_key_heads / t, self.linear_key_dim, \
+            self.linear_value_dim
+        channels, v = (2 * self.linear_k_dim + self.linear_v_dim) / t, self.linear_v_dim / t
+        conv = channels * (3 + (self.linear_conv - 1) / self.seq_len)
+        rule = 2 * key_heads + heads * (7 + 1 / c + 5 * c + 10 * dk + 4 * dv + dk * dv / c)
+        norm = 5 * v if dtype_bytes == 4 else 3 * v + 4 * v * f
+        casts = 0.0 if dtype_bytes == 4 else (2 * key_heads * dk + heads * dv) * f
+        return conv + rule * f + norm + casts
 
     def moe_activation_floats(self, tp: int, dtype_bytes: int) -> float:
         """Values (of `dtype_bytes` each) per token that a mixture-of-experts MLP keeps beyond its input,
@@ -556,6 +649,17 @@ class ModelSpec:
         biases = k * (h + 4 / b) if self.mlp_bias else 0.0
         return router + k * (3 * h + mlp * f / tp + 12 / b) + shared + biases
 
+    def _delta_rule_flops(self) -> float:
+        """Forward FLOPs per token of the gated delta rule (sailor_ext/linear_attention.py), chunks of C =
+        DELTA_CHUNK tokens, per value head with q/k width d_k and v width d_v:
+
+            within its chunk   K K^T and Q K^T, 2 * 2 C d_k; the triangular solves for the corrected values
+                               and the decayed keys, C (d_k + d_v); the chunk's scores times the values, 2 C d_v
+            against the state  the decayed keys' read of it, q's read, the update: 3 * 2 d_k d_v
+        """
+        c, dk, dv = DELTA_CHUNK, self.linear_key_dim, self.linear_value_dim
+        return self.linear_value_heads * (4.0 * c * dk + c * (dk + dv) + 2.0 * c * dv + 6.0 * dk * dv)
+
     def output_floats(self, layer: int) -> int:
         """Floats per token a layer hands to the next one (the p2p payload)."""
         return 1 if self.kind(layer) == HEAD else self.hidden
@@ -568,8 +672,11 @@ class ModelSpec:
         if kind == BLOCK:  # the matmuls of attention, of each MLP a token passes through and the router; QK^T, AV
             shared = self._mlp_weights(self.shared_expert_ffn) + self.hidden * self.shared_expert_gated \
                 if self.shared_expert_ffn else 0
-            return 2.0 * (self._attention_weights() + self._latent_weights() + self.active_mlps * self._mlp_weights()
-                          + self.experts * self.hidden + shared) + 2.0 * self.seq_len * (self.q_dim + self.context_dim)
+            mlp = 2.0 * (self.active_mlps * self._mlp_weights() + self.experts * self.hidden + shared)
+            if self.linear(layer - 1):
+                return mlp + 2.0 * self._linear_attention_weights() + self._delta_rule_flops()
+            return mlp + 2.0 * (self._attention_weights() + self._latent_weights()) + \
+                2.0 * self.seq_len * (self.q_dim + self.context_dim)
         if kind == HEAD:
             projection = 2.0 * self.word_dim * self.hidden if self.projected else 0.0
             return 2.0 * self.word_dim * self.padded_vocab(1) + projection
@@ -582,6 +689,7 @@ class ModelSpec:
         d["windows"] = list(self.windows)
         d["nope_blocks"] = list(self.nope_blocks)
         d["dense_blocks"] = list(self.dense_blocks)
+        d["linear_blocks"] = list(self.linear_blocks)
         d["rope_scaling"] = dict(self.rope_scaling)
         return d
 
@@ -621,7 +729,7 @@ def model_from_dict(d: dict, source: str = "model description") -> ModelSpec:
             raise SailorError(f"{source}: {e}") from None
     d = dict(d)
     try:
-        for key in ("windows", "nope_blocks", "dense_blocks"):
+        for key in ("windows", "nope_blocks", "dense_blocks", "linear_blocks"):
             if key in d:
                 if not isinstance(d[key], list):
                     raise ValueError(f"{key} must be a list, not {short(d[key])}")

@@ -42,7 +42,9 @@ def megatron_model_args(model) -> list[str]:
         refuse(f"attention scaled by {model.attention_scale:g} instead of 1/sqrt(head_dim)")
     if not model.final_norm:
         refuse("no norm before the head")
-    for present, what in ((model.parallel_residual, "attention and MLP side by side (parallel residual)"),
+    for present, what in ((model.linear_blocks, "Gated DeltaNet (linear attention) blocks"),
+                          (model.attention_gate, "an output gate on attention"),
+                          (model.parallel_residual, "attention and MLP side by side (parallel residual)"),
                           (model.qk_norm, "per-head q/k norms"),
                           (model.rotary_fraction < 1, f"rotary positions on {model.rotary_fraction:g} of each head"),
                           (model.norm_offset, "norms that scale by (1 + w)"),

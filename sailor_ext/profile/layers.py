@@ -292,9 +292,12 @@ def built_blocks(model: ModelSpec, blocks: int) -> tuple[int, ...]:
 def reduced_model(model: ModelSpec, chosen: tuple[int, ...]) -> ModelSpec:
     """`model` with only the blocks `chosen`, each as the model has it (window, rotary positions, dense MLP)."""
     dense = tuple(i for i, b in enumerate(chosen) if model.dense(b))
+    linear = tuple(i for i, b in enumerate(chosen) if model.linear(b))
     return replace(model, num_blocks=len(chosen), windows=tuple(model.windows[b] for b in chosen) if model.windows
                    else (), nope_blocks=tuple(i for i, b in enumerate(chosen) if b in model.nope_blocks),
-                   dense_blocks=dense, dense_ffn=model.dense_ffn if dense else 0)
+                   dense_blocks=dense, dense_ffn=model.dense_ffn if dense else 0, linear_blocks=linear,
+                   **({} if linear else dict(linear_key_heads=0, linear_value_heads=0, linear_key_dim=0,
+                                             linear_value_dim=0, linear_conv=0)))
 
 
 def expand_to_model(values: list, kinds: list[str], model: ModelSpec, blocks: int, combine=median) -> list:

@@ -215,6 +215,32 @@ PUBLISHED["GLM-4.5"] = ({**_GLM45_AIR, "hidden_size": 5120, "intermediate_size":
                          "num_hidden_layers": 92, "n_routed_experts": 160, "first_k_dense_replace": 3,
                          "routed_scaling_factor": 2.5, "use_qk_norm": True}, 352_797_829_024)
 
+# Qwen3.5-27B's language model: 48 Gated DeltaNet blocks and 16 of gated attention (every fourth); the card's 27 B
+# counts its vision encoder too (transformers: 27,349,649,136 with it)
+_QWEN3_5_27B = {"model_type": "qwen3_5_text", "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64,
+                "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256, "linear_conv_kernel_dim": 4,
+                "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+                "linear_num_value_heads": 48, "full_attention_interval": 4, "vocab_size": 248320,
+                "max_position_embeddings": 262144, "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
+                "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
+                                    "rope_theta": 10000000, "partial_rotary_factor": 0.25}}
+PUBLISHED["Qwen3.5-27B"] = (_QWEN3_5_27B, 26_895_998_464)
+
+
+def test_multimodal_qwen3_5_config_is_its_language_model(tmp_path):
+    """Qwen3.5's published config (model_type qwen3_5) nests the language model in text_config: the same model
+    as that text_config alone, every fourth block full attention."""
+    text = get_model(str(_write(tmp_path, _QWEN3_5_27B)))
+    wrapped = get_model(str(_write(tmp_path, {"model_type": "qwen3_5", "text_config": _QWEN3_5_27B,
+                                              "vision_config": {"hidden_size": 1152}})))
+    assert replace(wrapped, name="", hf_model_type="") == replace(text, name="", hf_model_type="")
+    assert text.linear_blocks == tuple(i for i in range(64) if i % 4 != 3)
+    assert (text.attention_gate, text.norm_offset, text.rotary_dim) == (True, True, 64)
+    with pytest.raises(SailorError, match="text_config must be an object"):
+        get_model(str(_write(tmp_path, {"model_type": "qwen3_5", "text_config": [1]})))
+    with pytest.raises(SailorError, match="layer_types must list linear_attention or full_attention"):
+        get_model(str(_write(tmp_path, {**_QWEN3_5_27B, "layer_types": ["sliding_attention"] * 64})))
+
 
 def transformers_count(cfg: dict) -> int:
     """Parameters of transformers' model of `cfg`, built on the meta device (skips without transformers), and
@@ -464,7 +490,8 @@ def test_cohere_details(tmp_path):
     model = get_model(str(_write(tmp_path, cfg)))
     assert model.family == "cohere" and model.parallel_residual and model.shared_norm and model.rotary_interleaved
     assert not model.norm_bias and not model.rms_norm and model.logits_divisor == 16.0 and model.tied_embeddings
-    assert model.params(1) - model._block_matmul_weights() == 8192  # one norm weight, no bias
+    # one norm weight, no bias
+    assert model.params(1) - model._attention_weights() - model._mlp_matmul_weights() == 8192
     plus = get_model(str(_write(tmp_path, {**cfg, "use_qk_norm": True})))  # Command R+'s per-head q/k LayerNorms
     assert plus.qk_norm and plus.qk_norm_per_head and plus.params(1, tp=2) - model.params(1, tp=2) == 128 * 64
     with pytest.raises(SailorError, match="use_qk_norm must be true or false"):
@@ -973,3 +1000,31 @@ def test_glm4_moe_details(tmp_path):
     # (transformers' glm4_moe reads no window: every block attends to every token)
     assert get_model(str(_write(tmp_path, {**_GLM45_AIR, "sliding_window": 8, "layer_types": [
         "sliding_attention"] * 46}))).windows == ()
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"linear_num_value_heads": 20}, "20 linear-attention value heads are not divisible by its 16 key heads"),
+    ({"linear_num_key_heads": 0}, "linear_num_key_heads must be a positive integer, not 0"),
+    ({"layer_types": ["linear_attention"] * 3}, "layer_types must list linear_attention or full_attention for each of "
+                                                "the 64 layers"),
+    ({"full_attention_interval": 0.5}, "full_attention_interval must be a positive integer"),
+    ({"sliding_window": 4096}, "qwen3_5's attention has no sliding window; remove sliding_window"),
+    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 1.5}},
+     "partial_rotary_factor must be above 0 and at most 1, not 1.5"),
+])
+def test_bad_qwen3_5_config_is_one_clear_error(tmp_path, change, needle):
+    with pytest.raises(SailorError, match=needle):
+        get_model(str(_write(tmp_path, {**_QWEN3_5_27B, **change})))
+
+
+def test_qwen3_5_plans_tp_by_its_linear_key_heads_and_refuses_megatron_lm(tmp_path):
+    """TP splits Gated DeltaNet's key heads whole (16 in Qwen3.5-27B); with 2 key heads TP 4 is not offered.
+    Megatron-LM's launch refuses the model in one line."""
+    from planner.targets.megatron_lm import megatron_model_args
+
+    assert get_model(str(_write(tmp_path, _QWEN3_5_27B))).tp_degrees(8) == [1, 2, 4]  # (4 query groups)
+    narrow = get_model(str(_write(tmp_path, {**_QWEN3_5_27B, "num_key_value_heads": 8, "linear_num_key_heads": 2,
+                                             "linear_num_value_heads": 6})))
+    assert narrow.tp_degrees(8) == [1, 2]
+    with pytest.raises(SailorError, match="Gated DeltaNet .* which stock Megatron-LM's arguments cannot express"):
+        megatron_model_args(narrow)

@@ -190,12 +190,15 @@ def test_a_config_models_profile_applies_by_architecture(tmp_path):
 
 def test_blocks_of_each_kind_are_measured(tmp_path):
     """A model whose blocks differ (DeepSeek-V3's dense first block, its sparse ones; SmolLM3's blocks without rotary
-    positions): one block of each kind is built and timed (--blocks 1), and each block of the model gets its
-    kind's measurement: its parameters are those the planner counts for it."""
+    positions; Qwen3.5's Gated DeltaNet blocks and attention blocks): one block of each kind is built and timed
+    (--blocks 1), and each block of the model gets its kind's measurement: its parameters are those the planner
+    counts for it."""
     configs = {"deepseek_v3": {"moe_intermediate_size": 32, "n_routed_experts": 8, "n_group": 4, "topk_group": 2,
                                "num_experts_per_tok": 2, "first_k_dense_replace": 1, "q_lora_rank": 24,
                                "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12},
-               "smollm3": {"vocab_size": 128256, "no_rope_layer_interval": 3}}
+               "smollm3": {"vocab_size": 128256, "no_rope_layer_interval": 3},
+               "qwen3_5_text": {"head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                "linear_key_head_dim": 8, "linear_value_head_dim": 12, "full_attention_interval": 3}}
     for model_type, fields in configs.items():
         cfg = {"model_type": model_type, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
                "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 300, "max_position_embeddings": 64,
@@ -211,8 +214,8 @@ def test_blocks_of_each_kind_are_measured(tmp_path):
             (model.name, "CPU")]
         params = profile.layer_memory(1).params
         assert list(params) == [model.params(layer) for layer in range(model.num_layers)]
-        assert {model.dense(b) or b in model.nope_blocks for b in range(4)} == {True, False}  # (two kinds)
-        if model_type == "deepseek_v3":  # (NoPE blocks hold the same weights as the others)
+        assert {model.dense(b) or b in model.nope_blocks or model.linear(b) for b in range(4)} == {True, False}
+        if model_type != "smollm3":  # (NoPE blocks hold the same weights as the others)
             assert len(set(params[1:5])) == 2
 
 

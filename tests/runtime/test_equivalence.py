@@ -430,3 +430,24 @@ def test_fp16_loss_scale_scales_the_load_balancing_gradient(runs_dir, mixtral_co
         norms[name] = run.metrics[0]["grad_norm"]
     assert norms["fp16"] == pytest.approx(norms["fp32"], rel=1e-2)
     assert abs(norms["fp32-no-aux"] / norms["fp32"] - 1) > 0.1, norms
+
+
+# Qwen3.5's from the seed: Gated DeltaNet blocks (4 key heads, 8 value heads: TP 4 gives each rank one key head and
+# its two value heads; the fused [q; k; v] and the convolution grouped by key head, the output norm's weight shared
+# by the ranks) between blocks of attention with an output gate, (1 + w) q/k norms and a quarter of each head rotated
+QWEN3_5 = {**LLAMA, "model_type": "qwen3_5_text", "head_dim": 16, "linear_num_key_heads": 4,
+           "linear_num_value_heads": 8, "linear_key_head_dim": 8, "linear_value_head_dim": 12,
+           "layer_types": ["linear_attention", "full_attention"] * 2}
+
+
+@pytest.mark.parametrize("name", ["tp_per_replica", "combined_recompute"])
+def test_linear_attention_plan_matches_single_process(name, runs_dir, reference, tmp_path_factory):
+    config = tmp_path_factory.mktemp("qwen3_5") / "config.json"
+    config.write_text(json.dumps(QWEN3_5))
+    plan = llama_plan(name, config)
+    world = sum(r["tp"] for s in plan["stages"] for r in s["replicas"])
+    sharded = ["--use-distributed-optimizer"] if name == "tp_per_replica" else []
+    run = run_plan(runs_dir / f"qwen3_5-{name}", plan, world, common_args(SGD) + sharded)
+    assert_ok(run)
+    ref = plan_dict([((0, 6), [1])], [(12, 1)], model=str(config))
+    assert_same_training(run, reference("qwen3_5-sgd", ref, 1, SGD))

@@ -181,6 +181,15 @@ def _small(kind: str):
             eos_token_id=None, rope_parameters={
                 "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 1e4,
                 "mscale": 0.707, "mscale_all_dim": 0.707})
+    if kind.startswith("qwen3_5"):  # Qwen3.5: Gated DeltaNet blocks (2 key heads, 4 value heads: one and two per
+        # rank under TP 2) and full attention with an output gate, (1 + w) q/k norms, a quarter of each head rotated;
+        # the first block (on the TP 2 stage) linear, or full attention with "-attention"
+        first, second = ("full_attention", "linear_attention") if kind.endswith("-attention") else \
+            ("linear_attention", "full_attention")
+        return transformers.Qwen3_5TextConfig(**{**llama, "num_hidden_layers": 3}, head_dim=16,
+                                              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                                              linear_value_head_dim=12, layer_types=[first, second, first],
+                                              pad_token_id=None, bos_token_id=None, eos_token_id=None)
     if kind == "glm4_moe":  # GLM-4.5: q/k/v biases, per-head q/k norms, half of each head rotated by halves; a dense
         # first block on the TP 2 stage; DeepSeek-V3's router (8 experts in 4 groups, score biases) and shared expert
         return transformers.Glm4MoeConfig(**llama, head_dim=16, attention_bias=True, use_qk_norm=True,
@@ -217,11 +226,17 @@ def _small(kind: str):
 LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one per rotated pair of dimensions
 # logits that the weights' rounding-level differences after training move more than 1e-5: measured 4.1e-5
 # (Qwen3-MoE), 1.7e-5 (OLMo 3), 3.4e-5 (OLMo 2, in one run of several), 5.6e-5 (EXAONE 4)
-SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "exaone4")
+SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "exaone4", "qwen3_5")
+# DECAY: Gated DeltaNet's chunked form (ours and transformers' alike, in fp32 as the fla kernels) turns cumulative log
+# decays into e^(G_i - G_j) by subtracting two sums, whose rounding grows with |G|. transformers' initial decay rates
+# (A up to 16) take G to -740 within the test's 31 tokens (measured), and the two runs' rounding then differed by up to
+# 1.7 % of an Adam step at an embedding element; with A in [0.2, 1] both sides round alike to the bounds below
+# (measured 5.7e-5 on the logits, hence SENSITIVE). Step-1 gradients agree at 1e-6 either way.
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "arcee",
             "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3",
             "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4",
-            "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "phi", "opt",
+            "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5",
+            "qwen3_5-attention", "phi", "opt",
             "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
@@ -229,8 +244,10 @@ def _hf_model(kind: str, directory):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(_small(kind))
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             p.add_(torch.randn_like(p) * 0.05)
+            if name.endswith("A_log"):  # Gated DeltaNet's decay rates, A in [0.2, 1] (DECAY says why)
+                p.copy_(torch.empty_like(p).uniform_(0.2, 1.0).log())
         for name, b in model.named_buffers():  # DeepSeek-V3's fixed expert score biases, large enough to choose
             if name.endswith("e_score_correction_bias"):
                 b.copy_(torch.randn_like(b) * 0.1)
@@ -465,6 +482,39 @@ def test_fp8_weights_load_as_transformers_dequantizes_them(tmp_path):
     _trains_like_transformers(reference, hf_dir, tmp_path)
 
 
+def test_multimodal_qwen3_5_checkpoint_trains_its_language_model(tmp_path):
+    """Qwen3.5 is published as a multimodal model (model_type qwen3_5, the language model's tensors under
+    model.language_model, a vision tower beside them). Our plan loads its language model, trains as transformers
+    trains the whole model on text (the vision tower gets no gradient), and exports the language model as a
+    qwen3_5_text checkpoint with the trained tensors."""
+    text = _small("qwen3_5").to_dict()
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=dict(
+        depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64))
+    torch.manual_seed(0)
+    reference = transformers.AutoModelForImageTextToText.from_config(config)
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+            if name.endswith("A_log"):  # (DECAY)
+                p.copy_(torch.empty_like(p).uniform_(0.2, 1.0).log())
+    reference.save_pretrained(tmp_path / "hf")
+    _trains_like_transformers(reference.eval(), tmp_path / "hf", tmp_path)
+
+    out = tmp_path / "exported"
+    done = subprocess.run([sys.executable, "-m", "planner.cli", "export", str(tmp_path / "run" / "ckpt"),
+                           "--to-hf", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "config.json").read_text())["model_type"] == "qwen3_5_text"
+    from safetensors.torch import load_file
+
+    exported = load_file(out / "model.safetensors")
+    trained = {name.replace("model.language_model.", "model."): p.detach() for name, p in reference.named_parameters()
+               if not name.startswith("model.visual.")}
+    assert set(exported) == set(trained)
+    for name, tensor in exported.items():
+        assert (tensor - trained[name]).norm() <= 1e-4 * trained[name].norm(), name
+
+
 def test_sharded_checkpoints_load_and_export(tmp_path):
     """A checkpoint saved in shards (with model.safetensors.index.json) loads under a plan,
     and `sailor export --max-shard-size` writes one that transformers loads."""
@@ -496,13 +546,13 @@ def test_sharded_checkpoints_load_and_export(tmp_path):
         torch.testing.assert_close(loaded(tokens).logits, reference(tokens).logits, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen3_moe", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5"])
 def test_bf16_run_keeps_the_hf_weights_as_its_fp32_masters(kind, tmp_path):
     """--load-hf in a bf16 run: the fp32 Hugging Face weights become the masters as they are (the model
     computes with their bf16 rounding). With lr 0 one step leaves the masters unchanged, so the
     export gives back transformers' own tensors bitwise; the first loss is transformers' fp32 loss
     within bf16's error (measured 6.1e-5 relative for LLaMA, 1.4e-5 for Gemma 2, 1.1e-5 for Qwen3-MoE,
-    1.5e-4 for gpt-oss, 1.9e-4 for DeepSeek-V3; tolerance 5e-4; see BF16_* in
+    1.5e-4 for gpt-oss, 1.9e-4 for DeepSeek-V3, 1.3e-4 for Qwen3.5; tolerance 5e-4; see BF16_* in
     test_equivalence.py)."""
     from planner.specs.model import get_model
 

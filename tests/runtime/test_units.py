@@ -248,13 +248,13 @@ def test_capped_attention_block_keeps_what_the_estimator_counts(world_of_one, tm
     assert measured == pytest.approx(counted, rel=0.01)
 
 
-def _small_model(cfg: dict, tmp_path):
+def _small_model(cfg: dict, tmp_path, seq_len: int = 32):
     import json
 
     cfg = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "vocab_size": 300, "max_position_embeddings": 64, **cfg}
+           "num_key_value_heads": 2, "vocab_size": 300, "max_position_embeddings": 1024, **cfg}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    return get_model(str(tmp_path / "config.json"), seq_len=32)
+    return get_model(str(tmp_path / "config.json"), seq_len=seq_len)
 
 
 def _block_saved_floats(model) -> tuple[float, float]:
@@ -284,6 +284,20 @@ def _block_saved_floats(model) -> tuple[float, float]:
     per_token = (saved_bytes[3] - saved_bytes[1]) / 2 / model.seq_len / 4  # fp32 values
     # the estimate counts the block's input with its first norm; here it is x, left out
     return per_token + model.hidden, activation_floats(model, 1, 1, "sailor", "fp32")
+
+
+def test_linear_attention_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
+    """What a Gated DeltaNet block keeps per token grows with its value heads, key heads, head widths and
+    convolution as ModelSpec.linear_attention_floats counts (fp32; 8 chunks; compared as differences between
+    blocks alike but for that, as the MoE test below: the MLP's share on CPU is not the CUDA one counted)."""
+    base = {"model_type": "qwen3_5_text", "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "linear_key_head_dim": 8, "linear_value_head_dim": 12, "layer_types": ["linear_attention"] * 2}
+    variants = [base, {**base, "linear_num_value_heads": 8}, {**base, "linear_key_head_dim": 16},
+                {**base, "linear_value_head_dim": 24}, {**base, "linear_num_key_heads": 4, "linear_num_value_heads": 8}]
+    (m0, c0), *others = [_block_saved_floats(_small_model(cfg, tmp_path, seq_len=512)) for cfg in variants]
+    assert c0 == pytest.approx(m0, rel=0.07)  # (measured: the MLP and norms' CPU share, 182 of 3165)
+    for measured, counted in others:
+        assert counted - c0 == pytest.approx(measured - m0, rel=0.015)
 
 
 def test_moe_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
@@ -468,3 +482,34 @@ def test_score_bias_update_is_megatrons(world_of_one, monkeypatch):
         bias = torch.randn(experts, generator=generator)
         expected = moe_utils.get_updated_expert_bias(loads.clone(), bias, 1e-3)
         assert torch.equal(updated_score_bias(bias, loads, 1e-3), expected.float())  # (Megatron's buffer: fp32)
+
+
+@pytest.mark.parametrize("seq", [5, 64, 150])
+def test_gated_delta_rule_is_the_recurrence_token_by_token(seq):
+    """Our chunked gated delta rule (chunks of 64: one partial chunk, one whole, three with the state carried
+    between them) gives transformers' token-by-token recurrence's outputs and gradients, value heads sharing key
+    heads in pairs."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
+
+    from sailor_ext.linear_attention import gated_delta_rule, l2_normalise
+
+    torch.manual_seed(0)
+    b, key_heads, value_heads, dk, dv = 2, 2, 4, 8, 12
+    inputs = [torch.randn(b, seq, key_heads, dk), torch.randn(b, seq, key_heads, dk),
+              torch.randn(b, seq, value_heads, dv), -torch.rand(b, seq, value_heads) * 2,
+              torch.rand(b, seq, value_heads)]
+    weight = torch.randn(b, seq, value_heads, dv)  # a loss that weighs every output differently
+    grads = []
+    for ours in (True, False):
+        q, k, v, g, beta = (t.clone().requires_grad_() for t in inputs)
+        if ours:
+            qq, kk = (l2_normalise(t).repeat_interleave(value_heads // key_heads, 2).transpose(1, 2) for t in (q, k))
+            out = gated_delta_rule(qq * dk ** -0.5, kk, *(t.transpose(1, 2) for t in (v, g, beta))).transpose(1, 2)
+        else:
+            out, _ = torch_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+        (out * weight).sum().backward()
+        grads.append((out.detach(), [t.grad for t in (q, k, v, g, beta)]))
+    (ours, our_grads), (theirs, their_grads) = grads
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    for mine, expected in zip(our_grads, their_grads):
+        torch.testing.assert_close(mine, expected, rtol=1e-4, atol=1e-4)

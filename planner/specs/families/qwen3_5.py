@@ -1,0 +1,119 @@
+"""Qwen3.5 (model_type qwen3_5_text, and the language model of the multimodal qwen3_5: Qwen3.5-27B).
+
+Three blocks in four (layer_types; by default every full_attention_interval-th block is full attention)
+run Gated DeltaNet, a linear attention (ModelSpec.linear_blocks; sailor_ext/linear_attention.py). The
+others run grouped-query attention with per-head q/k norms and an output gate: q_proj holds each head's q
+and gate, and the attention's output is multiplied by sigmoid(gate) before o_proj (ModelSpec.attention_gate).
+Rotary positions turn the first quarter of each head (partial_rotary_factor) by halves; the multimodal
+rotary sections (mrope_section) turn text positions as one-dimensional rotary positions do. Every RMSNorm
+but DeltaNet's output norm scales by (1 + w) (norm_offset).
+
+The multimodal config (model_type qwen3_5) nests the language model's fields in text_config and its
+weights under model.language_model (sailor_ext.hf reads them as model.*); sailor trains and exports the
+language model alone, as a qwen3_5_text checkpoint.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner.errors import SailorError
+from planner.inputs import short
+from planner.specs.families import ACTIVATION_TO_HF, ConfigReader, Family, WeightRule, llama, phi3
+from planner.specs.model import MAX_BLOCKS, ModelSpec
+
+# transformers' Qwen3_5TextConfig defaults (5.24), for fields a config leaves out
+TEXT_DEFAULTS = {"vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32,
+                 "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
+                 "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "linear_conv_kernel_dim": 4,
+                 "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+                 "linear_num_value_heads": 32}
+FULL_ATTENTION_INTERVAL = 4
+LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+def text_config(cfg, model_type: str):
+    """The language model's config: the multimodal config's text_config, or the config itself."""
+    if model_type == "qwen3_5":
+        text = cfg.cfg.get("text_config") or {}
+        if not isinstance(text, dict):
+            raise SailorError(f"model config {cfg.source}: text_config must be an object, not {short(text)}")
+        return ConfigReader({**TEXT_DEFAULTS, **text}, f"{cfg.source} text_config")
+    return ConfigReader({**TEXT_DEFAULTS, **cfg.cfg}, cfg.source)
+
+
+def _linear_blocks(cfg, blocks: int) -> tuple[int, ...]:
+    layer_types = cfg.cfg.get("layer_types")
+    if layer_types is None:
+        interval = cfg.int("full_attention_interval", FULL_ATTENTION_INTERVAL)
+        return tuple(i for i in range(blocks) if (i + 1) % interval)
+    if not isinstance(layer_types, list) or len(layer_types) != blocks or any(t not in LAYER_TYPES
+                                                                              for t in layer_types):
+        raise SailorError(f"model config {cfg.source}: layer_types must list linear_attention or full_attention "
+                          f"for each of the {blocks} layers, not {short(layer_types)}")
+    return tuple(i for i, t in enumerate(layer_types) if t == "linear_attention")
+
+
+def from_hf(cfg, model_type: str) -> dict:
+    text = text_config(cfg, model_type)
+    blocks = text.int("num_hidden_layers", hi=MAX_BLOCKS)
+    if text.cfg.get("use_sliding_window") or text.cfg.get("sliding_window"):
+        raise SailorError(f"model config {text.source}: qwen3_5's attention has no sliding window; remove "
+                          "sliding_window")
+    # LLaMA's fields (heads, widths, rotary base), read without the layer types, which name linear blocks here
+    fields = llama.from_hf(ConfigReader({**text.cfg, "layer_types": None}, text.source), "qwen3_5_text")
+    heads, hidden, head_dim = fields["heads"], fields["hidden"], text.int("head_dim")
+    bias = text.bool("attention_bias", False)
+    linear = _linear_blocks(text, blocks)
+    return {**fields, "qkv_bias": bias, "out_bias": bias, "mlp_bias": False, "qk_norm": True, "norm_offset": True,
+            "attention_gate": True, "head_dim_override": head_dim if head_dim * heads != hidden else 0,
+            "rotary_fraction": phi3.rotary_fraction(text, 0.25), "tied_embeddings": cfg.bool(
+                "tie_word_embeddings", False) if model_type == "qwen3_5" else fields["tied_embeddings"],
+            "linear_blocks": linear,
+            **({"linear_key_heads": text.int("linear_num_key_heads"),
+                "linear_value_heads": text.int("linear_num_value_heads"),
+                "linear_key_dim": text.int("linear_key_head_dim"),
+                "linear_value_dim": text.int("linear_value_head_dim"),
+                "linear_conv": text.int("linear_conv_kernel_dim")} if linear else {})}
+
+
+def to_hf(spec: ModelSpec) -> dict:
+    """A qwen3_5_text config (the language model, also of a multimodal qwen3_5)."""
+    if not (spec.attention_gate and spec.norm_offset and spec.qk_norm and spec.gated_mlp) or spec.qk_norm_full or \
+            spec.qk_norm_per_head or spec.windows or spec.nope_blocks or spec.experts or spec.mlp_bias or \
+            spec.qkv_bias != spec.out_bias or spec.rotary_interleaved or spec.rope_scaling:
+        raise SailorError(f"{spec.name} cannot be written as a qwen3_5_text config: its layers differ from "
+                          "qwen3_5's")
+    linear = set(spec.linear_blocks)
+    cfg = {
+        "model_type": "qwen3_5_text", "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
+        "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups, "head_dim": spec.head_dim,
+        "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab,
+        "max_position_embeddings": spec.context_length, "rms_norm_eps": spec.norm_eps,
+        "hidden_act": ACTIVATION_TO_HF[spec.activation], "attention_bias": spec.qkv_bias,
+        "rope_parameters": {**llama.hf_rope(spec), "partial_rotary_factor": spec.rotary_fraction},
+        "layer_types": ["linear_attention" if i in linear else "full_attention" for i in range(spec.num_blocks)],
+        "tie_word_embeddings": spec.tied_embeddings, "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
+    }
+    if linear:
+        cfg.update(linear_num_key_heads=spec.linear_key_heads, linear_num_value_heads=spec.linear_value_heads,
+                   linear_key_head_dim=spec.linear_key_dim, linear_value_head_dim=spec.linear_value_dim,
+                   linear_conv_kernel_dim=spec.linear_conv)
+    return cfg
+
+
+_LAYER = "model.layers.{i}."
+_DELTA = _LAYER + "linear_attn."
+WEIGHTS = replace(llama.WEIGHTS, block=tuple(
+    WeightRule(r.ours, r.hf, "qkv_gated")
+    if r.ours.startswith("self_attention.linear_qkv.") else r for r in llama.WEIGHTS.block) + (
+    WeightRule("linear_attention.linear_qkv.weight", (_DELTA + "in_proj_qkv.weight",), "delta_qkv"),
+    WeightRule("linear_attention.conv.weight", (_DELTA + "conv1d.weight",), "delta_qkv"),
+    WeightRule("linear_attention.linear_z.weight", (_DELTA + "in_proj_z.weight",)),
+    WeightRule("linear_attention.linear_b.weight", (_DELTA + "in_proj_b.weight",)),
+    WeightRule("linear_attention.linear_a.weight", (_DELTA + "in_proj_a.weight",)),
+    WeightRule("linear_attention.dt_bias", (_DELTA + "dt_bias",)),
+    WeightRule("linear_attention.A_log", (_DELTA + "A_log",)),
+    WeightRule("linear_attention.out_norm.weight", (_DELTA + "norm.weight",)),
+    WeightRule("linear_attention.linear_proj.weight", (_DELTA + "out_proj.weight",))))
+
+FAMILY = Family("qwen3_5", ("qwen3_5_text", "qwen3_5"), from_hf, to_hf, WEIGHTS)
