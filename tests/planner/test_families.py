@@ -225,6 +225,13 @@ _QWEN3_5_27B = {"model_type": "qwen3_5_text", "hidden_size": 5120, "intermediate
                 "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
                                     "rope_theta": 10000000, "partial_rotary_factor": 0.25}}
 PUBLISHED["Qwen3.5-27B"] = (_QWEN3_5_27B, 26_895_998_464)
+# Qwen3.5-35B-A3B's language model (transformers' Qwen3_5MoeTextConfig defaults, which it documents as that
+# checkpoint's): 256 experts, 8 per token, a gated shared expert in each of 40 blocks, 30 of them Gated DeltaNet
+PUBLISHED["Qwen3.5-35B-A3B"] = ({"model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
+                                 "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+                                 "linear_num_value_heads": 32, "moe_intermediate_size": 512,
+                                 "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8,
+                                 "num_experts": 256, "vocab_size": 248320}, 34_660_610_688)
 
 
 def test_multimodal_qwen3_5_config_is_its_language_model(tmp_path):

@@ -330,13 +330,20 @@ DEEPSEEK = {**LLAMA, "model_type": "deepseek_v3", "num_key_value_heads": 8, "moe
 DEEPSEEK_V2 = {**DEEPSEEK, "model_type": "deepseek_v2", "topk_method": "group_limited_greedy", "q_lora_rank": None,
                "n_shared_experts": 2, "routed_scaling_factor": 2.0}
 
+# Qwen3.5-MoE's: Gated DeltaNet and gated attention blocks (QWEN3_5's, below) with 4 experts, 2 per token, and a
+# shared expert gated by a sigmoid
+QWEN3_5_MOE = {**LLAMA, "model_type": "qwen3_5_moe_text", "head_dim": 16, "linear_num_key_heads": 4,
+               "linear_num_value_heads": 8, "linear_key_head_dim": 8, "linear_value_head_dim": 12,
+               "layer_types": ["linear_attention", "full_attention"] * 2, "num_experts": 4, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
+
 
 @pytest.fixture(scope="module")
 def moe_configs(tmp_path_factory):
     """config.json paths of the mixtures of experts tested here, by family."""
     configs = {}
     for family, fields in (("mixtral", MIXTRAL), ("gpt_oss", GPT_OSS), ("deepseek_v3", DEEPSEEK),
-                           ("deepseek_v2", DEEPSEEK_V2)):
+                           ("deepseek_v2", DEEPSEEK_V2), ("qwen3_5_moe", QWEN3_5_MOE)):
         configs[family] = tmp_path_factory.mktemp(family) / "config.json"
         configs[family].write_text(json.dumps(fields))
     return configs
@@ -347,7 +354,7 @@ def mixtral_config(moe_configs):
     return moe_configs["mixtral"]
 
 
-@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2"])
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen3_5_moe"])
 @pytest.mark.parametrize("name", ["tp_per_replica", "combined_recompute"])
 def test_mixture_of_experts_plan_matches_single_process(family, name, runs_dir, reference, moe_configs):
     config = moe_configs[family]

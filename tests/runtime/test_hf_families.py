@@ -181,15 +181,24 @@ def _small(kind: str):
             eos_token_id=None, rope_parameters={
                 "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 1e4,
                 "mscale": 0.707, "mscale_all_dim": 0.707})
-    if kind.startswith("qwen3_5"):  # Qwen3.5: Gated DeltaNet blocks (2 key heads, 4 value heads: one and two per
-        # rank under TP 2) and full attention with an output gate, (1 + w) q/k norms, a quarter of each head rotated;
-        # the first block (on the TP 2 stage) linear, or full attention with "-attention"
+    if kind in ("qwen3_5", "qwen3_5-attention"):  # Qwen3.5: Gated DeltaNet blocks (2 key heads, 4 value heads: one
+        # and two per rank under TP 2) and full attention with an output gate, (1 + w) q/k norms, a quarter of each
+        # head rotated; the first block (on the TP 2 stage) linear, or full attention with "-attention"
         first, second = ("full_attention", "linear_attention") if kind.endswith("-attention") else \
             ("linear_attention", "full_attention")
         return transformers.Qwen3_5TextConfig(**{**llama, "num_hidden_layers": 3}, head_dim=16,
                                               linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
                                               linear_value_head_dim=12, layer_types=[first, second, first],
                                               pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    if kind == "qwen3_5_moe":  # Qwen3.5-MoE: Qwen3.5's blocks with 4 experts (2 per token, renormalised) and a
+        # shared expert gated by a sigmoid
+        return transformers.Qwen3_5MoeTextConfig(**{**llama, "num_hidden_layers": 3}, head_dim=16,
+                                                 linear_num_key_heads=2, linear_num_value_heads=4,
+                                                 linear_key_head_dim=8, linear_value_head_dim=12,
+                                                 layer_types=["linear_attention", "full_attention", "linear_attention"],
+                                                 num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                 shared_expert_intermediate_size=48, pad_token_id=None,
+                                                 bos_token_id=None, eos_token_id=None)
     if kind == "glm4_moe":  # GLM-4.5: q/k/v biases, per-head q/k norms, half of each head rotated by halves; a dense
         # first block on the TP 2 stage; DeepSeek-V3's router (8 experts in 4 groups, score biases) and shared expert
         return transformers.Glm4MoeConfig(**llama, head_dim=16, attention_bias=True, use_qk_norm=True,
@@ -226,17 +235,17 @@ def _small(kind: str):
 LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one per rotated pair of dimensions
 # logits that the weights' rounding-level differences after training move more than 1e-5: measured 4.1e-5
 # (Qwen3-MoE), 1.7e-5 (OLMo 3), 3.4e-5 (OLMo 2, in one run of several), 5.6e-5 (EXAONE 4)
-SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "exaone4", "qwen3_5")
+SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "exaone4", "qwen3_5", "qwen3_5_moe")
 # DECAY: Gated DeltaNet's chunked form (ours and transformers' alike, in fp32 as the fla kernels) turns cumulative log
 # decays into e^(G_i - G_j) by subtracting two sums, whose rounding grows with |G|. transformers' initial decay rates
 # (A up to 16) take G to -740 within the test's 31 tokens (measured), and the two runs' rounding then differed by up to
 # 1.7 % of an Adam step at an embedding element; with A in [0.2, 1] both sides round alike to the bounds below
-# (measured 5.7e-5 on the logits, hence SENSITIVE). Step-1 gradients agree at 1e-6 either way.
+# (measured 5.7e-5 on the logits, 4.1e-5 with experts, hence SENSITIVE). Step-1 gradients agree at 1e-6 either way.
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "arcee",
             "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3",
             "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4",
             "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5",
-            "qwen3_5-attention", "phi", "opt",
+            "qwen3_5-attention", "qwen3_5_moe", "phi", "opt",
             "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 

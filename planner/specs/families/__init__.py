@@ -3,8 +3,8 @@
 One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
 Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE, OLMoE and GraniteMoE; olmo.py OLMo 2 and 3; gemma.py
 Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5; exaone.py EXAONE 4;
-gpt_oss.py; deepseek.py DeepSeek-V2 and V3; qwen3_5.py Qwen3.5; arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py,
-opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
+gpt_oss.py; deepseek.py DeepSeek-V2 and V3; qwen3_5.py Qwen3.5 and Qwen3.5-MoE; arcee.py; phi.py, phi3.py,
+starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -86,7 +86,7 @@ def _families() -> dict[str, Family]:
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
                                 olmo.FAMILY, phi.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
                                 cohere.FAMILY, glm.FAMILY, glm_moe.FAMILY, exaone.FAMILY, gpt_oss.FAMILY,
-                                deepseek.FAMILY, arcee.FAMILY, qwen3_5.FAMILY, opt.FAMILY,
+                                deepseek.FAMILY, arcee.FAMILY, qwen3_5.FAMILY, qwen3_5.MOE_FAMILY, opt.FAMILY,
                                 gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
@@ -271,4 +271,5 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
-                  "glm4_moe": "Glm4MoeForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM"}
+                  "glm4_moe": "Glm4MoeForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
+                  "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}

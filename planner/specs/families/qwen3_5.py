@@ -1,4 +1,5 @@
-"""Qwen3.5 (model_type qwen3_5_text, and the language model of the multimodal qwen3_5: Qwen3.5-27B).
+"""Qwen3.5 (model_type qwen3_5_text, and the language model of the multimodal qwen3_5: Qwen3.5-27B) and Qwen3.5-MoE
+(qwen3_5_moe_text, qwen3_5_moe: Qwen3.5-35B-A3B, -122B-A10B, -397B-A17B).
 
 Three blocks in four (layer_types; by default every full_attention_interval-th block is full attention)
 run Gated DeltaNet, a linear attention (ModelSpec.linear_blocks; sailor_ext/linear_attention.py). The
@@ -8,9 +9,13 @@ Rotary positions turn the first quarter of each head (partial_rotary_factor) by 
 rotary sections (mrope_section) turn text positions as one-dimensional rotary positions do. Every RMSNorm
 but DeltaNet's output norm scales by (1 + w) (norm_offset).
 
-The multimodal config (model_type qwen3_5) nests the language model's fields in text_config and its
+Qwen3.5-MoE's blocks are the same with a mixture of experts for the MLP: a softmax router sending each token to
+num_experts_per_tok experts, their weights renormalised, and a shared expert gated by a sigmoid (Qwen2-MoE's);
+its checkpoints name each expert's tensors (`experts.{e}.gate_proj`), as Qwen2-MoE's do.
+
+The multimodal configs (model_type qwen3_5, qwen3_5_moe) nest the language model's fields in text_config and its
 weights under model.language_model (sailor_ext.hf reads them as model.*); sailor trains and exports the
-language model alone, as a qwen3_5_text checkpoint.
+language model alone, as a qwen3_5_text (qwen3_5_moe_text) checkpoint.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from dataclasses import replace
 
 from planner.errors import SailorError
 from planner.inputs import short
-from planner.specs.families import ACTIVATION_TO_HF, ConfigReader, Family, WeightRule, llama, phi3
+from planner.specs.families import ACTIVATION_TO_HF, ConfigReader, Family, WeightRule, llama, moe, phi3
 from planner.specs.model import MAX_BLOCKS, ModelSpec
 
 # transformers' Qwen3_5TextConfig defaults (5.24), for fields a config leaves out
@@ -27,18 +32,27 @@ TEXT_DEFAULTS = {"vocab_size": 248320, "hidden_size": 4096, "intermediate_size":
                  "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "linear_conv_kernel_dim": 4,
                  "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
                  "linear_num_value_heads": 32}
+# transformers' Qwen3_5MoeTextConfig defaults (5.24: Qwen3.5-35B-A3B's shape)
+MOE_DEFAULTS = {"vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 16,
+                "num_key_value_heads": 2, "head_dim": 256, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                "linear_num_key_heads": 16, "linear_num_value_heads": 32, "moe_intermediate_size": 512,
+                "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8, "num_experts": 256}
+MULTIMODAL = ("qwen3_5", "qwen3_5_moe")
 FULL_ATTENTION_INTERVAL = 4
 LAYER_TYPES = ("linear_attention", "full_attention")
 
 
 def text_config(cfg, model_type: str):
-    """The language model's config: the multimodal config's text_config, or the config itself."""
-    if model_type == "qwen3_5":
+    """The language model's config (with transformers' defaults): the multimodal config's text_config, or the
+    config itself."""
+    defaults = MOE_DEFAULTS if model_type.startswith("qwen3_5_moe") else TEXT_DEFAULTS
+    if model_type in MULTIMODAL:
         text = cfg.cfg.get("text_config") or {}
         if not isinstance(text, dict):
             raise SailorError(f"model config {cfg.source}: text_config must be an object, not {short(text)}")
-        return ConfigReader({**TEXT_DEFAULTS, **text}, f"{cfg.source} text_config")
-    return ConfigReader({**TEXT_DEFAULTS, **cfg.cfg}, cfg.source)
+        return ConfigReader({**defaults, **text}, f"{cfg.source} text_config")
+    return ConfigReader({**defaults, **cfg.cfg}, cfg.source)
 
 
 def _linear_blocks(cfg, blocks: int) -> tuple[int, ...]:
@@ -59,15 +73,25 @@ def from_hf(cfg, model_type: str) -> dict:
     if text.cfg.get("use_sliding_window") or text.cfg.get("sliding_window"):
         raise SailorError(f"model config {text.source}: qwen3_5's attention has no sliding window; remove "
                           "sliding_window")
-    # LLaMA's fields (heads, widths, rotary base), read without the layer types, which name linear blocks here
-    fields = llama.from_hf(ConfigReader({**text.cfg, "layer_types": None}, text.source), "qwen3_5_text")
+    experts = model_type.startswith("qwen3_5_moe")
+    if experts:
+        moe.refuse_router_logits(text)
+    # LLaMA's fields (heads, widths, rotary base), read without the layer types, which name linear blocks here (an
+    # expert's width for the MLP's with experts)
+    reader = ConfigReader({**text.cfg, "layer_types": None, **(
+        {"intermediate_size": text.int("moe_intermediate_size")} if experts else {})}, text.source)
+    fields = llama.from_hf(reader, "qwen3_5_text")
+    if experts:  # the router's weights renormalised; a shared expert gated by a sigmoid
+        fields.update(experts=text.int("num_experts"), experts_per_token=text.int("num_experts_per_tok"),
+                      expert_renorm=True, shared_expert_ffn=text.int("shared_expert_intermediate_size"),
+                      shared_expert_gated=True)
     heads, hidden, head_dim = fields["heads"], fields["hidden"], text.int("head_dim")
     bias = text.bool("attention_bias", False)
     linear = _linear_blocks(text, blocks)
     return {**fields, "qkv_bias": bias, "out_bias": bias, "mlp_bias": False, "qk_norm": True, "norm_offset": True,
             "attention_gate": True, "head_dim_override": head_dim if head_dim * heads != hidden else 0,
             "rotary_fraction": phi3.rotary_fraction(text, 0.25), "tied_embeddings": cfg.bool(
-                "tie_word_embeddings", False) if model_type == "qwen3_5" else fields["tied_embeddings"],
+                "tie_word_embeddings", False) if model_type in MULTIMODAL else fields["tied_embeddings"],
             "linear_blocks": linear,
             **({"linear_key_heads": text.int("linear_num_key_heads"),
                 "linear_value_heads": text.int("linear_num_value_heads"),
@@ -77,15 +101,18 @@ def from_hf(cfg, model_type: str) -> dict:
 
 
 def to_hf(spec: ModelSpec) -> dict:
-    """A qwen3_5_text config (the language model, also of a multimodal qwen3_5)."""
-    if not (spec.attention_gate and spec.norm_offset and spec.qk_norm and spec.gated_mlp) or spec.qk_norm_full or \
-            spec.qk_norm_per_head or spec.windows or spec.nope_blocks or spec.experts or spec.mlp_bias or \
+    """A qwen3_5_text (qwen3_5_moe_text) config: the language model, also of a multimodal checkpoint."""
+    model_type = "qwen3_5_moe_text" if spec.experts else "qwen3_5_text"
+    experts = (spec.expert_renorm and spec.shared_expert_ffn and spec.shared_expert_gated and not spec.router_sigmoid
+               and not spec.router_bias and not spec.glu_limit and not spec.dense_blocks) if spec.experts else True
+    if not (spec.attention_gate and spec.norm_offset and spec.qk_norm and spec.gated_mlp and experts) or \
+            spec.qk_norm_full or spec.qk_norm_per_head or spec.windows or spec.nope_blocks or spec.mlp_bias or \
             spec.qkv_bias != spec.out_bias or spec.rotary_interleaved or spec.rope_scaling:
-        raise SailorError(f"{spec.name} cannot be written as a qwen3_5_text config: its layers differ from "
-                          "qwen3_5's")
+        raise SailorError(f"{spec.name} cannot be written as a {model_type} config: its layers differ from "
+                          f"{model_type}'s")
     linear = set(spec.linear_blocks)
     cfg = {
-        "model_type": "qwen3_5_text", "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
+        "model_type": model_type, "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
         "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups, "head_dim": spec.head_dim,
         "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab,
         "max_position_embeddings": spec.context_length, "rms_norm_eps": spec.norm_eps,
@@ -94,6 +121,11 @@ def to_hf(spec: ModelSpec) -> dict:
         "layer_types": ["linear_attention" if i in linear else "full_attention" for i in range(spec.num_blocks)],
         "tie_word_embeddings": spec.tied_embeddings, "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
     }
+    if spec.experts:
+        del cfg["intermediate_size"]
+        cfg.update(num_experts=spec.experts, num_experts_per_tok=spec.experts_per_token,
+                   moe_intermediate_size=spec.ffn_hidden, shared_expert_intermediate_size=spec.shared_expert_ffn,
+                   output_router_logits=False)
     if linear:
         cfg.update(linear_num_key_heads=spec.linear_key_heads, linear_num_value_heads=spec.linear_value_heads,
                    linear_key_head_dim=spec.linear_key_dim, linear_value_head_dim=spec.linear_value_dim,
@@ -117,3 +149,7 @@ WEIGHTS = replace(llama.WEIGHTS, block=tuple(
     WeightRule("linear_attention.linear_proj.weight", (_DELTA + "out_proj.weight",))))
 
 FAMILY = Family("qwen3_5", ("qwen3_5_text", "qwen3_5"), from_hf, to_hf, WEIGHTS)
+# the MLP's rules replaced by Qwen2-MoE's: the router, each expert's tensors, the gated shared expert
+MOE_WEIGHTS = replace(WEIGHTS, block=tuple(r for r in WEIGHTS.block if not r.ours.startswith("mlp.")) + tuple(
+    r for r in moe.QWEN2_MOE.weights.block if r.ours.startswith("mlp.")))
+MOE_FAMILY = Family("qwen3_5_moe", ("qwen3_5_moe_text", "qwen3_5_moe"), from_hf, to_hf, MOE_WEIGHTS)
