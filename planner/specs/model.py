@@ -597,31 +597,31 @@ class ModelSpec:
 
     def linear_attention_floats(self, tp: int, dtype_bytes: int) -> float:
         """Values (of `dtype_bytes` each) per token that a Gated DeltaNet keeps beyond its input, as
-        sailor_ext/linear_attention.py runs it (autograd's saved tensors, fp32 on CPU: tests/runtime/test_units.py),
-        per TP rank, with C = [q; k; v]'s width, H value heads of d_k, d_v, H_k key heads, chunks of c tokens,
-        f = 4/b for the values kept in fp32:
+        sailor_ext/linear_attention.py runs it (autograd's saved tensors, fp32 and bf16 on CPU:
+        tests/runtime/test_units.py), per TP rank, with C = [q; k; v]'s width, H value heads of d_k, d_v, H_k key
+        heads, chunks of c tokens, v = H d_v, f = 4/b for the values kept in fp32:
 
-            convolution    its input, its output (taps - 1 columns longer than the sequence), the SiLU's, 3C
+            convolution    its input and output (taps - 1 columns longer than the sequence), 2C; in fp32
+                           also the SiLU's output, C (q, k and v are views of it)
             the rule (fp32)  q and k's norms 2H_k; per value head beta, the decay step's input and
-                           output, three decays and the output norm's 1/rms, 7; per head and token the
-                           chunk's pairwise decays, K K^T and the solve's system, Q K^T and the scores,
-                           5c; ten copies of q or k wide (k as repeated, the keys weighed by beta and
-                           decayed, q, q decayed, the keys decayed to the chunk's end, and the copies
-                           batched matmuls make), 10 d_k; four of v wide (v weighed by beta, the
-                           corrected values per chunk and solved, the output), 4 d_v; the chunk's
-                           state, d_k d_v / c
-            output norm    the normalised output, it times the weight, z, SiLU(z), the product, 5 v
-                           (16-bit: the first and the SiLUs' inputs and outputs in fp32, 3 v + 4 v f)
-            16-bit         q and k in fp32 before their norms, 2 H_k d_k f, and v, H d_v f
+                           output, three decays and the output norm's 1/rms, 7, and the chunk's decay,
+                           1/c; per head and token the chunk's pairwise decays, K K^T and the solve's
+                           system, Q K^T and the scores, 5c; ten copies of q or k wide (k as repeated,
+                           the keys weighed by beta and decayed, q, q decayed, the keys decayed to the
+                           chunk's end, and the copies batched matmuls make), 10 d_k; four of v wide,
+                           4 d_v; the chunk's state, d_k d_v / c
+            output norm    the normalised output, it times the weight, z, SiLU(z), the product, 5v;
+                           16-bit: the first two, z and SiLU(z) in fp32 and the product cast, 3v + 2vf
+            16-bit         q and k in fp32 before their norms, 2 H_k d_k f; beta before its cast, H
         """
-        f, c, t = 4 / dtype_bytes, DELTA_CHUNK, tp
+        f, c, t, wide = 4 / dtype_bytes, DELTA_CHUNK, tp, dtype_bytes == 4
         heads, key_heads, dk, dv = self.linear_value_heads / t, self.linear_key_heads / t, self.linear_key_dim, \
             self.linear_value_dim
         channels, v = (2 * self.linear_k_dim + self.linear_v_dim) / t, self.linear_v_dim / t
-        conv = channels * (3 + (self.linear_conv - 1) / self.seq_len)
+        conv = channels * (2 + wide + (self.linear_conv - 1) / self.seq_len)
         rule = 2 * key_heads + heads * (7 + 1 / c + 5 * c + 10 * dk + 4 * dv + dk * dv / c)
-        norm = 5 * v if dtype_bytes == 4 else 3 * v + 4 * v * f
-        casts = 0.0 if dtype_bytes == 4 else (2 * key_heads * dk + heads * dv) * f
+        norm = 5 * v if wide else 3 * v + 2 * v * f
+        casts = 0.0 if wide else 2 * key_heads * dk * f + heads
         return conv + rule * f + norm + casts
 
     def moe_activation_floats(self, tp: int, dtype_bytes: int) -> float:

@@ -300,6 +300,38 @@ def test_linear_attention_block_keeps_what_the_estimator_counts(world_of_one, tm
         assert counted - c0 == pytest.approx(measured - m0, rel=0.015)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_delta_net_keeps_what_the_planner_counts(world_of_one, tmp_path, dtype):
+    """A Gated DeltaNet alone (8 chunks) keeps per token, beyond its input, what ModelSpec.linear_attention_floats
+    counts, in fp32 and in bf16 (where the rule's values are fp32, twice the bytes): measured within 0.6 %."""
+    from sailor_ext.model import StageModel, StageSpec, init_from_seed
+
+    base = {"model_type": "qwen3_5_text", "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "linear_key_head_dim": 8, "linear_value_head_dim": 12, "layer_types": ["linear_attention"] * 2}
+    for cfg in (base, {**base, "linear_num_value_heads": 8}, {**base, "linear_value_head_dim": 24}):
+        model = _small_model(cfg, tmp_path, seq_len=512)
+        stage = StageModel(StageSpec(model, 1, 1, 1, 0, model.padded_vocab(1)), dist.group.WORLD,
+                           torch.device("cpu"))
+        init_from_seed(stage, seed=1)
+        mixer = stage.to(dtype).layers["1"].linear_attention
+        weights = {p.untyped_storage().data_ptr() for p in stage.parameters()}
+        saved = {}
+        for batch in (1, 3):  # (the masks do not grow with the batch)
+            x, storages = torch.randn(model.seq_len, batch, model.hidden, dtype=dtype, requires_grad=True), {}
+
+            def pack(t):
+                if t.untyped_storage().data_ptr() not in weights | {x.untyped_storage().data_ptr()}:
+                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                mixer(x)
+            saved[batch] = sum(storages.values())
+        size = torch.finfo(dtype).bits // 8
+        measured = (saved[3] - saved[1]) / 2 / model.seq_len / size
+        assert model.linear_attention_floats(1, size) == pytest.approx(measured, rel=0.006)
+
+
 def test_moe_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
     """What a mixture-of-experts MLP keeps per token grows with the experts, the experts per token,
     renormalisation and a shared expert as ModelSpec.moe_activation_floats counts (compared as differences between
