@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 
 from planner.search.goal import Goal
+from planner.search.planner import RECOMPUTE_MODES
+from planner.search.space import capacity
 
 
 def explain_infeasible(planner, goal: Goal) -> str:
@@ -28,7 +30,9 @@ def explain_infeasible(planner, goal: Goal) -> str:
         if planner.recompute == "never" and planner.again(Goal(goal.objective), recompute="auto").run(top=1).plans:
             return (f"{model.name} does not fit on the GPUs given without recomputing activations; allow it with "
                     "--recompute auto, or add GPUs")
-        need, how, gpu = min(_least_memory(planner, sh) for sh in shapes)
+        # (over the passes the search ran: recomputing stages need less memory)
+        need, how, gpu = min(_least_memory(planner, sh, rc) for rc in RECOMPUTE_MODES[planner.recompute]
+                             for sh in planner.shapes(rc))
         have = sim.cluster.gpu(gpu).memory_bytes
         return (f"{model.name} does not fit on the GPUs given: the best placement ({how}) still needs "
                 f"{need / 1e9:.1f} GB on a {gpu} with {have / 1e9:.1f} GB; add GPUs (deeper pipelines, more TP) or "
@@ -50,12 +54,18 @@ def explain_infeasible(planner, goal: Goal) -> str:
             "--max-cost-per-iter, --max-cost-per-hour or --max-gpus")
 
 
-def _least_memory(planner, shape) -> tuple[float, str, str]:
-    """The smallest peak memory per GPU any split of the model reaches on this shape's GPUs."""
-    costs, L = shape.costs.sharded(math.inf), planner.L
-    gpus = sum(c for _, c in shape.zones)
+def _least_memory(planner, shape, recompute: bool) -> tuple[float, str, str]:
+    """The smallest peak memory per GPU of a single-pool placement the search could run on this shape's
+    GPUs: only pipelines a zone holds under the placement rule (space.capacity: deeper than a node, a
+    node per stage), as many as fit (fewest in flight, most optimizer shards). Placements that cannot
+    run may need less memory than the GPUs have, and quoting them contradicts finding no plan."""
+    L, M = planner.L, planner.gbs // shape.mbs
     best = (float("inf"), "", shape.gpu)
-    for P in range(1, min(L, gpus // shape.tp, planner.max_stages) + 1):
+    for P in range(1, min(L, planner.max_stages) + 1):
+        d = min(sum(capacity(n, shape.per_node, P, shape.tp) for _, n in shape.zones), M)
+        if d < 1:
+            continue
+        costs, m = shape.costs.sharded(planner._shards(d)), -(-M // d)
         # worst[j][r]: least possible largest stage memory for layers j..L-1 in r+1 stages
         worst = [[float("inf")] * P for _ in range(L + 1)]
         for r in range(P):
@@ -63,9 +73,9 @@ def _least_memory(planner, shape) -> tuple[float, str, str]:
                 if r == 0:
                     worst[j][0] = costs.memory(j, L - 1, 1)
                 else:
-                    worst[j][r] = min((max(costs.memory(j, i - 1, r + 1), worst[i][r - 1])
+                    worst[j][r] = min((max(costs.memory(j, i - 1, min(r + 1, m)), worst[i][r - 1])
                                        for i in range(j + 1, L - r + 1)), default=float("inf"))
         if worst[0][P - 1] < best[0]:
-            best = (worst[0][P - 1], f"{P} stage{'s' if P > 1 else ''}, TP {shape.tp}, microbatch size {shape.mbs}",
-                    shape.gpu)
+            best = (worst[0][P - 1], f"{P} stage{'s' if P > 1 else ''}, TP {shape.tp}, microbatch size {shape.mbs}"
+                    f"{', recomputing activations' if recompute else ''}", shape.gpu)
     return best
