@@ -93,6 +93,20 @@ def _delta_widths(model: ModelSpec) -> list[int]:
     return [dk, dk, model.linear_v_dim // model.linear_key_heads]
 
 
+# Qwen3-Next keeps Gated DeltaNet's projections in two tensors grouped by key head, [q_g, k_g, v_g, z_g] and
+# [b_g, a_g]: each of our tensors is a span of rows of every group of one of them (rows per group: before it, its
+# own). Exported, the tensors of one Hugging Face name are added together, each written into zeros.
+def _group_spans(model: ModelSpec) -> dict[str, tuple[int, int, int]]:
+    """op -> (rows per group of the Hugging Face tensor, rows of the group before ours, our rows per group)."""
+    dk, per_value = model.linear_key_dim, model.linear_value_heads // max(1, model.linear_key_heads)
+    qkv, v = 2 * dk + per_value * model.linear_value_dim, per_value * model.linear_value_dim
+    return {"qkvz_qkv": (qkv + v, 0, qkv), "qkvz_z": (qkv + v, qkv, v), "ba_b": (2 * per_value, 0, per_value),
+            "ba_a": (2 * per_value, per_value, per_value)}
+
+
+GROUP_SPAN_OPS = ("qkvz_qkv", "qkvz_z", "ba_b", "ba_a")
+
+
 def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torch.Tensor]:
     """The rule's Hugging Face tensors from our logical tensor (also on the meta device: their shapes)."""
     op = rule.op
@@ -114,6 +128,12 @@ def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torc
                 .reshape(-1, *rest), k, v]
     if op == "delta_qkv":
         return [torch.cat(_ungroup(tensor, model.linear_key_heads, _delta_widths(model)), dim=0)]
+    if op in GROUP_SPAN_OPS:
+        width, before, ours = _group_spans(model)[op]
+        groups, rest = model.linear_key_heads, tensor.shape[1:]
+        full = tensor.new_zeros(groups, width, *rest)
+        full[:, before:before + ours] = tensor.reshape(groups, ours, *rest)
+        return [full.reshape(-1, *rest)]
     if op == "gate_up":
         return list(tensor.unbind(0))
     if op == "gate_up_cat":
@@ -200,6 +220,11 @@ def local_slice(weights: "HFWeights", model: ModelSpec, rule: WeightRule, names:
         k, v = (weights.get(n, 0, g0 * kv_rows, g1 * kv_rows) for n in names[1:])
         q, gate = (paired[:, i].reshape(-1, *paired.shape[3:]) for i in (0, 1))
         out = _group_qkv(q, gate, k, v, groups=g1 - g0)
+    elif op in GROUP_SPAN_OPS:  # our span of rows of each group, for the groups of this rank's rows
+        width, before, ours = _group_spans(model)[op]
+        g0, g1 = (0, model.linear_key_heads) if dim is None else (start // ours, stop // ours)
+        rows = weights.get(names[0], 0, g0 * width, g1 * width)
+        out = rows.reshape(g1 - g0, width, *rows.shape[1:])[:, before:before + ours]
     elif op == "delta_qkv":  # transformers' [q; k; v] rows -> ours grouped by key head
         widths = _delta_widths(model)
         g0, g1 = (0, model.linear_key_heads) if dim is None else (start // sum(widths), stop // sum(widths))
@@ -440,8 +465,10 @@ def hf_state_dict(model: ModelSpec, logical: dict[str, torch.Tensor], dtype: tor
     for name in sorted(logical):
         rule, block = rule_for(model, name)
         for hf_name, tensor in zip(hf_names(rule, block, model.experts), to_hf(model, rule, logical[name])):
-            out[hf_name] = tensor.to(dtype).contiguous()
-    return out
+            if rule.op in GROUP_SPAN_OPS and hf_name in out:  # (spans of one tensor, each in its own rows)
+                tensor = out[hf_name] + tensor
+            out[hf_name] = tensor
+    return {name: tensor.to(dtype).contiguous() for name, tensor in out.items()}
 
 
 def export(logical: dict[str, torch.Tensor], model: ModelSpec, out_dir: str | Path,

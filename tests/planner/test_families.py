@@ -232,6 +232,13 @@ PUBLISHED["Qwen3.5-35B-A3B"] = ({"model_type": "qwen3_5_moe_text", "hidden_size"
                                  "linear_num_value_heads": 32, "moe_intermediate_size": 512,
                                  "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8,
                                  "num_experts": 256, "vocab_size": 248320}, 34_660_610_688)
+# Qwen3-Next-80B-A3B (transformers' Qwen3NextConfig defaults, documented as that checkpoint's): 512 experts, 10 per
+# token
+PUBLISHED["Qwen3-Next-80B-A3B"] = ({"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48,
+                                    "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+                                    "linear_num_value_heads": 32, "moe_intermediate_size": 512,
+                                    "shared_expert_intermediate_size": 512, "num_experts_per_tok": 10,
+                                    "num_experts": 512, "vocab_size": 151936}, 79_674_391_296)
 
 
 def test_multimodal_qwen3_5_config_is_its_language_model(tmp_path):
@@ -1022,6 +1029,18 @@ def test_glm4_moe_details(tmp_path):
 def test_bad_qwen3_5_config_is_one_clear_error(tmp_path, change, needle):
     with pytest.raises(SailorError, match=needle):
         get_model(str(_write(tmp_path, {**_QWEN3_5_27B, **change})))
+
+
+def test_qwen3_next_dense_blocks(tmp_path):
+    """Qwen3-Next's blocks without experts (mlp_only_layers, or off decoder_sparse_step) have a dense MLP
+    intermediate_size wide, as transformers builds them; a malformed list is one line."""
+    cfg = {**PUBLISHED["Qwen3-Next-80B-A3B"][0], "num_hidden_layers": 8, "mlp_only_layers": [0],
+           "decoder_sparse_step": 2, "intermediate_size": 1024}
+    model = get_model(str(_write(tmp_path, cfg)))
+    assert model.dense_blocks == (0, 2, 4, 6) and model.dense_ffn == 1024
+    assert model.total_params(padded=False) == transformers_count(cfg)
+    with pytest.raises(SailorError, match="mlp_only_layers must list block indices from 0 to 7"):
+        get_model(str(_write(tmp_path, {**cfg, "mlp_only_layers": [9]})))
 
 
 def test_qwen3_5_plans_tp_by_its_linear_key_heads_and_refuses_megatron_lm(tmp_path):

@@ -337,13 +337,17 @@ QWEN3_5_MOE = {**LLAMA, "model_type": "qwen3_5_moe_text", "head_dim": 16, "linea
                "layer_types": ["linear_attention", "full_attention"] * 2, "num_experts": 4, "num_experts_per_tok": 2,
                "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
 
+# Qwen3-Next's: the same with DeltaNet's projections grouped by key head in two tensors (split over TP 4 and 2 by whole
+# groups), unrenormalised weights and a dense first block
+QWEN3_NEXT = {**QWEN3_5_MOE, "model_type": "qwen3_next", "norm_topk_prob": False, "mlp_only_layers": [0]}
+
 
 @pytest.fixture(scope="module")
 def moe_configs(tmp_path_factory):
     """config.json paths of the mixtures of experts tested here, by family."""
     configs = {}
     for family, fields in (("mixtral", MIXTRAL), ("gpt_oss", GPT_OSS), ("deepseek_v3", DEEPSEEK),
-                           ("deepseek_v2", DEEPSEEK_V2), ("qwen3_5_moe", QWEN3_5_MOE)):
+                           ("deepseek_v2", DEEPSEEK_V2), ("qwen3_5_moe", QWEN3_5_MOE), ("qwen3_next", QWEN3_NEXT)):
         configs[family] = tmp_path_factory.mktemp(family) / "config.json"
         configs[family].write_text(json.dumps(fields))
     return configs
@@ -354,7 +358,7 @@ def mixtral_config(moe_configs):
     return moe_configs["mixtral"]
 
 
-@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen3_5_moe", "qwen3_next"])
 @pytest.mark.parametrize("name", ["tp_per_replica", "combined_recompute"])
 def test_mixture_of_experts_plan_matches_single_process(family, name, runs_dir, reference, moe_configs):
     config = moe_configs[family]

@@ -199,6 +199,15 @@ def _small(kind: str):
                                                  num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                                  shared_expert_intermediate_size=48, pad_token_id=None,
                                                  bos_token_id=None, eos_token_id=None)
+    if kind == "qwen3_next":  # Qwen3-Next: Qwen3.5-MoE's layers with DeltaNet's projections grouped by key head in
+        # two tensors; weights not renormalised; a dense first block (mlp_only_layers) on the TP 2 stage
+        return transformers.Qwen3NextConfig(**{**llama, "num_hidden_layers": 3}, head_dim=16, linear_num_key_heads=2,
+                                            linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
+                                            layer_types=["linear_attention", "full_attention", "linear_attention"],
+                                            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                            shared_expert_intermediate_size=48, norm_topk_prob=False,
+                                            mlp_only_layers=[0], pad_token_id=None, bos_token_id=None,
+                                            eos_token_id=None)
     if kind == "glm4_moe":  # GLM-4.5: q/k/v biases, per-head q/k norms, half of each head rotated by halves; a dense
         # first block on the TP 2 stage; DeepSeek-V3's router (8 experts in 4 groups, score biases) and shared expert
         return transformers.Glm4MoeConfig(**llama, head_dim=16, attention_bias=True, use_qk_norm=True,
@@ -235,17 +244,21 @@ def _small(kind: str):
 LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one per rotated pair of dimensions
 # logits that the weights' rounding-level differences after training move more than 1e-5: measured 4.1e-5
 # (Qwen3-MoE), 1.7e-5 (OLMo 3), 3.4e-5 (OLMo 2, in one run of several), 5.6e-5 (EXAONE 4)
-SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "exaone4", "qwen3_5", "qwen3_5_moe")
-# DECAY: Gated DeltaNet's chunked form (ours and transformers' alike, in fp32 as the fla kernels) turns cumulative log
-# decays into e^(G_i - G_j) by subtracting two sums, whose rounding grows with |G|. transformers' initial decay rates
-# (A up to 16) take G to -740 within the test's 31 tokens (measured), and the two runs' rounding then differed by up to
-# 1.7 % of an Adam step at an embedding element; with A in [0.2, 1] both sides round alike to the bounds below
-# (measured 5.7e-5 on the logits, 4.1e-5 with experts, hence SENSITIVE). Step-1 gradients agree at 1e-6 either way.
+SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "exaone4", "qwen3_5", "qwen3_5_moe",
+             "qwen3_next")
+STEP_BOUND = {kind: 0.02 for kind in ("qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next")}  # (DECAY)
+# DECAY: Gated DeltaNet models train like transformers' at rel 1e-5 (losses, norms), but their weights after 3 Adam
+# steps differ more at single elements than other families' do: fp32 rounding that differs between the two runs
+# (another batch split, another TP) grows through the chunked recurrence (ours and transformers' alike). Measured on
+# an embedding element: 1.7 % of a step with transformers' initial decay rates (A up to 16: cumulative log decays to
+# -740 within the 31 tokens), 1.03 % (Qwen3-Next) with A in [0.2, 1], used here, and 2.1 % with A in [0.1, 0.5].
+# Hence 2 % for these kinds (STEP_BOUND) and the looser logits (SENSITIVE: 5.7e-5 measured). Step-1 gradients agree at
+# 1e-6, and every element equals the single process's under SGD (test_equivalence.py).
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "arcee",
             "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3",
             "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4",
             "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5",
-            "qwen3_5-attention", "qwen3_5_moe", "phi", "opt",
+            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "phi", "opt",
             "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
@@ -353,7 +366,7 @@ def test_family_trains_like_transformers(kind, tmp_path):
         diff = exported[name] - trained[name]
         assert diff.norm() <= 1e-4 * trained[name].norm(), (name, (diff.norm() / trained[name].norm()).item())
         off = diff.abs()[settled[name]] if name in settled else diff.abs()
-        assert off.numel() == 0 or off.max() <= 0.01 * LR, (name, off.max().item())
+        assert off.numel() == 0 or off.max() <= STEP_BOUND.get(kind, 0.01) * LR, (name, off.max().item())
 
     loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert json.loads((out / "config.json").read_text())["model_type"] == reference.config.model_type

@@ -3,7 +3,7 @@
 One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
 Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE, OLMoE and GraniteMoE; olmo.py OLMo 2 and 3; gemma.py
 Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5; exaone.py EXAONE 4;
-gpt_oss.py; deepseek.py DeepSeek-V2 and V3; qwen3_5.py Qwen3.5 and Qwen3.5-MoE; arcee.py; phi.py, phi3.py,
+gpt_oss.py; deepseek.py DeepSeek-V2 and V3; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py,
 starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
@@ -52,6 +52,13 @@ class WeightRule:
       experts_t  all experts' tensors stacked, each as x @ W: [E, in, out] -> [E, out, in]
       experts_gate_up_alternating  all experts' fc1 as x @ W with gate and up columns alternating,
                  [E, h, 2 ffn] -> [E, 2, ffn, h] (its bias [E, 2 ffn] -> [E, 2, ffn])
+      qkv_gated  q_proj holding each head's [q; gate], k, v -> megatron's fused QKV with an output
+                 gate, [q heads of group g, their gates, k_g, v_g] for each group g
+      delta_qkv  Gated DeltaNet's [q; k; v] rows (or convolution taps) -> ours grouped by key head,
+                 [q_g, k_g, v_g] for each key head g (sailor_ext/linear_attention.py)
+      qkvz_qkv, qkvz_z, ba_b, ba_a  one span of the rows of each key head's group in a tensor of
+                 groups [q_g, k_g, v_g, z_g] (or [b_g, a_g]): Qwen3-Next's (exported, the spans of one
+                 tensor are put together)
     """
 
     ours: str
@@ -86,7 +93,8 @@ def _families() -> dict[str, Family]:
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
                                 olmo.FAMILY, phi.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
                                 cohere.FAMILY, glm.FAMILY, glm_moe.FAMILY, exaone.FAMILY, gpt_oss.FAMILY,
-                                deepseek.FAMILY, arcee.FAMILY, qwen3_5.FAMILY, qwen3_5.MOE_FAMILY, opt.FAMILY,
+                                deepseek.FAMILY, arcee.FAMILY, qwen3_5.FAMILY, qwen3_5.MOE_FAMILY,
+                                qwen3_5.NEXT_FAMILY, opt.FAMILY,
                                 gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
@@ -272,4 +280,4 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                   "glm4_moe": "Glm4MoeForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
-                  "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}
+                  "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}

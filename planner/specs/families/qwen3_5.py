@@ -1,5 +1,6 @@
-"""Qwen3.5 (model_type qwen3_5_text, and the language model of the multimodal qwen3_5: Qwen3.5-27B) and Qwen3.5-MoE
-(qwen3_5_moe_text, qwen3_5_moe: Qwen3.5-35B-A3B, -122B-A10B, -397B-A17B).
+"""Qwen3.5 (model_type qwen3_5_text, and the language model of the multimodal qwen3_5: Qwen3.5-27B), Qwen3.5-MoE
+(qwen3_5_moe_text, qwen3_5_moe: Qwen3.5-35B-A3B, -122B-A10B, -397B-A17B) and Qwen3-Next (qwen3_next:
+Qwen3-Next-80B-A3B), their forerunner.
 
 Three blocks in four (layer_types; by default every full_attention_interval-th block is full attention)
 run Gated DeltaNet, a linear attention (ModelSpec.linear_blocks; sailor_ext/linear_attention.py). The
@@ -12,6 +13,11 @@ but DeltaNet's output norm scales by (1 + w) (norm_offset).
 Qwen3.5-MoE's blocks are the same with a mixture of experts for the MLP: a softmax router sending each token to
 num_experts_per_tok experts, their weights renormalised, and a shared expert gated by a sigmoid (Qwen2-MoE's);
 its checkpoints name each expert's tensors (`experts.{e}.gate_proj`), as Qwen2-MoE's do.
+
+Qwen3-Next has Qwen3.5-MoE's layers with Gated DeltaNet's projections in two tensors grouped by key head,
+`in_proj_qkvz` ([q, k, v, z] of each key head's group) and `in_proj_ba` ([b, a] of each; sailor_ext.hf takes them
+apart); its router's weights are renormalised if norm_topk_prob (the default), and blocks in mlp_only_layers, or
+off decoder_sparse_step, have a dense MLP intermediate_size wide (ModelSpec.dense_blocks).
 
 The multimodal configs (model_type qwen3_5, qwen3_5_moe) nest the language model's fields in text_config and its
 weights under model.language_model (sailor_ext.hf reads them as model.*); sailor trains and exports the
@@ -38,6 +44,9 @@ MOE_DEFAULTS = {"vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 
                 "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
                 "linear_num_key_heads": 16, "linear_num_value_heads": 32, "moe_intermediate_size": 512,
                 "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8, "num_experts": 256}
+# transformers' Qwen3NextConfig defaults (5.24: Qwen3-Next-80B-A3B's shape)
+NEXT_DEFAULTS = {**MOE_DEFAULTS, "vocab_size": 151936, "intermediate_size": 5632, "num_hidden_layers": 48,
+                 "num_experts_per_tok": 10, "num_experts": 512}
 MULTIMODAL = ("qwen3_5", "qwen3_5_moe")
 FULL_ATTENTION_INTERVAL = 4
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -46,7 +55,8 @@ LAYER_TYPES = ("linear_attention", "full_attention")
 def text_config(cfg, model_type: str):
     """The language model's config (with transformers' defaults): the multimodal config's text_config, or the
     config itself."""
-    defaults = MOE_DEFAULTS if model_type.startswith("qwen3_5_moe") else TEXT_DEFAULTS
+    defaults = NEXT_DEFAULTS if model_type == "qwen3_next" else MOE_DEFAULTS if model_type.startswith(
+        "qwen3_5_moe") else TEXT_DEFAULTS
     if model_type in MULTIMODAL:
         text = cfg.cfg.get("text_config") or {}
         if not isinstance(text, dict):
@@ -67,13 +77,25 @@ def _linear_blocks(cfg, blocks: int) -> tuple[int, ...]:
     return tuple(i for i, t in enumerate(layer_types) if t == "linear_attention")
 
 
+def _dense_blocks(cfg, blocks: int) -> dict:
+    """Qwen3-Next's blocks with a dense MLP among the experts': those in mlp_only_layers, and those off
+    decoder_sparse_step (block i has experts when (i + 1) % step == 0)."""
+    only, step = cfg.cfg.get("mlp_only_layers") or [], cfg.int("decoder_sparse_step", 1)
+    if not isinstance(only, list) or any(isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < blocks
+                                         for b in only):
+        raise SailorError(f"model config {cfg.source}: mlp_only_layers must list block indices from 0 to "
+                          f"{blocks - 1}, not {short(only)}")
+    dense = tuple(i for i in range(blocks) if i in only or (i + 1) % step)
+    return {"dense_blocks": dense, "dense_ffn": cfg.int("intermediate_size")} if dense else {}
+
+
 def from_hf(cfg, model_type: str) -> dict:
     text = text_config(cfg, model_type)
     blocks = text.int("num_hidden_layers", hi=MAX_BLOCKS)
     if text.cfg.get("use_sliding_window") or text.cfg.get("sliding_window"):
         raise SailorError(f"model config {text.source}: qwen3_5's attention has no sliding window; remove "
                           "sliding_window")
-    experts = model_type.startswith("qwen3_5_moe")
+    experts = model_type.startswith("qwen3_5_moe") or model_type == "qwen3_next" and text.cfg.get("num_experts") != 0
     if experts:
         moe.refuse_router_logits(text)
     # LLaMA's fields (heads, widths, rotary base), read without the layer types, which name linear blocks here (an
@@ -81,10 +103,12 @@ def from_hf(cfg, model_type: str) -> dict:
     reader = ConfigReader({**text.cfg, "layer_types": None, **(
         {"intermediate_size": text.int("moe_intermediate_size")} if experts else {})}, text.source)
     fields = llama.from_hf(reader, "qwen3_5_text")
-    if experts:  # the router's weights renormalised; a shared expert gated by a sigmoid
+    if experts:  # the router's weights renormalised (Qwen3-Next: if norm_topk_prob); a shared expert, sigmoid-gated
         fields.update(experts=text.int("num_experts"), experts_per_token=text.int("num_experts_per_tok"),
-                      expert_renorm=True, shared_expert_ffn=text.int("shared_expert_intermediate_size"),
-                      shared_expert_gated=True)
+                      expert_renorm=text.bool("norm_topk_prob", True) if model_type == "qwen3_next" else True,
+                      shared_expert_ffn=text.int("shared_expert_intermediate_size"), shared_expert_gated=True)
+        if model_type == "qwen3_next":
+            fields.update(_dense_blocks(text, blocks))
     heads, hidden, head_dim = fields["heads"], fields["hidden"], text.int("head_dim")
     bias = text.bool("attention_bias", False)
     linear = _linear_blocks(text, blocks)
@@ -101,10 +125,13 @@ def from_hf(cfg, model_type: str) -> dict:
 
 
 def to_hf(spec: ModelSpec) -> dict:
-    """A qwen3_5_text (qwen3_5_moe_text) config: the language model, also of a multimodal checkpoint."""
-    model_type = "qwen3_5_moe_text" if spec.experts else "qwen3_5_text"
-    experts = (spec.expert_renorm and spec.shared_expert_ffn and spec.shared_expert_gated and not spec.router_sigmoid
-               and not spec.router_bias and not spec.glu_limit and not spec.dense_blocks) if spec.experts else True
+    """A qwen3_5_text (qwen3_5_moe_text) config: the language model, also of a multimodal checkpoint; or a
+    qwen3_next one."""
+    next_ = spec.family == "qwen3_next"
+    model_type = "qwen3_next" if next_ else "qwen3_5_moe_text" if spec.experts else "qwen3_5_text"
+    experts = ((spec.expert_renorm or next_) and spec.shared_expert_ffn and spec.shared_expert_gated and not
+               spec.router_sigmoid and not spec.router_bias and not spec.glu_limit and
+               (next_ or not spec.dense_blocks)) if spec.experts else not next_
     if not (spec.attention_gate and spec.norm_offset and spec.qk_norm and spec.gated_mlp and experts) or \
             spec.qk_norm_full or spec.qk_norm_per_head or spec.windows or spec.nope_blocks or spec.mlp_bias or \
             spec.qkv_bias != spec.out_bias or spec.rotary_interleaved or spec.rope_scaling:
@@ -126,6 +153,9 @@ def to_hf(spec: ModelSpec) -> dict:
         cfg.update(num_experts=spec.experts, num_experts_per_tok=spec.experts_per_token,
                    moe_intermediate_size=spec.ffn_hidden, shared_expert_intermediate_size=spec.shared_expert_ffn,
                    output_router_logits=False)
+    if next_:
+        cfg.update(norm_topk_prob=spec.expert_renorm, decoder_sparse_step=1, mlp_only_layers=list(spec.dense_blocks),
+                   intermediate_size=spec.dense_ffn or NEXT_DEFAULTS["intermediate_size"])
     if linear:
         cfg.update(linear_num_key_heads=spec.linear_key_heads, linear_num_value_heads=spec.linear_value_heads,
                    linear_key_head_dim=spec.linear_key_dim, linear_value_head_dim=spec.linear_value_dim,
@@ -153,3 +183,13 @@ FAMILY = Family("qwen3_5", ("qwen3_5_text", "qwen3_5"), from_hf, to_hf, WEIGHTS)
 MOE_WEIGHTS = replace(WEIGHTS, block=tuple(r for r in WEIGHTS.block if not r.ours.startswith("mlp.")) + tuple(
     r for r in moe.QWEN2_MOE.weights.block if r.ours.startswith("mlp.")))
 MOE_FAMILY = Family("qwen3_5_moe", ("qwen3_5_moe_text", "qwen3_5_moe"), from_hf, to_hf, MOE_WEIGHTS)
+# Qwen3-Next: DeltaNet's projections as spans of two grouped tensors; dense blocks with LLaMA's MLP rules
+_SPANS = {"linear_attention.linear_qkv.weight": ("in_proj_qkvz", "qkvz_qkv"),
+          "linear_attention.linear_z.weight": ("in_proj_qkvz", "qkvz_z"),
+          "linear_attention.linear_b.weight": ("in_proj_ba", "ba_b"),
+          "linear_attention.linear_a.weight": ("in_proj_ba", "ba_a")}
+NEXT_WEIGHTS = replace(MOE_WEIGHTS, block=tuple(
+    WeightRule(r.ours, (_DELTA + _SPANS[r.ours][0] + ".weight",), _SPANS[r.ours][1]) if r.ours in _SPANS else
+    replace(r, blocks="sparse") if r.ours.startswith("mlp.") else r for r in MOE_WEIGHTS.block) + tuple(
+    replace(r, blocks="dense") for r in llama.WEIGHTS.block if r.ours.startswith("mlp.")))
+NEXT_FAMILY = Family("qwen3_next", ("qwen3_next",), from_hf, to_hf, NEXT_WEIGHTS)
