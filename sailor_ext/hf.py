@@ -47,7 +47,7 @@ def rule_for(model: ModelSpec, logical: str) -> tuple[WeightRule, int]:
     _, layer, path = logical.split(".", 2)
     layer = int(layer)
     kind = model.kind(layer)
-    dense = kind == BLOCK and model.dense(layer - 1)
+    dense = kind == BLOCK and (model.dense(layer - 1) or not model.experts)  # (a model without experts: dense)
     for rule in _rules(model, kind):
         if rule.ours == path and rule.blocks in ("", "dense" if dense else "sparse"):
             return rule, layer - 1

@@ -1022,7 +1022,7 @@ def test_glm4_moe_details(tmp_path):
     ({"layer_types": ["linear_attention"] * 3}, "layer_types must list linear_attention or full_attention for each of "
                                                 "the 64 layers"),
     ({"full_attention_interval": 0.5}, "full_attention_interval must be a positive integer"),
-    ({"sliding_window": 4096}, "qwen3_5's attention has no sliding window; remove sliding_window"),
+    ({"sliding_window": 4096}, "qwen3_5_text's attention has no sliding window; remove sliding_window"),
     ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 1.5}},
      "partial_rotary_factor must be above 0 and at most 1, not 1.5"),
 ])
@@ -1039,6 +1039,9 @@ def test_qwen3_next_dense_blocks(tmp_path):
     model = get_model(str(_write(tmp_path, cfg)))
     assert model.dense_blocks == (0, 2, 4, 6) and model.dense_ffn == 1024
     assert model.total_params(padded=False) == transformers_count(cfg)
+    dense = get_model(str(_write(tmp_path, {**cfg, "num_experts": 0})))
+    assert not dense.experts and dense.ffn_hidden == 1024
+    assert dense.total_params(padded=False) == transformers_count({**cfg, "num_experts": 0})
     with pytest.raises(SailorError, match="mlp_only_layers must list block indices from 0 to 7"):
         get_model(str(_write(tmp_path, {**cfg, "mlp_only_layers": [9]})))
 

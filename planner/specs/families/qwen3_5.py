@@ -93,7 +93,7 @@ def from_hf(cfg, model_type: str) -> dict:
     text = text_config(cfg, model_type)
     blocks = text.int("num_hidden_layers", hi=MAX_BLOCKS)
     if text.cfg.get("use_sliding_window") or text.cfg.get("sliding_window"):
-        raise SailorError(f"model config {text.source}: qwen3_5's attention has no sliding window; remove "
+        raise SailorError(f"model config {text.source}: {model_type}'s attention has no sliding window; remove "
                           "sliding_window")
     experts = model_type.startswith("qwen3_5_moe") or model_type == "qwen3_next" and text.cfg.get("num_experts") != 0
     if experts:
