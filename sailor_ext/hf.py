@@ -98,7 +98,7 @@ def _delta_widths(model: ModelSpec) -> list[int]:
 # own). Exported, the tensors of one Hugging Face name are added together, each written into zeros.
 def _group_spans(model: ModelSpec) -> dict[str, tuple[int, int, int]]:
     """op -> (rows per group of the Hugging Face tensor, rows of the group before ours, our rows per group)."""
-    dk, per_value = model.linear_key_dim, model.linear_value_heads // max(1, model.linear_key_heads)
+    dk, per_value = model.linear_key_dim, model.linear_value_heads // model.linear_key_heads
     qkv, v = 2 * dk + per_value * model.linear_value_dim, per_value * model.linear_value_dim
     return {"qkvz_qkv": (qkv + v, 0, qkv), "qkvz_z": (qkv + v, qkv, v), "ba_b": (2 * per_value, 0, per_value),
             "ba_a": (2 * per_value, per_value, per_value)}

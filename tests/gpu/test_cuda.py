@@ -98,6 +98,29 @@ def test_llama_with_and_without_kernel_fusion_matches_the_cpu_fp32_run(tmp_path,
     eq.assert_within_bf16(run, reference)
 
 
+@pytest.fixture(scope="module")
+def qwen3_5(tmp_path_factory):
+    """The CPU tests' Qwen3.5 shape (Gated DeltaNet blocks between blocks of gated attention) and its fp32 run on
+    the CPU."""
+    config = tmp_path_factory.mktemp("qwen3_5") / "config.json"
+    config.write_text(json.dumps(eq.QWEN3_5))
+    plan = plan_dict([((0, 6), [1])], [(12, 1)], model=str(config))
+    reference = run_plan(tmp_path_factory.mktemp("qwen3_5-cpu-fp32"), plan, 1, ARGS, env=CPU_ONLY)
+    assert_ok(reference)
+    return plan, reference
+
+
+def test_gated_delta_net_matches_the_cpu_fp32_run(tmp_path, qwen3_5):
+    """Gated DeltaNet in bf16 on CUDA (the convolution in bf16; the chunked rule's triangular solves and state in
+    fp32) and megatron's gated attention: within bf16's error of the CPU's fp32 run. Written without a GPU (none
+    was lent): not yet run on one."""
+    plan, reference = qwen3_5
+    run = run_plan(tmp_path, plan, 1, ARGS)
+    assert_ok(run)
+    assert "bf16 on cuda (nccl)" in run.log(0), run.log(0)[-2000:]
+    eq.assert_within_bf16(run, reference)
+
+
 def test_gloo_on_cuda_refuses_pipeline_stages_in_one_line(tmp_path):
     """gloo cannot send CUDA tensors (its TCP transport reads them as host memory: 'Bad address')."""
     run = run_plan(tmp_path, eq.PLANS["pp_only"], 3, [*ARGS, "--distributed-backend", "gloo"])
