@@ -53,7 +53,7 @@ from planner.errors import SailorError
 from planner.inputs import Doc, short
 from sailor_ext import devices
 from sailor_ext.sharding import ParamShard
-from sailor_ext.storage import Storage, open_storage
+from sailor_ext.storage import NotAFile, Storage, open_storage
 
 FORMAT = "sailor-checkpoint"
 VERSION = 3  # 3: raw tensor files, SHA-256 per block of rows, a sealed meta.json and `latest` (2: torch.save)
@@ -244,7 +244,7 @@ def claimed(load_dir: str) -> tuple[str, int] | None:
     storage = open_storage(load_dir)
     try:
         m = _LATEST.match(storage.get("latest").decode(errors="replace"))
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, NotAFile):
         m = None
     if m:
         return m.group(1), _step(m.group(1))
@@ -258,7 +258,7 @@ def read_meta(storage: Storage, name: str) -> tuple[dict, bytes]:
         data = storage.get(f"{name}/meta.json")
     except FileNotFoundError:
         raise Damaged("no meta.json") from None
-    except (IsADirectoryError, NotADirectoryError):  # meta.json a directory, or iter_NNNNNNN a file
+    except (IsADirectoryError, NotADirectoryError, NotAFile):  # meta.json a directory, or iter_NNNNNNN a file
         raise Damaged("meta.json is not a file") from None
     if not data.startswith(_SEAL_HEAD):
         try:
@@ -312,8 +312,8 @@ def choose(load_dir: str, known_bad: tuple[tuple[str, str], ...] = ()) -> Choice
         pointer = storage.get("latest")
     except (FileNotFoundError, NotADirectoryError):  # (NotADirectory: load_dir is a file, so nothing is in it)
         pointer = None
-    except IsADirectoryError:
-        pointer = b"a directory"  # damaged: it names nothing
+    except (IsADirectoryError, NotAFile):
+        pointer = b"not a file"  # damaged: it names nothing
     m = _LATEST.match(pointer.decode(errors="replace")) if pointer is not None else None
     first = m.group(1) if m and m.group(1) in names else None
     if first is not None:

@@ -30,6 +30,12 @@ from planner.errors import SailorError
 
 
 NODE_SCHEME = "node:"
+
+
+class NotAFile(OSError):
+    """A path that is neither a file, a directory nor absent (a FIFO, a socket, a device): reading it could wait for
+    a writer for ever. Checkpoint reading treats it as a damaged file."""
+
 _NODES: dict = {}  # this process's node: its --node-dir, the other nodes' file clients, its buddy (configure_nodes)
 
 
@@ -75,6 +81,8 @@ class Storage:
         """Bytes [start, stop) of `rel` (the whole object by default); FileNotFoundError if absent."""
         path = self._path(rel)
         if self.local:
+            if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+                raise NotAFile(f"{path} is a FIFO, socket or device, not a file")  # (reading it could wait for ever)
             with open(path, "rb") as f:
                 if start:
                     f.seek(start)

@@ -244,9 +244,10 @@ def test_a_resealed_malformed_meta_falls_back_to_the_previous_checkpoint(tmp_pat
 @pytest.mark.parametrize("make, load, why", [
     (lambda r: None, "ckpt/iter_0000004/meta.json", "no checkpoint in"),
     (lambda r: (r / "latest").unlink() or (r / "latest").mkdir(), "ckpt", "latest is damaged"),
+    (lambda r: (r / "latest").unlink() or __import__("os").mkfifo(r / "latest"), "ckpt", "latest is damaged"),
     (lambda r: __import__("shutil").rmtree(r / "iter_0000004") or (r / "iter_0000004").write_text("x"), "ckpt",
      "meta.json is not a file"),
-], ids=["load-a-file", "latest-a-directory", "iteration-a-file"])
+], ids=["load-a-file", "latest-a-directory", "latest-a-fifo", "iteration-a-file"])
 def test_a_load_path_of_the_wrong_kind_is_one_line(tmp_path, make, load, why):
     from planner.errors import SailorError
     from sailor_ext import checkpoint as C

@@ -6,6 +6,7 @@ the first stage too (it would otherwise wait for its peer until --dist-timeout).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -96,12 +97,18 @@ def _export(*args):
                           text=True, cwd=ROOT, timeout=120)
 
 
-@pytest.mark.parametrize("case", ["missing", "overlap", "occupied", "config-only"])
+@pytest.mark.parametrize("case", ["missing", "overlap", "occupied", "config-only", "fifo"])
 def test_export_refuses_with_one_line(case, tmp_path):
     ckpt = tmp_path / "ckpt"
     if case == "missing":
         done = _export(ckpt, "--to-hf", tmp_path / "out")
         needle = "ckpt does not exist"
+    elif case == "fifo":  # a `latest` that is a FIFO was read, and the export waited for a writer for ever; it is a
+        # damaged pointer now (the checkpoints beside it would be read)
+        ckpt.mkdir()
+        os.mkfifo(ckpt / "latest")
+        done = _export(ckpt, "--to-hf", tmp_path / "out")
+        needle = "no checkpoint in"
     else:
         ckpt.mkdir()
         if case == "overlap":
