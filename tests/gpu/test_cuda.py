@@ -76,15 +76,20 @@ def test_gloo_on_cuda_refuses_the_distributed_optimizer_in_one_line(tmp_path):
         "drop the flag or --distributed-backend gloo"), run.log(0)[-2000:]
 
 
+def _with_cpu_reference(tmp_path_factory, name: str, fields: dict):
+    """(plan, the plan's fp32 run on the CPU) of a one-rank plan of the config.json `fields`."""
+    config = tmp_path_factory.mktemp(name) / "config.json"
+    config.write_text(json.dumps(fields))
+    plan = plan_dict([((0, 6), [1])], [(12, 1)], model=str(config))
+    reference = run_plan(tmp_path_factory.mktemp(f"{name}-cpu-fp32"), plan, 1, ARGS, env=CPU_ONLY)
+    assert_ok(reference)
+    return plan, reference
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """The CPU tests' LLaMA shape (RMSNorm, SwiGLU, rotary, grouped queries) and its fp32 run on the CPU."""
-    config = tmp_path_factory.mktemp("llama") / "config.json"
-    config.write_text(json.dumps(eq.LLAMA))
-    plan = plan_dict([((0, 6), [1])], [(12, 1)], model=str(config))
-    reference = run_plan(tmp_path_factory.mktemp("llama-cpu-fp32"), plan, 1, ARGS, env=CPU_ONLY)
-    assert_ok(reference)
-    return plan, reference
+    return _with_cpu_reference(tmp_path_factory, "llama", eq.LLAMA)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["compiled", "eager"])
@@ -102,12 +107,7 @@ def test_llama_with_and_without_kernel_fusion_matches_the_cpu_fp32_run(tmp_path,
 def qwen3_5(tmp_path_factory):
     """The CPU tests' Qwen3.5 shape (Gated DeltaNet blocks between blocks of gated attention) and its fp32 run on
     the CPU."""
-    config = tmp_path_factory.mktemp("qwen3_5") / "config.json"
-    config.write_text(json.dumps(eq.QWEN3_5))
-    plan = plan_dict([((0, 6), [1])], [(12, 1)], model=str(config))
-    reference = run_plan(tmp_path_factory.mktemp("qwen3_5-cpu-fp32"), plan, 1, ARGS, env=CPU_ONLY)
-    assert_ok(reference)
-    return plan, reference
+    return _with_cpu_reference(tmp_path_factory, "qwen3_5", eq.QWEN3_5)
 
 
 def test_gated_delta_net_matches_the_cpu_fp32_run(tmp_path, qwen3_5):

@@ -262,17 +262,22 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_
             "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
+@torch.no_grad()
+def _perturb(model) -> None:
+    """Every weight moved off its initial value, so that biases and norms matter."""
+    for name, p in model.named_parameters():
+        p.add_(torch.randn_like(p) * 0.05)
+        if name.endswith("A_log"):  # Gated DeltaNet's decay rates, A in [0.2, 1] (DECAY says why)
+            p.copy_(torch.empty_like(p).uniform_(0.2, 1.0).log())
+    for name, b in model.named_buffers():  # DeepSeek-V3's fixed expert score biases, large enough to choose
+        if name.endswith("e_score_correction_bias"):
+            b.copy_(torch.randn_like(b) * 0.1)
+
+
 def _hf_model(kind: str, directory):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(_small(kind))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-            if name.endswith("A_log"):  # Gated DeltaNet's decay rates, A in [0.2, 1] (DECAY says why)
-                p.copy_(torch.empty_like(p).uniform_(0.2, 1.0).log())
-        for name, b in model.named_buffers():  # DeepSeek-V3's fixed expert score biases, large enough to choose
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(torch.randn_like(b) * 0.1)
+    _perturb(model)
     model.save_pretrained(directory)
     return model.eval()  # eval: no dropout (our runtime has none)
 
@@ -514,11 +519,7 @@ def test_multimodal_qwen3_5_checkpoint_trains_its_language_model(tmp_path):
         depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64))
     torch.manual_seed(0)
     reference = transformers.AutoModelForImageTextToText.from_config(config)
-    with torch.no_grad():
-        for name, p in reference.named_parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-            if name.endswith("A_log"):  # (DECAY)
-                p.copy_(torch.empty_like(p).uniform_(0.2, 1.0).log())
+    _perturb(reference)
     reference.save_pretrained(tmp_path / "hf")
     _trains_like_transformers(reference.eval(), tmp_path / "hf", tmp_path)
 

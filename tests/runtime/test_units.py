@@ -1,6 +1,7 @@
 """In-process checks of the runtime's pieces (one gloo rank, no subprocesses)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -257,19 +258,20 @@ def _small_model(cfg: dict, tmp_path, seq_len: int = 32):
     return get_model(str(tmp_path / "config.json"), seq_len=seq_len)
 
 
-def _block_saved_floats(model) -> tuple[float, float]:
-    """(measured, counted) fp32 values per token that block 1 of `model` keeps for backward: autograd's
-    saved tensors (two batch sizes: the rotary angles and masks do not grow with the batch) and the
-    planner's estimate for our runtime."""
+def _saved_per_token(model, dtype=torch.float32, mixer: bool = False) -> float:
+    """Values (of `dtype`) per token that block 1 of `model` (mixer: its Gated DeltaNet alone) keeps for backward
+    beyond its input: autograd's saved tensors, at two batch sizes (the rotary angles and masks do not grow with
+    the batch)."""
     from sailor_ext.model import StageModel, StageSpec, init_from_seed
-    from planner.profiles.estimate import activation_floats
 
     stage = StageModel(StageSpec(model, 1, 1, 1, 0, model.padded_vocab(1)), dist.group.WORLD, torch.device("cpu"))
     init_from_seed(stage, seed=1)
+    stage.to(dtype)
+    run = stage.layers["1"].linear_attention if mixer else functools.partial(stage.run_layer, 1)
     weights = {p.untyped_storage().data_ptr() for p in stage.parameters()}
     saved_bytes = {}
     for batch in (1, 3):
-        x = torch.randn(model.seq_len, batch, model.hidden, requires_grad=True)
+        x = torch.randn(model.seq_len, batch, model.hidden, dtype=dtype, requires_grad=True)
         storages = {}
 
         def pack(t):
@@ -279,11 +281,18 @@ def _block_saved_floats(model) -> tuple[float, float]:
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            stage.run_layer(1, x)
+            run(x)
         saved_bytes[batch] = sum(storages.values())
-    per_token = (saved_bytes[3] - saved_bytes[1]) / 2 / model.seq_len / 4  # fp32 values
-    # the estimate counts the block's input with its first norm; here it is x, left out
-    return per_token + model.hidden, activation_floats(model, 1, 1, "sailor", "fp32")
+    return (saved_bytes[3] - saved_bytes[1]) / 2 / model.seq_len / (torch.finfo(dtype).bits // 8)
+
+
+def _block_saved_floats(model) -> tuple[float, float]:
+    """(measured, counted) fp32 values per token that block 1 of `model` keeps for backward: autograd's
+    saved tensors and the planner's estimate for our runtime."""
+    from planner.profiles.estimate import activation_floats
+
+    # the estimate counts the block's input with its first norm; the measurement leaves it out
+    return _saved_per_token(model) + model.hidden, activation_floats(model, 1, 1, "sailor", "fp32")
 
 
 def test_linear_attention_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
@@ -304,32 +313,12 @@ def test_linear_attention_block_keeps_what_the_estimator_counts(world_of_one, tm
 def test_gated_delta_net_keeps_what_the_planner_counts(world_of_one, tmp_path, dtype):
     """A Gated DeltaNet alone (8 chunks) keeps per token, beyond its input, what ModelSpec.linear_attention_floats
     counts, in fp32 and in bf16 (where the rule's values are fp32, twice the bytes): measured within 0.6 %."""
-    from sailor_ext.model import StageModel, StageSpec, init_from_seed
-
     base = {"model_type": "qwen3_5_text", "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
             "linear_key_head_dim": 8, "linear_value_head_dim": 12, "layer_types": ["linear_attention"] * 2}
     for cfg in (base, {**base, "linear_num_value_heads": 8}, {**base, "linear_value_head_dim": 24}):
         model = _small_model(cfg, tmp_path, seq_len=512)
-        stage = StageModel(StageSpec(model, 1, 1, 1, 0, model.padded_vocab(1)), dist.group.WORLD,
-                           torch.device("cpu"))
-        init_from_seed(stage, seed=1)
-        mixer = stage.to(dtype).layers["1"].linear_attention
-        weights = {p.untyped_storage().data_ptr() for p in stage.parameters()}
-        saved = {}
-        for batch in (1, 3):  # (the masks do not grow with the batch)
-            x, storages = torch.randn(model.seq_len, batch, model.hidden, dtype=dtype, requires_grad=True), {}
-
-            def pack(t):
-                if t.untyped_storage().data_ptr() not in weights | {x.untyped_storage().data_ptr()}:
-                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-                return t
-
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                mixer(x)
-            saved[batch] = sum(storages.values())
-        size = torch.finfo(dtype).bits // 8
-        measured = (saved[3] - saved[1]) / 2 / model.seq_len / size
-        assert model.linear_attention_floats(1, size) == pytest.approx(measured, rel=0.006)
+        measured = _saved_per_token(model, dtype, mixer=True)
+        assert model.linear_attention_floats(1, torch.finfo(dtype).bits // 8) == pytest.approx(measured, rel=0.006)
 
 
 def test_moe_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
