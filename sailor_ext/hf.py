@@ -267,7 +267,11 @@ def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[i
     return weight.float() * scales[rows:rows + weight.shape[0], cols:cols + weight.shape[1]]
 
 
-LANGUAGE_MODEL, LANGUAGE_MODEL_ROOT = "model.language_model.", "model."
+# where a multimodal checkpoint keeps its language model's tensors -> a causal language model's names: transformers 5
+# saves them as model.language_model.*; Gemma 3's and Mistral 3's published checkpoints (transformers 4) as
+# language_model.model.* and language_model.lm_head.*
+LANGUAGE_MODEL = {"model.language_model.": "model.", "language_model.model.": "model.",
+                  "language_model.lm_head.": "lm_head."}
 
 
 class HFWeights:
@@ -293,10 +297,10 @@ class HFWeights:
         else:
             raise SailorError(f"no Hugging Face weights in {self.directory}: expected {SINGLE_FILE} or {INDEX_FILE} "
                               "(safetensors; convert .bin checkpoints with transformers' save_pretrained)")
-        # a multimodal checkpoint (Qwen3.5's) holds its language model as model.language_model.*: read as model.*
-        # (the vision tower's tensors are not read)
-        self.stored = {LANGUAGE_MODEL_ROOT + n.removeprefix(LANGUAGE_MODEL): n for n in self.files
-                       if n.startswith(LANGUAGE_MODEL)}
+        # a multimodal checkpoint's language model, read by a causal language model's names (the vision tower's
+        # tensors are not read)
+        self.stored = {ours + n.removeprefix(prefix): n for n in self.files
+                       for prefix, ours in LANGUAGE_MODEL.items() if n.startswith(prefix)}
         self.files.update({name: self.files[n] for name, n in self.stored.items()})
         self._handles: dict[Path, object] = {}
 
@@ -438,6 +442,28 @@ def check_config(model: ModelSpec, directory: str | Path) -> None:
                           f"{model.name} has {ours[diff]!r}; plan with --model {directory}")
 
 
+HEAD_ROWS = 4096  # rows of the head compared at a time
+
+
+def check_tied_head(model: ModelSpec, weights: HFWeights) -> None:
+    """Refuse a config that ties the output layer to the word embeddings over a checkpoint holding its own,
+    different one: the run would drop that head without a word. (transformers unties such a checkpoint; Mistral
+    Small 3.1's config, re-saved by transformers 5, says tie_word_embeddings true over its own lm_head.)"""
+    rules = family(model.family).weights
+    word = next(r.hf[0] for r in rules.embedding if r.ours == "word_embeddings.weight")
+    head = next((r.hf[0] for r in rules.head if r.ours == "output_layer.weight"), None)
+    if head is None or head not in weights.files:
+        return
+    rows = weights.shape(head)[0]
+    if weights.shape(word) == weights.shape(head) and all(
+            torch.equal(weights.get(word, 0, a, min(a + HEAD_ROWS, rows)),
+                        weights.get(head, 0, a, min(a + HEAD_ROWS, rows))) for a in range(0, rows, HEAD_ROWS)):
+        return
+    raise SailorError(f"the Hugging Face weights in {weights.directory} hold their own {head}, unlike {word}, but "
+                      "config.json ties the two (tie_word_embeddings); set tie_word_embeddings to false there "
+                      "(beside text_config too, if it has one) and plan again")
+
+
 @torch.no_grad()
 def load_stage(stage, directory: str | Path, params: dict[str, torch.Tensor] | None = None) -> None:
     """Give every parameter of `stage` (a StageModel) its slice of the Hugging Face weights.
@@ -449,6 +475,8 @@ def load_stage(stage, directory: str | Path, params: dict[str, torch.Tensor] | N
         check_config(model, directory)
     weights = HFWeights(directory)
     try:
+        if model.tied_embeddings and any(name.endswith("word_embeddings.weight") for name in stage.shards):
+            check_tied_head(model, weights)
         for name, param in (params or dict(stage.named_parameters())).items():
             shard = stage.shards[name]
             rule, block = rule_for(model, shard.name)

@@ -225,6 +225,17 @@ _QWEN3_5_27B = {"model_type": "qwen3_5_text", "hidden_size": 5120, "intermediate
                 "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
                                     "rope_theta": 10000000, "partial_rotary_factor": 0.25}}
 PUBLISHED["Qwen3.5-27B"] = (_QWEN3_5_27B, 26_895_998_464)
+# the language models of Gemma 3 27B and Mistral Small 3.1 (24B with its vision encoder), as transformers counts them
+_GEMMA3_27B = {"model_type": "gemma3_text", "hidden_size": 5376, "intermediate_size": 21504, "num_hidden_layers": 62,
+               "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128, "query_pre_attn_scalar": 168,
+               "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024, "vocab_size": 262208,
+               "max_position_embeddings": 131072, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0}
+PUBLISHED["gemma-3-27b"] = (_GEMMA3_27B, 27_009_346_304)
+_MISTRAL_SMALL_3_1 = {"model_type": "mistral", "head_dim": 128, "hidden_size": 5120, "intermediate_size": 32768,
+                      "max_position_embeddings": 131072, "num_attention_heads": 32, "num_hidden_layers": 40,
+                      "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1e9, "sliding_window": None,
+                      "vocab_size": 131072}
+PUBLISHED["Mistral-Small-3.1-24B"] = (_MISTRAL_SMALL_3_1, 23_572_403_200)
 # Qwen3.5-35B-A3B's language model (transformers' Qwen3_5MoeTextConfig defaults, which it documents as that
 # checkpoint's): 256 experts, 8 per token, a gated shared expert in each of 40 blocks, 30 of them Gated DeltaNet
 PUBLISHED["Qwen3.5-35B-A3B"] = ({"model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
@@ -241,17 +252,38 @@ PUBLISHED["Qwen3-Next-80B-A3B"] = ({"model_type": "qwen3_next", "hidden_size": 2
                                     "num_experts": 512, "vocab_size": 151936}, 79_674_391_296)
 
 
-def test_multimodal_qwen3_5_config_is_its_language_model(tmp_path):
-    """Qwen3.5's published config (model_type qwen3_5) nests the language model in text_config: the same model
-    as that text_config alone, every fourth block full attention."""
-    text = get_model(str(_write(tmp_path, _QWEN3_5_27B)))
-    wrapped = get_model(str(_write(tmp_path, {"model_type": "qwen3_5", "text_config": _QWEN3_5_27B,
+@pytest.mark.parametrize("model_type, text", [("qwen3_5", _QWEN3_5_27B), ("gemma3", _GEMMA3_27B),
+                                               ("mistral3", _MISTRAL_SMALL_3_1)])
+def test_multimodal_config_is_its_language_model(model_type, text, tmp_path):
+    """Qwen3.5's, Gemma 3's (4B and larger) and Mistral Small 3.1's published configs nest the language model in
+    text_config: the same model as that text_config alone (the vision tower is not read)."""
+    alone = get_model(str(_write(tmp_path, text)))
+    wrapped = get_model(str(_write(tmp_path, {"model_type": model_type, "text_config": text,
                                               "vision_config": {"hidden_size": 1152}})))
-    assert replace(wrapped, name="", hf_model_type="") == replace(text, name="", hf_model_type="")
-    assert text.linear_blocks == tuple(i for i in range(64) if i % 4 != 3)
-    assert (text.attention_gate, text.norm_offset, text.rotary_dim) == (True, True, 64)
+    assert replace(wrapped, name="", hf_model_type="") == replace(alone, name="", hf_model_type="")
+    assert wrapped.hf_model_type == text["model_type"]  # (exported as that text model)
     with pytest.raises(SailorError, match="text_config must be an object"):
-        get_model(str(_write(tmp_path, {"model_type": "qwen3_5", "text_config": [1]})))
+        get_model(str(_write(tmp_path, {"model_type": model_type, "text_config": [1]})))
+    with pytest.raises(SailorError, match=f"text_config's model_type 'llama' is not supported in a {model_type} "
+                                          f"config; use {text['model_type']}"):
+        get_model(str(_write(tmp_path, {"model_type": model_type, "text_config": {**text, "model_type": "llama"}})))
+
+
+def test_multimodal_details(tmp_path):
+    """Qwen3.5-27B: every fourth block full attention. Mistral 3 without text_config is Mistral Small 3.1; the
+    head is tied as the outer tie_word_embeddings says, else as text_config's does (transformers 5 ties by the
+    outer field, default true, but unties Mistral's published checkpoints, whose lm_head is their own)."""
+    qwen = get_model(str(_write(tmp_path, {"model_type": "qwen3_5", "text_config": _QWEN3_5_27B})))
+    assert qwen.linear_blocks == tuple(i for i in range(64) if i % 4 != 3)
+    assert (qwen.attention_gate, qwen.norm_offset, qwen.rotary_dim) == (True, True, 64)
+    small = get_model(str(_write(tmp_path, {"model_type": "mistral3"})))
+    assert replace(small, name="") == replace(get_model(str(_write(tmp_path, _MISTRAL_SMALL_3_1))), name="")
+    assert not small.tied_embeddings
+    for outer, inner, tied in ((None, True, True), (True, False, True), (False, True, False), (None, None, False)):
+        cfg = {"model_type": "mistral3", "text_config": {**_MISTRAL_SMALL_3_1, "tie_word_embeddings": inner},
+               **({} if outer is None else {"tie_word_embeddings": outer})}
+        assert get_model(str(_write(tmp_path, cfg))).tied_embeddings == tied, (outer, inner)
+    assert get_model(str(_write(tmp_path, {"model_type": "gemma3", "text_config": _GEMMA3_27B}))).tied_embeddings
     with pytest.raises(SailorError, match="layer_types must list linear_attention or full_attention"):
         get_model(str(_write(tmp_path, {**_QWEN3_5_27B, "layer_types": ["sliding_attention"] * 64})))
 
@@ -446,8 +478,8 @@ def test_gemma_details(tmp_path):
 
 
 @pytest.mark.parametrize("name, change, needle", [
-    ("gemma-3-1b", {"model_type": "gemma3"}, "model_type 'gemma3' is not supported; it is a multimodal Gemma 3; "
-                                             "train its language model from a gemma3_text config"),
+    # a multimodal Gemma 3's language model is its text_config, which this one lacks
+    ("gemma-3-1b", {"model_type": "gemma3"}, "config.json text_config: missing field 'num_hidden_layers'"),
     ("gemma-3-1b", {"use_bidirectional_attention": True}, "bidirectional attention .* is not supported"),
     ("gemma-3-1b", {"rope_local_base_freq": 0}, "rope_local_base_freq must be a positive number, not 0"),
     ("gemma-3-1b", {"rope_parameters": {"sliding_attention": {"rope_type": "yarn", "factor": 2.0}}},
@@ -630,7 +662,11 @@ _MINIMAL = {"gpt2": {"n_embd": 256, "n_layer": 2, "n_head": 32, "vocab_size": 30
             # (heads x its default head_dim 128 = hidden_size; heads a multiple of its default 20 KV heads)
             "helium": {**_BASE, "hidden_size": 2560, "num_attention_heads": 20},
             # (transformers has no default for its experts per token)
-            "deepseek_v2": {**_BASE, "num_experts_per_tok": 6}}
+            "deepseek_v2": {**_BASE, "num_experts_per_tok": 6},
+            # the multimodal ones' language models (Mistral 3's tie named: transformers ties by default, unlike
+            # us, test_multimodal_details)
+            "gemma3": {"text_config": {**_BASE, "model_type": "gemma3_text"}},
+            "mistral3": {"text_config": {**_BASE, "model_type": "mistral"}, "tie_word_embeddings": False}}
 
 
 @pytest.mark.parametrize("model_type", sorted(hf_types()))

@@ -77,6 +77,22 @@ def test_weights_of_another_architecture(hf_dir, tmp_path):
     assert_one_clear_line(run.log(0), "has ffn_hidden 128", "has 96", "plan with --model")
 
 
+def test_config_tying_a_checkpoints_own_head_is_refused(hf_dir, tmp_path):
+    """tie_word_embeddings true over a checkpoint with its own lm_head (as a re-saved Mistral Small 3.1's is)
+    would train without that head: refused, naming the fix. A head equal to the embeddings loads."""
+    tied = lambda c: {**c, "tie_word_embeddings": True}  # noqa: E731
+    bad = _copy(hf_dir, tmp_path, config=tied)
+    run, _ = _train(tmp_path, bad, bad)
+    assert run.returncodes == [2, 2]
+    assert_one_clear_line(run.log(0), "hold their own lm_head.weight, unlike model.embed_tokens.weight",
+                          "set tie_word_embeddings to false")
+    (tmp_path / "same").mkdir()
+    same = _copy(hf_dir, tmp_path / "same", config=tied, tensors=lambda w: {
+        **w, "lm_head.weight": w["model.embed_tokens.weight"].clone()})
+    run, _ = _train(tmp_path / "same", same, same)
+    assert run.returncodes == [0, 0], run.log(0)
+
+
 def test_directory_without_safetensors(hf_dir, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

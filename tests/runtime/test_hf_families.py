@@ -509,30 +509,67 @@ def test_fp8_weights_load_as_transformers_dequantizes_them(tmp_path):
     _trains_like_transformers(reference, hf_dir, tmp_path)
 
 
-def test_multimodal_qwen3_5_checkpoint_trains_its_language_model(tmp_path):
-    """Qwen3.5 is published as a multimodal model (model_type qwen3_5, the language model's tensors under
-    model.language_model, a vision tower beside them). Our plan loads its language model, trains as transformers
-    trains the whole model on text (the vision tower gets no gradient), and exports the language model as a
-    qwen3_5_text checkpoint with the trained tensors."""
-    text = _small("qwen3_5").to_dict()
-    config = transformers.Qwen3_5Config(text_config=text, vision_config=dict(
-        depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64))
+# small vision towers for the multimodal models (their tensors are saved beside the language model's, not read)
+VISION = {"qwen3_5": dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64),
+          "gemma3": dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         image_size=28, patch_size=14),
+          "mistral3": dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           head_dim=16, image_size=28, patch_size=14)}
+# the multimodal config around a small language model of ours (_small's kind)
+MULTIMODAL_CONFIGS = {
+    "qwen3_5": ("qwen3_5", transformers.Qwen3_5Config),
+    "gemma3": ("gemma3", lambda **kw: transformers.Gemma3Config(**kw, mm_tokens_per_image=1)),
+    "mistral3": ("mistral", lambda **kw: transformers.Mistral3Config(**kw, tie_word_embeddings=False))}
+
+
+def _as_published(directory) -> None:
+    """The layout of Mistral's and Gemma 3's published multimodal checkpoints (saved by transformers 4): the
+    language model under language_model.model and language_model.lm_head, the tower and projector at the top;
+    and (Mistral's) no tie_word_embeddings beside text_config, where transformers 5 would tie by default."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(directory / "model.safetensors")
+    renamed = {"language_model." + name if name.startswith("lm_head.") else
+               name.replace("model.language_model.", "language_model.model.", 1) if name.startswith(
+                   "model.language_model.") else name.removeprefix("model."): t for name, t in tensors.items()}
+    save_file(renamed, directory / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((directory / "config.json").read_text())
+    del cfg["tie_word_embeddings"]
+    (directory / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5", "gemma3", "mistral3"])
+def test_multimodal_checkpoint_trains_its_language_model(kind, tmp_path):
+    """Qwen3.5, Gemma 3 (4B and larger) and Mistral Small 3.1 are published as multimodal models: the language
+    model's config in text_config, its tensors under model.language_model (Mistral's: language_model.model, as
+    transformers 4 saved them), a vision tower beside them. Our plan loads the language model, trains as
+    transformers trains the whole model on text (the vision tower gets no gradient), and exports the language
+    model as a checkpoint of its text model type with the trained tensors."""
+    text_kind, config = MULTIMODAL_CONFIGS[kind]
+    text = _small(text_kind).to_dict()
     torch.manual_seed(0)
-    reference = transformers.AutoModelForImageTextToText.from_config(config)
+    reference = transformers.AutoModelForImageTextToText.from_config(config(text_config=text,
+                                                                             vision_config=VISION[kind]))
     _perturb(reference)
     reference.save_pretrained(tmp_path / "hf")
+    if kind == "mistral3":
+        _as_published(tmp_path / "hf")
+        # (transformers reads that layout as the model saved: untied, every tensor in place)
+        loaded = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path / "hf").state_dict()
+        assert all(torch.equal(loaded[name], t) for name, t in reference.state_dict().items())
     _trains_like_transformers(reference.eval(), tmp_path / "hf", tmp_path)
 
     out = tmp_path / "exported"
     done = subprocess.run([sys.executable, "-m", "planner.cli", "export", str(tmp_path / "run" / "ckpt"),
                            "--to-hf", str(out)], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert json.loads((out / "config.json").read_text())["model_type"] == "qwen3_5_text"
+    assert json.loads((out / "config.json").read_text())["model_type"] == text["model_type"]
     from safetensors.torch import load_file
 
     exported = load_file(out / "model.safetensors")
+    language_model = [name for name, _ in reference.named_parameters() if name.startswith("model.language_model.")]
     trained = {name.replace("model.language_model.", "model."): p.detach() for name, p in reference.named_parameters()
-               if not name.startswith("model.visual.")}
+               if name in language_model or name == "lm_head.weight" and not reference.config.tie_word_embeddings}
     assert set(exported) == set(trained)
     for name, tensor in exported.items():
         assert (tensor - trained[name]).norm() <= 1e-4 * trained[name].norm(), name

@@ -106,7 +106,7 @@ def family(name: str) -> Family:
 
 
 def hf_types() -> list[str]:
-    return sorted(t for f in _families().values() for t in f.hf_types)
+    return sorted([t for f in _families().values() for t in f.hf_types] + list(MULTIMODAL))
 
 
 # -- reading config.json ----------------------------------------------------------
@@ -202,12 +202,13 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
     seq_len: the training sequence length; default min(2048, the context length).
     """
     cfg, p = read_config(path)
-    model_type = cfg.get("model_type")
+    model_type, source = cfg.get("model_type"), str(p)
+    if model_type in MULTIMODAL:
+        cfg, model_type, source = _language_model(cfg, model_type, source)
     fam = next((f for f in _families().values() if model_type in f.hf_types), None)
     if fam is None:
-        hint = _UNSUPPORTED.get(model_type) if isinstance(model_type, str) else None
-        raise SailorError(f"model config {p}: model_type {short(model_type)} is not supported; " +
-                          (hint or f"use one of {', '.join(hf_types())}"))
+        raise SailorError(f"model config {p}: model_type {short(model_type)} is not supported; use one of "
+                          f"{', '.join(hf_types())}")
     name = cfg.get("_name_or_path")
     if not isinstance(name, str) or not name.strip():
         name = p.parent.name or p.stem
@@ -218,11 +219,31 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
         raise SailorError(f"model config {p}: _name_or_path {short(name)} has a line break, tab or control "
                           "character; remove it (it names the model in plans and tables)")
     cfg = {**HF_DEFAULTS.get(model_type, {}), **cfg}  # (a field set to null stays null, as transformers keeps it)
-    spec_fields = fam.from_hf(ConfigReader(cfg, str(p)), model_type)
+    spec_fields = fam.from_hf(ConfigReader(cfg, source), model_type)
     context = spec_fields["max_positions"]
     if seq_len is None:
         seq_len = min(DEFAULT_SEQ_LEN, context)
     return ModelSpec(name=name, family=fam.name, seq_len=seq_len, hf_model_type=model_type, **spec_fields)
+
+
+def _language_model(cfg: dict, model_type: str, source: str) -> tuple[dict, str, str]:
+    """The language model's config of a multimodal config: its text_config, named by the outer config (the
+    vision tower's fields are not read), with the outer tie_word_embeddings where it has one. transformers 5 ties
+    by the outer field (default true for mistral3) but unties a checkpoint that holds its own lm_head, as Mistral's
+    published ones do (saved by transformers 4, which read the text config's); so without the outer field, the
+    text config's (or its model type's default) decides."""
+    text_types, missing = MULTIMODAL[model_type]
+    text = cfg.get("text_config", missing)
+    if not isinstance(text, dict):
+        raise SailorError(f"model config {source}: text_config must be an object, not {short(text)}")
+    text_type = text.get("model_type", text_types[0])
+    if text_type not in text_types:
+        raise SailorError(f"model config {source}: text_config's model_type {short(text_type)} is not supported "
+                          f"in a {model_type} config; use {' or '.join(text_types)}")
+    text = {**text, "model_type": text_type, "_name_or_path": cfg.get("_name_or_path")}
+    if cfg.get("tie_word_embeddings") is not None:
+        text["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+    return text, text_type, f"{source} text_config"
 
 
 def to_hf_config(spec: ModelSpec) -> dict:
@@ -262,9 +283,16 @@ HF_DEFAULTS = {
     "gpt_oss": {"num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 150000.0,
                 "sliding_window": 128, "attention_bias": True, "intermediate_size": 2880},
 }
-# model types close to a supported one, and what to do instead
-_UNSUPPORTED = {"gemma3": "it is a multimodal Gemma 3; train its language model from a gemma3_text config (its "
-                          "text_config with model_type gemma3_text)"}
+# multimodal model types whose language model sailor trains and exports (as a checkpoint of the text model type):
+# model_type -> (the text model types its text_config may name, the first when it names none; transformers' text
+# config when the config has none)
+MULTIMODAL = {
+    "gemma3": (("gemma3_text",), {}), "qwen3_5": (("qwen3_5_text",), {}), "qwen3_5_moe": (("qwen3_5_moe_text",), {}),
+    "mistral3": (("mistral",), {  # Mistral Small 3.1's language model
+        "head_dim": 128, "hidden_size": 5120, "intermediate_size": 32768, "max_position_embeddings": 131072,
+        "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+        "rope_theta": 1e9, "sliding_window": None, "vocab_size": 131072}),
+}
 _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                   "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                   "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM", "phi3": "Phi3ForCausalLM",

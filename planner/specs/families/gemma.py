@@ -14,8 +14,8 @@ their own rotary base (10,000, unscaled) while the full ones use rope_theta (1,0
 scaling on the 4B and larger). The two layouts name the pre-MLP norm differently, so they are
 two families: `gemma` and `gemma2`.
 
-Refused: bidirectional attention (EmbeddingGemma). A multimodal Gemma 3 config (model_type gemma3)
-is not a causal language model's (planner/specs/families/__init__.py says what to do).
+The multimodal Gemma 3 (model_type gemma3: the 4B and larger) is read as its language model, a gemma3_text
+(families.MULTIMODAL). Refused: bidirectional attention (EmbeddingGemma).
 """
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ apart); its router's weights are renormalised if norm_topk_prob (the default), a
 off decoder_sparse_step, have a dense MLP intermediate_size wide (ModelSpec.dense_blocks).
 
 The multimodal configs (model_type qwen3_5, qwen3_5_moe) nest the language model's fields in text_config and its
-weights under model.language_model (sailor_ext.hf reads them as model.*); sailor trains and exports the
-language model alone, as a qwen3_5_text (qwen3_5_moe_text) checkpoint.
+weights under model.language_model; sailor trains and exports the language model alone, as a qwen3_5_text
+(qwen3_5_moe_text) checkpoint (families.MULTIMODAL).
 """
 from __future__ import annotations
 
@@ -47,21 +47,14 @@ MOE_DEFAULTS = {"vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 
 # transformers' Qwen3NextConfig defaults (5.24: Qwen3-Next-80B-A3B's shape)
 NEXT_DEFAULTS = {**MOE_DEFAULTS, "vocab_size": 151936, "intermediate_size": 5632, "num_hidden_layers": 48,
                  "num_experts_per_tok": 10, "num_experts": 512}
-MULTIMODAL = ("qwen3_5", "qwen3_5_moe")
 FULL_ATTENTION_INTERVAL = 4
 LAYER_TYPES = ("linear_attention", "full_attention")
 
 
 def text_config(cfg, model_type: str):
-    """The language model's config (with transformers' defaults): the multimodal config's text_config, or the
-    config itself."""
-    defaults = NEXT_DEFAULTS if model_type == "qwen3_next" else MOE_DEFAULTS if model_type.startswith(
-        "qwen3_5_moe") else TEXT_DEFAULTS
-    if model_type in MULTIMODAL:
-        text = cfg.cfg.get("text_config") or {}
-        if not isinstance(text, dict):
-            raise SailorError(f"model config {cfg.source}: text_config must be an object, not {short(text)}")
-        return ConfigReader({**defaults, **text}, f"{cfg.source} text_config")
+    """The config with transformers' defaults."""
+    defaults = NEXT_DEFAULTS if model_type == "qwen3_next" else MOE_DEFAULTS if model_type == "qwen3_5_moe_text" \
+        else TEXT_DEFAULTS
     return ConfigReader({**defaults, **cfg.cfg}, cfg.source)
 
 
@@ -95,7 +88,7 @@ def from_hf(cfg, model_type: str) -> dict:
     if text.cfg.get("use_sliding_window") or text.cfg.get("sliding_window"):
         raise SailorError(f"model config {text.source}: {model_type}'s attention has no sliding window; remove "
                           "sliding_window")
-    experts = model_type.startswith("qwen3_5_moe") or model_type == "qwen3_next" and text.cfg.get("num_experts") != 0
+    experts = model_type == "qwen3_5_moe_text" or model_type == "qwen3_next" and text.cfg.get("num_experts") != 0
     if experts:
         moe.refuse_router_logits(text)
     # LLaMA's fields (heads, widths, rotary base), read without the layer types, which name linear blocks here (an
@@ -114,8 +107,7 @@ def from_hf(cfg, model_type: str) -> dict:
     linear = _linear_blocks(text, blocks)
     return {**fields, "qkv_bias": bias, "out_bias": bias, "mlp_bias": False, "qk_norm": True, "norm_offset": True,
             "attention_gate": True, "head_dim_override": head_dim if head_dim * heads != hidden else 0,
-            "rotary_fraction": phi3.rotary_fraction(text, 0.25), "tied_embeddings": cfg.bool(
-                "tie_word_embeddings", False) if model_type in MULTIMODAL else fields["tied_embeddings"],
+            "rotary_fraction": phi3.rotary_fraction(text, 0.25),
             "linear_blocks": linear,
             **({"linear_key_heads": text.int("linear_num_key_heads"),
                 "linear_value_heads": text.int("linear_num_value_heads"),
@@ -178,11 +170,11 @@ WEIGHTS = replace(llama.WEIGHTS, block=tuple(
     WeightRule("linear_attention.out_norm.weight", (_DELTA + "norm.weight",)),
     WeightRule("linear_attention.linear_proj.weight", (_DELTA + "out_proj.weight",))))
 
-FAMILY = Family("qwen3_5", ("qwen3_5_text", "qwen3_5"), from_hf, to_hf, WEIGHTS)
+FAMILY = Family("qwen3_5", ("qwen3_5_text",), from_hf, to_hf, WEIGHTS)
 # the MLP's rules replaced by Qwen2-MoE's: the router, each expert's tensors, the gated shared expert
 MOE_WEIGHTS = replace(WEIGHTS, block=tuple(r for r in WEIGHTS.block if not r.ours.startswith("mlp.")) + tuple(
     r for r in moe.QWEN2_MOE.weights.block if r.ours.startswith("mlp.")))
-MOE_FAMILY = Family("qwen3_5_moe", ("qwen3_5_moe_text", "qwen3_5_moe"), from_hf, to_hf, MOE_WEIGHTS)
+MOE_FAMILY = Family("qwen3_5_moe", ("qwen3_5_moe_text",), from_hf, to_hf, MOE_WEIGHTS)
 # Qwen3-Next: DeltaNet's projections as spans of two grouped tensors; dense blocks with LLaMA's MLP rules
 _SPANS = {"linear_attention.linear_qkv.weight": ("in_proj_qkvz", "qkvz_qkv"),
           "linear_attention.linear_z.weight": ("in_proj_qkvz", "qkvz_z"),
