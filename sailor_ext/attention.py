@@ -36,6 +36,7 @@ class FusedCoreAttention(nn.Module):
         super().__init__()
         self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.softcap = getattr(config, "sailor_attn_softcap", 0.0)
+        self.query_scale = getattr(config, "sailor_query_scale", (0.0, 0))  # (beta, span): ModelSpec.query_scale_*
         if getattr(config, "sailor_attn_sinks", False):  # built on the CPU as megatron's layers are
             local_heads = config.num_attention_heads // config.tensor_model_parallel_size
             self.sinks = nn.Parameter(torch.empty(local_heads, device=torch.device("cpu")))
@@ -43,6 +44,9 @@ class FusedCoreAttention(nn.Module):
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
+        beta, span = self.query_scale
+        if beta and q.size(2) > span:  # (the factor is 1 on the first `span` positions)
+            q = q * query_scale(q.size(2), beta, span, q.device).to(q.dtype)[:, None]
         if self.softcap:
             out = capped_attention(q, k, v, attention_mask, self.scale, self.softcap)
         elif hasattr(self, "sinks"):
@@ -55,6 +59,13 @@ class FusedCoreAttention(nn.Module):
                                                  enable_gqa=k.size(1) != q.size(1))
         s, b = query.size(0), query.size(1)
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # [s, b, heads * d]
+
+
+def query_scale(seq_len: int, beta: float, span: int, device: torch.device) -> torch.Tensor:
+    """q's factor at each position p [s] (fp32): 1 + beta * ln(1 + floor(p / span)) (Ministral 3's; ln(1 + x)
+    as transformers computes it)."""
+    positions = torch.arange(seq_len, device=device)
+    return 1 + beta * torch.log(1 + torch.floor(positions / span))
 
 
 def capped_attention(q, k, v, mask: torch.Tensor | None, scale: float, cap: float) -> torch.Tensor:

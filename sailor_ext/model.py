@@ -173,6 +173,7 @@ def transformer_config(model: ModelSpec, tp: int, fusion: KernelFusion = KernelF
     config.sailor_rope_fusion = fusion.rope  # read by _rotary below (megatron's own flag wants Transformer Engine)
     config.sailor_attn_softcap = model.attn_softcap  # read by FusedCoreAttention
     config.sailor_attn_sinks = model.attention_sinks  # read by FusedCoreAttention
+    config.sailor_query_scale = (model.query_scale_beta, model.query_scale_span)  # read by FusedCoreAttention
     config.sailor_rope_mscale = rotary_mscale(model)  # read by _rotary
     return config
 

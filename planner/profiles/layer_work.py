@@ -208,6 +208,9 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
             k_f, k_b = k_f + 5 * model.experts, k_b + 10 * model.experts
         if model.residual_multiplier != 1:
             fwd, bwd, k_f, k_b = fwd + 4 * h, bwd + 4 * h, k_f + 2, k_b + 2
+        if model.query_scaled and not linear:  # q times its position's factor (Ministral 3): q read and written
+            # each way; the factors (s values) take about 7 small kernels forward
+            fwd, bwd, k_f, k_b = fwd + 2 * q / t, bwd + 2 * q / t, k_f + 8, k_b + 1
         flops = n * model.forward_flops(layer) / t
         bwd_flops = 2 * flops
         if model.attention_gate and not linear:  # the output times sigmoid(gate): the gate written by QKV, its

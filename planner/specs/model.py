@@ -81,6 +81,10 @@ class ModelSpec:
     activation: str = "gelu"  # gelu | gelu_tanh | relu | relu2 (squared) | silu
     norm_eps: float = 1e-5
     attention_scale: float = 0.0  # 0: 1/sqrt(head_dim); GPT-Neo uses 1
+    # q after rotary positions times 1 + beta * ln(1 + floor(p / span)) at position p (0-based), which lengthens
+    # the attention's reach beyond the original context `span` (Ministral 3's llama_4_scaling_beta); 0: none
+    query_scale_beta: float = 0.0
+    query_scale_span: int = 0
     windows: tuple[int, ...] = ()  # per block: 0 = full causal attention, w = the last w tokens only
     nope_blocks: tuple[int, ...] = ()  # blocks (0-based) whose attention has no rotary positions (SmolLM3's NoPE)
     rope_theta: float = 10000.0
@@ -166,7 +170,8 @@ class ModelSpec:
             if value > LIMITS.get(field, value):
                 raise SailorError(f"model {self.name!r}: {field} {short(value)} is beyond {LIMITS[field]}, larger "
                                   "than any model sailor can plan; check the value")
-        for field in ("kv_heads", "max_positions", "embed_dim", "head_dim_override", "position_offset"):
+        for field in ("kv_heads", "max_positions", "embed_dim", "head_dim_override", "position_offset",
+                      "query_scale_span"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1 << 30:
                 raise SailorError(f"model {self.name!r}: {field} must be an integer from 0 to {1 << 30}, not "
@@ -179,10 +184,13 @@ class ModelSpec:
             raise SailorError(f"model {self.name!r}: rotary positions turn pairs of dimensions, and {self.rotary_dim} "
                               f"of each head's {self.head_dim} would turn; make head_dim (or its rotated share) even")
         for field in ("norm_eps", "attention_scale", "rope_theta", "attn_softcap", "logit_softcap",
-                      "local_rope_theta", "glu_limit"):
+                      "local_rope_theta", "glu_limit", "query_scale_beta"):
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1e30:
                 raise SailorError(f"model {self.name!r}: {field} must be a finite number >= 0, not {short(value)}")
+        if self.query_scale_beta and not self.query_scale_span:
+            raise SailorError(f"model {self.name!r}: a query scale (query_scale_beta) needs the original context "
+                              "it grows past (query_scale_span)")
         if self.num_blocks > MAX_BLOCKS:
             raise SailorError(f"model {self.name!r}: {short(self.num_blocks)} transformer blocks is beyond "
                               f"{MAX_BLOCKS}; check num_hidden_layers")
@@ -435,6 +443,12 @@ class ModelSpec:
     def window(self, block: int) -> int:
         """Attention window of block `block` (0-based); 0 means full causal attention."""
         return self.windows[block] if self.windows else 0
+
+    @property
+    def query_scaled(self) -> bool:
+        """Whether a position's q is scaled (query_scale_beta) at this sequence length: the factor is 1 on the
+        first query_scale_span positions."""
+        return self.query_scale_beta > 0 and self.seq_len > self.query_scale_span
 
     def rotary(self, block: int) -> bool:
         """Whether block `block` (0-based) rotates q and k by their positions."""

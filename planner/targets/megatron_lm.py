@@ -59,6 +59,7 @@ def megatron_model_args(model) -> list[str]:
                           (not model.rms_norm and not model.norm_bias, "LayerNorms without bias"),
                           (model.rotary_interleaved, "rotary positions on adjacent pairs of dimensions"),
                           (model.nope_blocks, "blocks without rotary positions (NoPE)"),
+                          (model.query_scale_beta, "a query scale that grows with the position"),
                           (model.attention_sinks, "attention sinks"), (model.head_bias, "a bias on the output layer"),
                           (model.router_bias, "a bias on the router"),
                           (model.experts and model.mlp_bias, "biases on the experts' linears"),

@@ -236,6 +236,11 @@ _MISTRAL_SMALL_3_1 = {"model_type": "mistral", "head_dim": 128, "hidden_size": 5
                       "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1e9, "sliding_window": None,
                       "vocab_size": 131072}
 PUBLISHED["Mistral-Small-3.1-24B"] = (_MISTRAL_SMALL_3_1, 23_572_403_200)
+# Ministral 3 8B's language model (transformers' Ministral3Config defaults, documented as Ministral-3-8B-Base-2512's:
+# YaRN from 16k to 256k, q scaled beyond 16k), as transformers counts it
+_MINISTRAL_3_8B = {"model_type": "ministral3", "hidden_size": 4096, "intermediate_size": 14336,
+                   "num_hidden_layers": 34, "num_attention_heads": 32, "vocab_size": 131072}
+PUBLISHED["Ministral-3-8B"] = (_MINISTRAL_3_8B, 8_489_553_920)
 # Qwen3.5-35B-A3B's language model (transformers' Qwen3_5MoeTextConfig defaults, which it documents as that
 # checkpoint's): 256 experts, 8 per token, a gated shared expert in each of 40 blocks, 30 of them Gated DeltaNet
 PUBLISHED["Qwen3.5-35B-A3B"] = ({"model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
@@ -253,7 +258,7 @@ PUBLISHED["Qwen3-Next-80B-A3B"] = ({"model_type": "qwen3_next", "hidden_size": 2
 
 
 @pytest.mark.parametrize("model_type, text", [("qwen3_5", _QWEN3_5_27B), ("gemma3", _GEMMA3_27B),
-                                               ("mistral3", _MISTRAL_SMALL_3_1)])
+                                               ("mistral3", _MISTRAL_SMALL_3_1), ("mistral3", _MINISTRAL_3_8B)])
 def test_multimodal_config_is_its_language_model(model_type, text, tmp_path):
     """Qwen3.5's, Gemma 3's (4B and larger) and Mistral Small 3.1's published configs nest the language model in
     text_config: the same model as that text_config alone (the vision tower is not read)."""
@@ -265,7 +270,7 @@ def test_multimodal_config_is_its_language_model(model_type, text, tmp_path):
     with pytest.raises(SailorError, match="text_config must be an object"):
         get_model(str(_write(tmp_path, {"model_type": model_type, "text_config": [1]})))
     with pytest.raises(SailorError, match=f"text_config's model_type 'llama' is not supported in a {model_type} "
-                                          f"config; use {text['model_type']}"):
+                                          f"config; use .*{text['model_type']}"):
         get_model(str(_write(tmp_path, {"model_type": model_type, "text_config": {**text, "model_type": "llama"}})))
 
 
@@ -1020,6 +1025,41 @@ def test_deepseek_v2_details(tmp_path):
                            ({"mlp_bias": True}, "mlp_bias is not supported for deepseek_v2")):
         with pytest.raises(SailorError, match=needle):
             get_model(str(_write(tmp_path, {**_DEEPSEEK_V2, **change})))
+
+
+def test_ministral3_details(tmp_path):
+    """Ministral 3: Mistral's blocks, YaRN, and q after rotary positions scaled by 1 + 0.1 ln(1 + floor(p / 16384))
+    at position p. Within the original 16k context the factor is 1 and costs nothing; beyond it the planner counts
+    the product. Megatron-LM cannot run it; the exported config reads back as the model."""
+    from planner.profiles.layer_work import layer_work
+    from planner.specs.families import to_hf_config
+    from planner.targets.megatron_lm import megatron_model_args
+
+    short_run = get_model(str(_write(tmp_path, _MINISTRAL_3_8B)), seq_len=16384)
+    long_run = replace(short_run, seq_len=32768)
+    assert (short_run.query_scale_beta, short_run.query_scale_span, short_run.head_dim) == (0.1, 16384, 128)
+    assert dict(short_run.rope_scaling)["factor"] == 16.0 and not short_run.query_scaled and long_run.query_scaled
+    plain = replace(long_run, query_scale_beta=0.0)
+    assert layer_work(long_run, 1, 1, 1, 2)[0].kernels == layer_work(plain, 1, 1, 1, 2)[0].kernels + 8
+    assert layer_work(short_run, 1, 1, 1, 2) == layer_work(replace(short_run, query_scale_beta=0.0), 1, 1, 1, 2)
+    with pytest.raises(SailorError, match="a query scale that grows with the position"):
+        megatron_model_args(short_run)
+    (tmp_path / "back").mkdir()
+    back = get_model(str(_write(tmp_path / "back", to_hf_config(short_run))), seq_len=16384)
+    assert replace(back, name="").to_dict() == replace(short_run, name="").to_dict()
+    with pytest.raises(SailorError, match="a query scale that grows with the position is ministral3's alone"):
+        to_hf_config(replace(short_run, hf_model_type="mistral"))
+
+
+@pytest.mark.parametrize("rope, needle", [
+    ({"rope_type": "default", "rope_theta": 1e6}, "rope llama_4_scaling_beta must be a number >= 0, not null"),
+    ({"rope_type": "default", "llama_4_scaling_beta": -1}, "llama_4_scaling_beta must be a number >= 0, not -1"),
+    ({"rope_type": "default", "llama_4_scaling_beta": 0.1}, "rope original_max_position_embeddings must be the "
+                                                            "original context length"),
+])
+def test_bad_ministral3_config_is_one_clear_error(tmp_path, rope, needle):
+    with pytest.raises(SailorError, match=needle):
+        get_model(str(_write(tmp_path, {**_MINISTRAL_3_8B, "rope_parameters": rope})))
 
 
 def test_glm4_moe_details(tmp_path):

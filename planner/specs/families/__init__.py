@@ -272,6 +272,11 @@ HF_DEFAULTS = {
     "seed_oss": {"num_key_value_heads": 8, "attention_bias": True, "pad_token_id": 1},
     "helium": {"num_key_value_heads": 20, "rms_norm_eps": 1e-8, "rope_theta": 100000.0, "pad_token_id": 3},
     "arcee": {"rms_norm_eps": 1e-5},
+    "ministral3": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 262144,
+                   "pad_token_id": 11, "rope_parameters": {
+                       "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 16384,
+                       "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+                       "llama_4_scaling_beta": 0.1}},
     "exaone4": {"num_key_value_heads": 32, "rms_norm_eps": 1e-5, "sliding_window": 4096},
     "ernie4_5": {"num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "pad_token_id": 0,
                  "tie_word_embeddings": True},
@@ -288,13 +293,14 @@ HF_DEFAULTS = {
 # config when the config has none)
 MULTIMODAL = {
     "gemma3": (("gemma3_text",), {}), "qwen3_5": (("qwen3_5_text",), {}), "qwen3_5_moe": (("qwen3_5_moe_text",), {}),
-    "mistral3": (("mistral",), {  # Mistral Small 3.1's language model
+    "mistral3": (("mistral", "ministral3"), {  # Mistral Small 3.1's language model
         "head_dim": 128, "hidden_size": 5120, "intermediate_size": 32768, "max_position_embeddings": 131072,
         "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
         "rope_theta": 1e9, "sliding_window": None, "vocab_size": 131072}),
 }
 _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                   "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "ministral3": "Ministral3ForCausalLM",
                   "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM", "phi3": "Phi3ForCausalLM",
                   "starcoder2": "Starcoder2ForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM",
                   "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM", "cohere": "CohereForCausalLM",

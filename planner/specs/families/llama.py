@@ -1,4 +1,4 @@
-"""LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5, Seed-OSS and Helium: RMSNorm, SwiGLU,
+"""LLaMA, Mistral, Ministral 3, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5, Seed-OSS and Helium: RMSNorm, SwiGLU,
 rotary positions, grouped-query attention.
 
 Differences inside the family are config fields: Qwen2 has q/k/v biases,
@@ -15,6 +15,8 @@ fourth), which alone may be windowed. ERNIE 4.5 rotates adjacent pairs of dimens
 has biases on every linear or none (use_bias) and heads of 128 unless its config says otherwise.
 Seed-OSS has q/k/v biases (attention_bias, on by default) and a field of its own for the output
 projection's (attention_out_bias); Helium rotates adjacent pairs too, with q/k/v biases only.
+Ministral 3 is Mistral with heads of 128, YaRN by default, and q scaled beyond the original context
+(rope_parameters' llama_4_scaling_beta: ModelSpec.query_scale_beta).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from planner.specs.model import MAX_BLOCKS, ModelSpec
 ROPE_TYPES = ("default", "llama3", "linear", "longrope", "yarn")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 QWEN3_HEAD_DIM = 128  # transformers' Qwen3Config default, whatever hidden_size / num_attention_heads is
-HEAD_128 = ("qwen3", "ernie4_5", "seed_oss", "helium")  # their configs' head_dim defaults to 128 (QWEN3_HEAD_DIM)
+HEAD_128 = ("qwen3", "ernie4_5", "seed_oss", "helium", "ministral3")  # their configs' head_dim defaults to 128 (QWEN3_HEAD_DIM)
 INTERLEAVED = ("ernie4_5", "helium")  # rotary positions on adjacent pairs of dimensions
 _ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
               "linear": ("factor",), "default": ()}
@@ -214,7 +216,19 @@ def from_hf(cfg, model_type: str) -> dict:
         nope_blocks=_nope_blocks(cfg, blocks) if model_type == "smollm3" else (),
         rotary_interleaved=model_type in INTERLEAVED,
         **(_granite(cfg) if model_type == "granite" else {}),
+        **(_query_scale(cfg) if model_type == "ministral3" else {}),
     )
+
+
+def _query_scale(cfg) -> dict:
+    """Ministral 3's query scale: llama_4_scaling_beta over the original context, both read from the rotary
+    parameters (transformers fails without them)."""
+    params = dict(cfg.cfg.get("rope_scaling") or cfg.cfg.get("rope_parameters") or {})
+    beta = params.get("llama_4_scaling_beta")
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta <= FLOAT_MAX:
+        raise SailorError(f"model config {cfg.source}: rope llama_4_scaling_beta must be a number >= 0, not "
+                          f"{short(beta)}")
+    return dict(query_scale_beta=float(beta), query_scale_span=int(_original_context(cfg, params)))
 
 
 def _granite(cfg) -> dict:
@@ -248,6 +262,9 @@ def to_hf(spec: ModelSpec) -> dict:
     if scaled and model_type != "granite":
         raise SailorError(f"{spec.name}: multipliers on embeddings, residual branches, attention or logits are "
                           f"granite's alone; {model_type}'s config cannot express them")
+    if bool(spec.query_scale_span) != (model_type == "ministral3"):
+        raise SailorError(f"{spec.name}: a query scale that grows with the position is ministral3's alone, and "
+                          f"always there; {model_type}'s config cannot express the model")
     if spec.nope_blocks and model_type != "smollm3":
         raise SailorError(f"{spec.name}: blocks without rotary positions are smollm3's alone here; {model_type}'s "
                           "config cannot express them")
@@ -268,6 +285,9 @@ def to_hf(spec: ModelSpec) -> dict:
         "rope_parameters": hf_rope(spec), "tie_word_embeddings": spec.tied_embeddings,
         "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None,
     }
+    if model_type == "ministral3":
+        cfg["rope_parameters"].update(llama_4_scaling_beta=spec.query_scale_beta,
+                                      original_max_position_embeddings=spec.query_scale_span)
     if model_type in ("llama", "granite", "smollm3", "seed_oss", "helium"):
         cfg.update(attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
     if model_type == "seed_oss":
@@ -294,7 +314,7 @@ def to_hf(spec: ModelSpec) -> dict:
         cfg["layer_types"] = ["sliding_attention" if w else "full_attention" for w in spec.windows]
         if model_type in ("qwen2", "qwen3", "smollm3"):
             cfg["use_sliding_window"] = True
-    elif model_type in ("mistral", "qwen2", "qwen3"):
+    elif model_type in ("mistral", "ministral3", "qwen2", "qwen3"):
         cfg["sliding_window"] = None
     return cfg
 
@@ -323,5 +343,6 @@ WEIGHTS = WeightMap(
     head=(WeightRule("output_layer.weight", ("lm_head.weight",), "vocab"),),
 )
 
-FAMILY = Family("llama", ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium"),
+FAMILY = Family("llama", ("llama", "mistral", "ministral3", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5",
+                          "seed_oss", "helium"),
                 from_hf, to_hf, WEIGHTS)
