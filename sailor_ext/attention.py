@@ -36,7 +36,8 @@ class FusedCoreAttention(nn.Module):
         super().__init__()
         self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.softcap = getattr(config, "sailor_attn_softcap", 0.0)
-        self.query_scale = getattr(config, "sailor_query_scale", (0.0, 0))  # (beta, span): ModelSpec.query_scale_*
+        # (beta, span, offset): ModelSpec.query_scale_*, on this block
+        self.query_scale = getattr(config, "sailor_query_scale", (0.0, 0, 0))
         if getattr(config, "sailor_attn_sinks", False):  # built on the CPU as megatron's layers are
             local_heads = config.num_attention_heads // config.tensor_model_parallel_size
             self.sinks = nn.Parameter(torch.empty(local_heads, device=torch.device("cpu")))
@@ -44,9 +45,9 @@ class FusedCoreAttention(nn.Module):
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
-        beta, span = self.query_scale
-        if beta and q.size(2) > span:  # (the factor is 1 on the first `span` positions)
-            q = q * query_scale(q.size(2), beta, span, q.device).to(q.dtype)[:, None]
+        beta, span, offset = self.query_scale
+        if beta and q.size(2) - 1 + offset >= span:  # (the factor is 1 while p + offset < span)
+            q = q * query_scale(q.size(2), beta, span, offset, q.device).to(q.dtype)[:, None]
         if self.softcap:
             out = capped_attention(q, k, v, attention_mask, self.scale, self.softcap)
         elif hasattr(self, "sinks"):
@@ -61,10 +62,10 @@ class FusedCoreAttention(nn.Module):
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # [s, b, heads * d]
 
 
-def query_scale(seq_len: int, beta: float, span: int, device: torch.device) -> torch.Tensor:
-    """q's factor at each position p [s] (fp32): 1 + beta * ln(1 + floor(p / span)) (Ministral 3's; ln(1 + x)
-    as transformers computes it)."""
-    positions = torch.arange(seq_len, device=device)
+def query_scale(seq_len: int, beta: float, span: int, offset: int, device: torch.device) -> torch.Tensor:
+    """q's factor at each position p [s] (fp32): 1 + beta * ln(1 + floor((p + offset) / span)) (Ministral 3's,
+    offset 0; Llama 4's temperature tuning, offset 1)."""
+    positions = torch.arange(offset, seq_len + offset, device=device)
     return 1 + beta * torch.log(1 + torch.floor(positions / span))
 
 
@@ -102,11 +103,15 @@ def sink_attention(q, k, v, mask: torch.Tensor | None, scale: float, sinks: torc
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=k.size(1) != heads)
 
 
-def window_mask(seq_len: int, window: int, device: torch.device) -> torch.Tensor:
-    """[1, 1, s, s], True where query i may not see key j: j > i, or i - j >= window."""
+def window_mask(seq_len: int, window: int, device: torch.device, chunk: int = 0) -> torch.Tensor:
+    """[1, 1, s, s], True where query i may not see key j: j > i, or i - j >= window (0: no window), or i and j
+    in different chunks of `chunk` tokens (Llama 4's chunked attention; 0: none)."""
     i = torch.arange(seq_len, device=device)
     distance = i[:, None] - i[None, :]
-    return ((distance < 0) | (distance >= window))[None, None]
+    hidden = (distance < 0) | (distance >= window) if window else distance < 0
+    if chunk:
+        hidden |= (i[:, None] // chunk) != (i[None, :] // chunk)
+    return hidden[None, None]
 
 
 def inverse_frequencies(model: ModelSpec, local: bool = False) -> torch.Tensor:

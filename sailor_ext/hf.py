@@ -146,6 +146,8 @@ def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torc
         return [tensor.flatten(1, 2)]
     if op == "experts_t":  # [E, out, in] -> [E, in, out]
         return [tensor.transpose(1, 2)]
+    if op == "experts_gate_up_t":  # [E, 2, ffn, h] -> [E, h, 2 ffn]: the gate's columns, then up's
+        return [tensor.flatten(1, 2).transpose(1, 2)]
     if op == "experts_gate_up_alternating":  # [E, 2, ffn, h] -> [E, h, 2 ffn]: column 2j gate row j, 2j + 1 up's
         return [tensor.movedim(1, -1).movedim(1, -2).flatten(-2) if tensor.dim() == 4 else  # (the weight)
                 tensor.movedim(1, -1).flatten(-2)]  # the bias [E, 2, ffn] -> [E, 2 ffn]
@@ -190,6 +192,10 @@ def local_slice(weights: "HFWeights", model: ModelSpec, rule: WeightRule, names:
         ffn = shard.logical_shape[2]
         lo, hi = (0, ffn) if dim is None else (start, stop)
         out = torch.stack([weights.get(names[0], 1, o + lo, o + hi) for o in (0, ffn)], dim=1)
+    elif op == "experts_gate_up_t":  # logical [E, 2, ffn, h] split along ffn: columns lo..hi and ffn + lo..hi
+        ffn = shard.logical_shape[2]
+        lo, hi = (0, ffn) if dim is None else (start, stop)
+        out = torch.stack([weights.get(names[0], 2, o + lo, o + hi) for o in (0, ffn)], dim=1).transpose(2, 3)
     elif op == "experts_t":  # logical [E, out, in] split along `in` (dim 2): the columns of [E, in, out]
         out = weights.get(names[0], None if dim is None else 1, start, stop).transpose(1, 2)
     elif op == "experts_gate_up_alternating":  # logical [E, 2, ffn(, h)] split along ffn: columns 2 lo .. 2 hi

@@ -173,7 +173,8 @@ def transformer_config(model: ModelSpec, tp: int, fusion: KernelFusion = KernelF
     config.sailor_rope_fusion = fusion.rope  # read by _rotary below (megatron's own flag wants Transformer Engine)
     config.sailor_attn_softcap = model.attn_softcap  # read by FusedCoreAttention
     config.sailor_attn_sinks = model.attention_sinks  # read by FusedCoreAttention
-    config.sailor_query_scale = (model.query_scale_beta, model.query_scale_span)  # read by FusedCoreAttention
+    # read by FusedCoreAttention (Block sets it per block)
+    config.sailor_query_scale = (model.query_scale_beta, model.query_scale_span, model.query_scale_offset)
     config.sailor_rope_mscale = rotary_mscale(model)  # read by _rotary
     return config
 
@@ -247,6 +248,18 @@ class HeadOffsetRMSNorm(OffsetRMSNorm):
 
     def __init__(self, hidden_size: int, config: TransformerConfig, eps: float):
         super().__init__(hidden_size, eps=eps)
+
+
+class HeadL2Norm(nn.Module):
+    """Llama 4's q (k) norm: each head divided by its RMS, in fp32, without a weight."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
 
 
 class WidthRMSNorm(nn.Module):
@@ -341,6 +354,9 @@ class Block(nn.Module):
         if model.local_rope_theta and model.window(layer_number - 1):  # rotary positions of their own, unscaled
             config = copy.copy(config)
             config.sailor_rope_mscale = 1.0
+        if model.query_scale_nope and model.rotary(layer_number - 1):  # (Llama 4 scales q on its NoPE blocks alone)
+            config = copy.copy(config)
+            config.sailor_query_scale = (0.0, 0, 0)
         self.linear = model.linear(layer_number - 1)
         if self.linear:
             self.linear_attention = GatedDeltaNet(model, config, pg.tp)
@@ -357,6 +373,9 @@ class Block(nn.Module):
             self.self_attention.q_layernorm, self.self_attention.k_layernorm = (
                 PerHeadNorm(heads // spec.tp, model.head_dim, model.rms_norm, model.norm_eps)
                 for heads in (model.heads, model.num_query_groups))
+        elif model.qk_l2_norm and model.rotary(layer_number - 1):  # (Llama 4's, after rotary positions: the same,
+            # as turning pairs of dimensions keeps each head's RMS)
+            self.self_attention.q_layernorm = self.self_attention.k_layernorm = HeadL2Norm(model.norm_eps)
         if model.input_norms and not model.shared_norm:
             self.pre_mlp_layernorm = norm(model, model.hidden)
         if model.experts and not model.dense(layer_number - 1):
@@ -503,12 +522,14 @@ class StageModel(nn.Module):
 
     def mask(self, block: int, seq_len: int) -> torch.Tensor | None:
         """Block `block`'s (1-based) attention mask; None for plain causal attention."""
-        window = self.spec.model.window(block - 1)
-        if not window or window >= seq_len:
+        model = self.spec.model
+        window = model.window(block - 1) if model.window(block - 1) < seq_len else 0
+        chunk = model.attention_chunk if model.attention_chunk < seq_len and model.rotary(block - 1) else 0
+        if not window and not chunk:
             return None
-        key = (window, seq_len)
+        key = (window, chunk, seq_len)
         if key not in self._masks:
-            self._masks[key] = window_mask(seq_len, window, self.device)
+            self._masks[key] = window_mask(seq_len, window, self.device, chunk)
         return self._masks[key]
 
     def rotary(self, block: int, seq_len: int) -> torch.Tensor | None:

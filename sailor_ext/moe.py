@@ -8,7 +8,8 @@ biases; gpt-oss's clamped GLU with biases, ModelSpec.glu_limit). Qwen2-MoE adds 
 every token passes through, its output scaled by sigmoid(x . w_gate), a replicated linear hidden -> 1;
 GraniteMoeShared's and DeepSeek's are added without a gate. DeepSeek-V3 scores with sigmoids, chooses by
 scores plus a fixed bias per expert among the best groups of experts (_sigmoid_route); DeepSeek-V2 chooses
-among the groups of the highest probabilities; both scale the chosen weights.
+among the groups of the highest probabilities; both scale the chosen weights. Llama 4 scores with sigmoids
+and weighs each chosen expert's input, not its output (ModelSpec.expert_input_weighted).
 
 Tensor parallelism is Megatron's expert tensor parallelism at the TP degree, without expert
 parallelism: every TP rank holds every expert, and of each its slice of fc1's rows ([gate; up] of
@@ -148,7 +149,7 @@ class MoE(nn.Module):
         self.router = nn.Linear(h, experts, bias=model.router_bias)
         self.sigmoid, self.groups, self.groups_per_token = model.router_sigmoid, model.expert_groups, \
             model.expert_groups_per_token
-        self.routed_scale = model.routed_scale
+        self.routed_scale, self.input_weighted = model.routed_scale, model.expert_input_weighted
         if model.expert_score_bias:  # fixed: it only chooses, so no gradient reaches it (as transformers' buffer)
             self.router.score_bias = nn.Parameter(torch.zeros(experts, device=torch.device("cpu")))
         fc1 = (experts, 2, f, h) if self.gated else (experts, f, h)
@@ -189,8 +190,13 @@ class MoE(nn.Module):
             start += count
             tokens = picks // self.top_k
             fc1_bias = self.linear_fc1.bias[expert] if hasattr(self.linear_fc1, "bias") else None
-            y = self._mlp(x[tokens], self.linear_fc1.weight[expert], self.linear_fc2.weight[expert], fc1_bias)
-            out.index_add_(0, tokens, (y * weights[picks, None]).to(out.dtype))
+            if self.input_weighted:  # Llama 4: the expert's input weighted (in its dtype), its output as it is
+                y = self._mlp(x[tokens] * weights[picks, None].to(x.dtype), self.linear_fc1.weight[expert],
+                              self.linear_fc2.weight[expert], fc1_bias)
+            else:
+                y = self._mlp(x[tokens], self.linear_fc1.weight[expert], self.linear_fc2.weight[expert], fc1_bias)
+                y = y * weights[picks, None]
+            out.index_add_(0, tokens, y.to(out.dtype))
         if hasattr(self, "shared_expert"):
             shared = self._mlp(x, self.shared_expert.linear_fc1.weight, self.shared_expert.linear_fc2.weight)
             out = out + (torch.sigmoid(F.linear(x, self.shared_gate.weight)) * shared if hasattr(self, "shared_gate")

@@ -188,7 +188,8 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
         norms += pre * (model.q_lora_rank + model.kv_lora_rank) + model.rope_head_dim
     if model.attention_sinks:  # q and k widened by the sink's dimension and padding (sailor_ext.attention)
         attention += (model.q_dim + model.kv_dim) * model.sink_dims / model.head_dim
-    if model.qk_norm:  # the q and k norms' inputs and normalised values (rotary keeps none of its input)
+    if model.qk_norm or model.qk_l2_norm and model.rotary(layer - 1):  # the q and k norms' inputs and normalised
+        # values (rotary keeps none of its input)
         attention += 2 * (model.q_dim + model.kv_dim)
     if model.attn_softcap:
         attention += (2 if DTYPE_BYTES[precision] == 4 else 4) * model.heads * model.seq_len
@@ -237,8 +238,8 @@ def estimate_profile(model: ModelSpec, gpu: GPUSpec, precision: str = "fp32",
 def same_work(model: ModelSpec, layer: int, runtime: str = DEFAULT_RUNTIME) -> tuple:
     """Layers with equal keys do the same work: one of each kind, a block without rotary positions
     apart from one with, a dense block among experts apart from a sparse one, and under fused attention a
-    windowed block apart from a causal one (eager attention, and capped attention, compute the whole square
-    either way); a Gated DeltaNet block has its own key."""
+    windowed (or chunked) block apart from a causal one (eager attention, and capped attention, compute the whole
+    square either way); a Gated DeltaNet block has its own key."""
     kind = model.kind(layer)
     if kind != BLOCK:
         return (kind,)
@@ -248,7 +249,7 @@ def same_work(model: ModelSpec, layer: int, runtime: str = DEFAULT_RUNTIME) -> t
     dense = model.dense(layer - 1)
     if RUNTIME_WORK[runtime].attention == "eager" or model.attn_softcap:
         return (kind, rotary, dense)
-    return (kind, rotary, dense, 0 < model.window(layer - 1) < model.seq_len)
+    return (kind, rotary, dense, 0 < model.window(layer - 1) < model.seq_len or bool(model.chunk(layer - 1)))
 
 
 def per_layer(model: ModelSpec, runtimes: tuple[str, ...], fn) -> list:

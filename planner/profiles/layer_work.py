@@ -190,7 +190,8 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
                 k_f, k_b = k_f + 7 + 3 * gate, k_b + 14 + 6 * gate
         if model.latent:  # the latents' two norms; three copies (q, k and v put together) each way
             k_f, k_b = k_f + 2 * norm_kf + 3, k_b + 2 * norm_kb + 3
-        if model.qk_norm and not linear:  # two more norms, over q and k (q + kv values per token, split over TP)
+        if (model.qk_norm or model.qk_l2_norm and rotary) and not linear:  # two more norms, over q and k (q + kv
+            # values per token, split over TP)
             fwd, bwd = fwd + norm_f * (q + kv) / t, bwd + norm_b * (q + kv) / t
             k_f, k_b = k_f + 2 * norm_kf, k_b + 2 * norm_kb
         # norms across the heads of all TP ranks: their sums of squares all-reduced, one per norm and pass (a value
@@ -208,8 +209,8 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
             k_f, k_b = k_f + 5 * model.experts, k_b + 10 * model.experts
         if model.residual_multiplier != 1:
             fwd, bwd, k_f, k_b = fwd + 4 * h, bwd + 4 * h, k_f + 2, k_b + 2
-        if model.query_scaled and not linear:  # q times its position's factor (Ministral 3): q read and written
-            # each way; the factors (s values) take about 7 small kernels forward
+        if model.query_scaled(layer - 1):  # q times its position's factor (Ministral 3, Llama 4): q read and
+            # written each way; the factors (s values) take about 7 small kernels forward
             fwd, bwd, k_f, k_b = fwd + 2 * q / t, bwd + 2 * q / t, k_f + 8, k_b + 1
         flops = n * model.forward_flops(layer) / t
         bwd_flops = 2 * flops
@@ -219,7 +220,8 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
         if attention == "sdpa" and not model.attn_softcap and not linear:
             square = n * 2.0 * model.seq_len * (q + c) / t  # [FLOP] QK^T and AV over the whole s x s
             wide = square * (1 + model.sink_dims / (2 * model.head_dim))  # QK^T over heads widened for sinks
-            causal = not 0 < model.window(layer - 1) < model.seq_len and not model.attention_sinks  # (a mask)
+            causal = not (0 < model.window(layer - 1) < model.seq_len or model.attention_sinks or
+                          model.chunk(layer - 1))  # (a mask)
             attn = wide / 2 if causal else wide
             flops, bwd_flops = flops - square + attn, bwd_flops - 2 * square + FLASH_BACKWARD * attn
             k_v = q + c if model.latent else 2 * kv  # K and V

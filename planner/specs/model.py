@@ -81,10 +81,16 @@ class ModelSpec:
     activation: str = "gelu"  # gelu | gelu_tanh | relu | relu2 (squared) | silu
     norm_eps: float = 1e-5
     attention_scale: float = 0.0  # 0: 1/sqrt(head_dim); GPT-Neo uses 1
-    # q after rotary positions times 1 + beta * ln(1 + floor(p / span)) at position p (0-based), which lengthens
-    # the attention's reach beyond the original context `span` (Ministral 3's llama_4_scaling_beta); 0: none
+    # q after rotary positions times 1 + beta * ln(1 + floor((p + offset) / span)) at position p (0-based), which
+    # lengthens the attention's reach beyond the original context `span`: Ministral 3's llama_4_scaling_beta on
+    # every block; Llama 4's temperature tuning (offset 1) on the blocks without rotary positions alone
+    # (query_scale_nope); beta 0: none
     query_scale_beta: float = 0.0
     query_scale_span: int = 0
+    query_scale_offset: int = 0
+    query_scale_nope: bool = False
+    attention_chunk: int = 0  # the blocks with rotary positions attend within chunks this long (Llama 4); 0: none
+    qk_l2_norm: bool = False  # each head's q and k divided by their RMS (no weight) on rotary blocks (Llama 4)
     windows: tuple[int, ...] = ()  # per block: 0 = full causal attention, w = the last w tokens only
     nope_blocks: tuple[int, ...] = ()  # blocks (0-based) whose attention has no rotary positions (SmolLM3's NoPE)
     rope_theta: float = 10000.0
@@ -122,6 +128,7 @@ class ModelSpec:
     shared_expert_ffn: int = 0
     shared_expert_gated: bool = True  # False: the shared expert's output is added as it is (GraniteMoeShared)
     router_bias: bool = False  # the router's linear has a bias (gpt-oss)
+    expert_input_weighted: bool = False  # a chosen expert's input is scaled by its weight, not its output (Llama 4)
     # gpt-oss's experts: a clamped GLU, gate' = min(gate, limit), up' = clip(up, -limit, limit), out =
     # gate' * sigmoid(glu_alpha * gate') * (up' + 1); 0: activation(gate) * up
     glu_limit: float = 0.0
@@ -171,7 +178,7 @@ class ModelSpec:
                 raise SailorError(f"model {self.name!r}: {field} {short(value)} is beyond {LIMITS[field]}, larger "
                                   "than any model sailor can plan; check the value")
         for field in ("kv_heads", "max_positions", "embed_dim", "head_dim_override", "position_offset",
-                      "query_scale_span"):
+                      "query_scale_span", "query_scale_offset", "attention_chunk"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1 << 30:
                 raise SailorError(f"model {self.name!r}: {field} must be an integer from 0 to {1 << 30}, not "
@@ -282,9 +289,10 @@ class ModelSpec:
                                   f"{short(value)}")
         if not self.experts:
             if self.router_sigmoid or self.expert_score_bias or self.expert_groups > 1 or self.routed_scale != 1 \
-                    or self.dense_blocks or self.dense_ffn:
+                    or self.dense_blocks or self.dense_ffn or self.expert_input_weighted:
                 raise SailorError(f"model {self.name!r}: a sigmoid router, expert score biases, expert groups, a "
-                                  "routed scale or dense blocks among the experts' need experts")
+                                  "routed scale, weighted expert inputs or dense blocks among the experts' need "
+                                  "experts")
             return
         groups, per_token = self.expert_groups, self.expert_groups_per_token
         if self.experts % groups or per_token > groups or (groups > 1 and self.router_sigmoid and
@@ -385,7 +393,8 @@ class ModelSpec:
         """This model as its dense blocks see it: one MLP dense_ffn wide, no experts (their counts)."""
         return replace(self, experts=0, experts_per_token=0, shared_expert_ffn=0, router_bias=False, glu_limit=0.0,
                        router_sigmoid=False, expert_score_bias=False, expert_groups=1, expert_groups_per_token=1,
-                       routed_scale=1.0, dense_blocks=(), dense_ffn=0, ffn_hidden=self.dense_ffn)
+                       routed_scale=1.0, expert_input_weighted=False, dense_blocks=(), dense_ffn=0,
+                       ffn_hidden=self.dense_ffn)
 
     @property
     def sink_dims(self) -> int:
@@ -444,11 +453,15 @@ class ModelSpec:
         """Attention window of block `block` (0-based); 0 means full causal attention."""
         return self.windows[block] if self.windows else 0
 
-    @property
-    def query_scaled(self) -> bool:
-        """Whether a position's q is scaled (query_scale_beta) at this sequence length: the factor is 1 on the
-        first query_scale_span positions."""
-        return self.query_scale_beta > 0 and self.seq_len > self.query_scale_span
+    def query_scaled(self, block: int) -> bool:
+        """Whether block `block` (0-based) scales q by position (query_scale_beta) at this sequence length: the
+        factor is 1 while p + offset < span."""
+        return self.query_scale_beta > 0 and self.seq_len - 1 + self.query_scale_offset >= self.query_scale_span \
+            and not self.linear(block) and (not self.query_scale_nope or block in self.nope_blocks)
+
+    def chunk(self, block: int) -> int:
+        """Attention chunk of block `block` (0-based) where it cuts this sequence length; 0: none."""
+        return self.attention_chunk if 0 < self.attention_chunk < self.seq_len and self.rotary(block) else 0
 
     def rotary(self, block: int) -> bool:
         """Whether block `block` (0-based) rotates q and k by their positions."""
@@ -603,7 +616,7 @@ class ModelSpec:
         if self.latent:  # q, k, v and the context; each latent's norm (input, normalised, output), the rotary k
             sharded += 2 * (self.context_dim - self.kv_dim)  # (v and the context as wide as the context)
             latent = 3 * (self.q_lora_rank + self.kv_lora_rank) + self.rope_head_dim
-        if self.qk_norm:
+        if self.qk_norm or self.qk_l2_norm and self.rotary(layer - 1):
             sharded += self.q_dim + self.kv_dim  # the q and k norms' inputs
         if self.attn_softcap:
             sharded += self.heads * self.seq_len  # tanh's output, for its backward

@@ -29,9 +29,9 @@ def megatron_model_args(model) -> list[str]:
                           "with sailor's runtime")
 
     if model.latent or model.router_sigmoid or model.dense_blocks:  # (Megatron-LM has flags for them; not mapped)
-        raise SailorError(f"{model.name} uses DeepSeek's latent attention, sigmoid router or dense blocks among the "
-                          "experts', which sailor does not map onto Megatron-LM's arguments; train it with sailor's "
-                          "runtime")
+        raise SailorError(f"{model.name} uses latent attention, a sigmoid router or dense blocks among the experts' "
+                          "(DeepSeek's, Llama 4's), which sailor does not map onto Megatron-LM's arguments; train it "
+                          "with sailor's runtime")
     if model.post_norm:
         refuse("a norm after each residual add (post-LN)")
     if model.projected:
@@ -60,6 +60,9 @@ def megatron_model_args(model) -> list[str]:
                           (model.rotary_interleaved, "rotary positions on adjacent pairs of dimensions"),
                           (model.nope_blocks, "blocks without rotary positions (NoPE)"),
                           (model.query_scale_beta, "a query scale that grows with the position"),
+                          (model.qk_l2_norm, "q/k norms without weights"),
+                          (model.attention_chunk, "chunked attention"),
+                          (model.expert_input_weighted, "experts whose input is weighted by the router"),
                           (model.attention_sinks, "attention sinks"), (model.head_bias, "a bias on the output layer"),
                           (model.router_bias, "a bias on the router"),
                           (model.experts and model.mlp_bias, "biases on the experts' linears"),

@@ -241,6 +241,15 @@ PUBLISHED["Mistral-Small-3.1-24B"] = (_MISTRAL_SMALL_3_1, 23_572_403_200)
 _MINISTRAL_3_8B = {"model_type": "ministral3", "hidden_size": 4096, "intermediate_size": 14336,
                    "num_hidden_layers": 34, "num_attention_heads": 32, "vocab_size": 131072}
 PUBLISHED["Ministral-3-8B"] = (_MINISTRAL_3_8B, 8_489_553_920)
+# Llama 4's language models, as transformers counts them: Scout (16 experts on every block; transformers'
+# Llama4TextConfig defaults, documented as Llama-4-Scout-17B-16E's) and Maverick (128 experts on every other block)
+_LLAMA4_SCOUT = {"model_type": "llama4_text", "rope_scaling": {
+    "rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192}}
+PUBLISHED["Llama-4-Scout-17B-16E"] = (_LLAMA4_SCOUT, 107_769_861_120)
+_LLAMA4_MAVERICK = {"model_type": "llama4_text", "num_local_experts": 128, "interleave_moe_layer_step": 2,
+                    "use_qk_norm": False, "max_position_embeddings": 1048576}
+PUBLISHED["Llama-4-Maverick-17B-128E"] = (_LLAMA4_MAVERICK, 400_711_848_960)
 # Qwen3.5-35B-A3B's language model (transformers' Qwen3_5MoeTextConfig defaults, which it documents as that
 # checkpoint's): 256 experts, 8 per token, a gated shared expert in each of 40 blocks, 30 of them Gated DeltaNet
 PUBLISHED["Qwen3.5-35B-A3B"] = ({"model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
@@ -258,7 +267,8 @@ PUBLISHED["Qwen3-Next-80B-A3B"] = ({"model_type": "qwen3_next", "hidden_size": 2
 
 
 @pytest.mark.parametrize("model_type, text", [("qwen3_5", _QWEN3_5_27B), ("gemma3", _GEMMA3_27B),
-                                               ("mistral3", _MISTRAL_SMALL_3_1), ("mistral3", _MINISTRAL_3_8B)])
+                                               ("mistral3", _MISTRAL_SMALL_3_1), ("mistral3", _MINISTRAL_3_8B),
+                                               ("llama4", _LLAMA4_SCOUT)])
 def test_multimodal_config_is_its_language_model(model_type, text, tmp_path):
     """Qwen3.5's, Gemma 3's (4B and larger) and Mistral Small 3.1's published configs nest the language model in
     text_config: the same model as that text_config alone (the vision tower is not read)."""
@@ -938,7 +948,7 @@ def test_deepseek_v3_details(tmp_path):
     (tmp_path / "back").mkdir()
     back = get_model(str(_write(tmp_path / "back", to_hf_config(model))), seq_len=4096)
     assert replace(back, name="").to_dict() == replace(model, name="").to_dict()
-    with pytest.raises(SailorError, match="latent attention, sigmoid router or dense blocks .* not map onto "
+    with pytest.raises(SailorError, match="latent attention, a sigmoid router or dense blocks .* not map onto "
                                           "Megatron-LM's arguments"):
         megatron_model_args(model)
     kimi = get_model(str(_write(tmp_path, PUBLISHED["Kimi-K2"][0])))
@@ -1038,7 +1048,7 @@ def test_ministral3_details(tmp_path):
     short_run = get_model(str(_write(tmp_path, _MINISTRAL_3_8B)), seq_len=16384)
     long_run = replace(short_run, seq_len=32768)
     assert (short_run.query_scale_beta, short_run.query_scale_span, short_run.head_dim) == (0.1, 16384, 128)
-    assert dict(short_run.rope_scaling)["factor"] == 16.0 and not short_run.query_scaled and long_run.query_scaled
+    assert dict(short_run.rope_scaling)["factor"] == 16.0 and not short_run.query_scaled(0) and long_run.query_scaled(0)
     plain = replace(long_run, query_scale_beta=0.0)
     assert layer_work(long_run, 1, 1, 1, 2)[0].kernels == layer_work(plain, 1, 1, 1, 2)[0].kernels + 8
     assert layer_work(short_run, 1, 1, 1, 2) == layer_work(replace(short_run, query_scale_beta=0.0), 1, 1, 1, 2)
@@ -1060,6 +1070,59 @@ def test_ministral3_details(tmp_path):
 def test_bad_ministral3_config_is_one_clear_error(tmp_path, rope, needle):
     with pytest.raises(SailorError, match=needle):
         get_model(str(_write(tmp_path, {**_MINISTRAL_3_8B, "rope_parameters": rope})))
+
+
+def test_llama4_details(tmp_path):
+    """Llama 4: 17 B parameters active of Scout's 107.8 B and of Maverick's 400.7 B (one routed expert and the
+    shared one per sparse block), every fourth block without rotary positions; on the others, L2 q/k norms (not
+    Maverick's) and chunks of 8192 tokens, which the planner counts only where a sequence is longer; q scaled on the
+    NoPE blocks from the 8192nd token on. Megatron-LM cannot run it; the exported configs read back as the models."""
+    from planner.profiles.layer_work import layer_work
+    from planner.specs.families import to_hf_config
+    from planner.targets.megatron_lm import megatron_model_args
+
+    scout = get_model(str(_write(tmp_path, _LLAMA4_SCOUT)), seq_len=8192)
+    maverick = get_model(str(_write(tmp_path, _LLAMA4_MAVERICK)), seq_len=8192)
+    assert (scout.experts, scout.experts_per_token, scout.dense_blocks, scout.shared_expert_ffn) == (16, 1, (), 8192)
+    assert (maverick.experts, maverick.dense_blocks, maverick.dense_ffn) == (128, tuple(range(0, 48, 2)), 16384)
+    assert scout.nope_blocks == tuple(range(3, 48, 4)) and scout.qk_l2_norm and not maverick.qk_l2_norm
+    assert scout.rotary_interleaved and scout.expert_input_weighted and scout.router_sigmoid and not scout.expert_renorm
+    for model, sparse in ((scout, 48), (maverick, 24)):
+        inactive = sparse * (model.experts - 1) * 3 * 5120 * 8192
+        assert round((model.total_params(padded=False) - inactive) / 1e9) == 17
+    # at 8192 tokens: no chunk cuts, and the factor reaches the last token of the NoPE blocks alone
+    assert scout.chunk(0) == 0 and scout.query_scaled(3) and not scout.query_scaled(0)
+    assert not replace(scout, seq_len=8191).query_scaled(3)
+    longer = replace(scout, seq_len=16384)
+    assert longer.chunk(0) == 8192 and longer.chunk(3) == 0
+    causal, chunked = (layer_work(model, 1, 1, 1, 2, "sdpa")[0] for model in (replace(longer, attention_chunk=0),
+                                                                              longer))
+    assert chunked.gemm_flops > causal.gemm_flops  # (a masked square, not a causal kernel's half of it)
+    with pytest.raises(SailorError, match="a sigmoid router .* which sailor does not map onto Megatron-LM"):
+        megatron_model_args(scout)
+    llama3 = get_model(str(_write(tmp_path, PUBLISHED["Llama-3-8B"][0])))
+    mixtral = get_model(str(_write(tmp_path, PUBLISHED["Mixtral-8x7B"][0])))
+    for model, what in ((replace(llama3, attention_chunk=8192), "chunked attention"),
+                        (replace(llama3, qk_l2_norm=True), "q/k norms without weights"),
+                        (replace(mixtral, expert_input_weighted=True), "experts whose input is weighted")):
+        with pytest.raises(SailorError, match=what):
+            megatron_model_args(model)
+    for model in (scout, maverick):
+        (tmp_path / "back").mkdir(exist_ok=True)
+        back = get_model(str(_write(tmp_path / "back", to_hf_config(model))), seq_len=8192)
+        assert replace(back, name="").to_dict() == replace(model, name="").to_dict()
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"layer_types": ["full_attention"] * 48}, "layer_types must put chunked attention on the blocks with rotary "
+                                              "positions"),
+    ({"moe_layers": [48]}, "moe_layers must list block indices from 0 to 47, not \\[48\\]"),
+    ({"no_rope_layers": [1, 0]}, "no_rope_layers must list 1 .* or 0 .* for each of the 48 layers"),
+    ({"output_router_logits": True}, "output_router_logits adds a load-balancing loss"),
+])
+def test_bad_llama4_config_is_one_clear_error(tmp_path, change, needle):
+    with pytest.raises(SailorError, match=needle):
+        get_model(str(_write(tmp_path, {**_LLAMA4_SCOUT, **change})))
 
 
 def test_glm4_moe_details(tmp_path):

@@ -341,13 +341,20 @@ QWEN3_5_MOE = {**LLAMA, "model_type": "qwen3_5_moe_text", "head_dim": 16, "linea
 # groups), unrenormalised weights and a dense first block
 QWEN3_NEXT = {**QWEN3_5_MOE, "model_type": "qwen3_next", "norm_topk_prob": False, "mlp_only_layers": [0]}
 
+# Llama 4's: experts on every other block whose inputs the sigmoid router weighs, an ungated shared expert, a NoPE
+# fourth block whose q grows beyond 15 tokens, chunks of 16 tokens and L2 q/k norms on the others
+LLAMA4 = {**LLAMA, "model_type": "llama4_text", "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+          "intermediate_size": 32, "intermediate_size_mlp": 128, "interleave_moe_layer_step": 2,
+          "attention_chunk_size": 16, "floor_scale": 16, "attn_scale": 0.5}
+
 
 @pytest.fixture(scope="module")
 def moe_configs(tmp_path_factory):
     """config.json paths of the mixtures of experts tested here, by family."""
     configs = {}
     for family, fields in (("mixtral", MIXTRAL), ("gpt_oss", GPT_OSS), ("deepseek_v3", DEEPSEEK),
-                           ("deepseek_v2", DEEPSEEK_V2), ("qwen3_5_moe", QWEN3_5_MOE), ("qwen3_next", QWEN3_NEXT)):
+                           ("deepseek_v2", DEEPSEEK_V2), ("qwen3_5_moe", QWEN3_5_MOE), ("qwen3_next", QWEN3_NEXT),
+                           ("llama4", LLAMA4)):
         configs[family] = tmp_path_factory.mktemp(family) / "config.json"
         configs[family].write_text(json.dumps(fields))
     return configs
@@ -358,7 +365,8 @@ def mixtral_config(moe_configs):
     return moe_configs["mixtral"]
 
 
-@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen3_5_moe", "qwen3_next"])
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen3_5_moe", "qwen3_next",
+                                    "llama4"])
 @pytest.mark.parametrize("name", ["tp_per_replica", "combined_recompute"])
 def test_mixture_of_experts_plan_matches_single_process(family, name, runs_dir, reference, moe_configs):
     config = moe_configs[family]

@@ -63,6 +63,14 @@ def _small(kind: str):
             "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
     if kind == "mistral":
         return transformers.MistralConfig(**llama, sliding_window=8)
+    if kind == "llama4":  # experts (2 of 4, inputs weighted) on blocks 1 and 3, a NoPE block 3 with its q scaled
+        # beyond 7 tokens, chunks of 16 tokens and L2 q/k norms on the others, LLaMA 3.1's rotary scaling
+        return transformers.Llama4TextConfig(
+            **{**llama, "intermediate_size": 32, "num_hidden_layers": 4}, intermediate_size_mlp=96, head_dim=16,
+            num_local_experts=4, num_experts_per_tok=2, interleave_moe_layer_step=2, attention_chunk_size=16,
+            floor_scale=8, attn_scale=0.5, rope_parameters={
+                "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
     if kind == "ministral3":  # YaRN over an original context of 8, beyond which q grows (llama_4_scaling_beta)
         return transformers.Ministral3Config(**llama, head_dim=16, rope_parameters={
             "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 8,
@@ -262,7 +270,7 @@ FAMILIES = ("llama", "mistral", "ministral3", "qwen2", "qwen3", "granite", "smol
             "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3",
             "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4",
             "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5",
-            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "phi", "opt",
+            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "phi", "opt",
             "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
@@ -518,12 +526,16 @@ VISION = {"qwen3_5": dict(depth=1, hidden_size=32, intermediate_size=32, num_hea
           "gemma3": dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                          image_size=28, patch_size=14),
           "mistral3": dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                           head_dim=16, image_size=28, patch_size=14)}
+                           head_dim=16, image_size=28, patch_size=14),
+          "llama4": dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         image_size=28, patch_size=14, vision_output_dim=32, projector_input_dim=32,
+                         projector_output_dim=32)}
 # the multimodal config around a small language model of ours (_small's kind)
 MULTIMODAL_CONFIGS = {
     "qwen3_5": ("qwen3_5", transformers.Qwen3_5Config),
     "gemma3": ("gemma3", lambda **kw: transformers.Gemma3Config(**kw, mm_tokens_per_image=1)),
-    "mistral3": ("mistral", lambda **kw: transformers.Mistral3Config(**kw, tie_word_embeddings=False))}
+    "mistral3": ("mistral", lambda **kw: transformers.Mistral3Config(**kw, tie_word_embeddings=False)),
+    "llama4": ("llama4", transformers.Llama4Config)}
 
 
 def _as_published(directory) -> None:
@@ -542,11 +554,11 @@ def _as_published(directory) -> None:
     (directory / "config.json").write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("kind", ["qwen3_5", "gemma3", "mistral3"])
+@pytest.mark.parametrize("kind", ["qwen3_5", "gemma3", "mistral3", "llama4"])
 def test_multimodal_checkpoint_trains_its_language_model(kind, tmp_path):
-    """Qwen3.5, Gemma 3 (4B and larger) and Mistral Small 3.1 are published as multimodal models: the language
-    model's config in text_config, its tensors under model.language_model (Mistral's: language_model.model, as
-    transformers 4 saved them), a vision tower beside them. Our plan loads the language model, trains as
+    """Qwen3.5, Gemma 3 (4B and larger), Mistral Small 3.1 and Llama 4 are published as multimodal models: the
+    language model's config in text_config, its tensors under model.language_model (Mistral's: language_model.model,
+    as transformers 4 saved them; Llama 4's so in transformers 5 too), a vision tower beside them. Our plan loads the language model, trains as
     transformers trains the whole model on text (the vision tower gets no gradient), and exports the language
     model as a checkpoint of its text model type with the trained tensors."""
     text_kind, config = MULTIMODAL_CONFIGS[kind]
@@ -561,7 +573,10 @@ def test_multimodal_checkpoint_trains_its_language_model(kind, tmp_path):
         # (transformers reads that layout as the model saved: untied, every tensor in place)
         loaded = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path / "hf").state_dict()
         assert all(torch.equal(loaded[name], t) for name, t in reference.state_dict().items())
-    _trains_like_transformers(reference.eval(), tmp_path / "hf", tmp_path)
+    # (transformers 5.24's Llama4ForConditionalGeneration fails on text alone, reading image_outputs off its
+    # language model's output: that language model, the same parameters, trains instead)
+    trainee = reference.language_model if kind == "llama4" else reference
+    _trains_like_transformers(trainee.eval(), tmp_path / "hf", tmp_path)
 
     out = tmp_path / "exported"
     done = subprocess.run([sys.executable, "-m", "planner.cli", "export", str(tmp_path / "run" / "ckpt"),
@@ -571,9 +586,11 @@ def test_multimodal_checkpoint_trains_its_language_model(kind, tmp_path):
     from safetensors.torch import load_file
 
     exported = load_file(out / "model.safetensors")
-    language_model = [name for name, _ in reference.named_parameters() if name.startswith("model.language_model.")]
-    trained = {name.replace("model.language_model.", "model."): p.detach() for name, p in reference.named_parameters()
-               if name in language_model or name == "lm_head.weight" and not reference.config.tie_word_embeddings}
+    ours = {"model.language_model.": "model.", "language_model.model.": "model.", "lm_head.": "lm_head.",
+            "language_model.lm_head.": "lm_head."}  # (the tied head is not saved)
+    trained = {ours[prefix] + name.removeprefix(prefix): p.detach() for name, p in reference.named_parameters()
+               for prefix in ours if name.startswith(prefix)
+               if not (prefix.endswith("lm_head.") and reference.config.tie_word_embeddings)}
     assert set(exported) == set(trained)
     for name, tensor in exported.items():
         assert (tensor - trained[name]).norm() <= 1e-4 * trained[name].norm(), name

@@ -50,6 +50,7 @@ class WeightRule:
       experts_gate_up_cat  all experts' fc1 stacked, each holding [gate; up] along its rows:
                  [E, 2 ffn, h] -> [E, 2, ffn, h]
       experts_t  all experts' tensors stacked, each as x @ W: [E, in, out] -> [E, out, in]
+      experts_gate_up_t  all experts' fc1 as x @ W, the gate's columns then up's: [E, h, 2 ffn] -> [E, 2, ffn, h]
       experts_gate_up_alternating  all experts' fc1 as x @ W with gate and up columns alternating,
                  [E, h, 2 ffn] -> [E, 2, ffn, h] (its bias [E, 2 ffn] -> [E, 2, ffn])
       qkv_gated  q_proj holding each head's [q; gate], k, v -> megatron's fused QKV with an output
@@ -88,13 +89,13 @@ class Family:
 
 def _families() -> dict[str, Family]:
     from planner.specs.families import (arcee, cohere, deepseek, exaone, gemma, glm, glm_moe, gpt2, gpt_neo, gpt_neox,
-                                        gpt_oss, llama, moe, olmo, opt, phi, phi3, qwen3_5, starcoder2)
+                                        gpt_oss, llama, llama4, moe, olmo, opt, phi, phi3, qwen3_5, starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
                                 olmo.FAMILY, phi.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
                                 cohere.FAMILY, glm.FAMILY, glm_moe.FAMILY, exaone.FAMILY, gpt_oss.FAMILY,
                                 deepseek.FAMILY, arcee.FAMILY, qwen3_5.FAMILY, qwen3_5.MOE_FAMILY,
-                                qwen3_5.NEXT_FAMILY, opt.FAMILY,
+                                qwen3_5.NEXT_FAMILY, llama4.FAMILY, opt.FAMILY,
                                 gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
@@ -293,6 +294,7 @@ HF_DEFAULTS = {
 # config when the config has none)
 MULTIMODAL = {
     "gemma3": (("gemma3_text",), {}), "qwen3_5": (("qwen3_5_text",), {}), "qwen3_5_moe": (("qwen3_5_moe_text",), {}),
+    "llama4": (("llama4_text",), {}),
     "mistral3": (("mistral", "ministral3"), {  # Mistral Small 3.1's language model
         "head_dim": 128, "hidden_size": 5120, "intermediate_size": 32768, "max_position_embeddings": 131072,
         "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
@@ -300,7 +302,7 @@ MULTIMODAL = {
 }
 _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                   "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "ministral3": "Ministral3ForCausalLM",
+                  "ministral3": "Ministral3ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                   "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM", "phi3": "Phi3ForCausalLM",
                   "starcoder2": "Starcoder2ForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM",
                   "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM", "cohere": "CohereForCausalLM",
