@@ -27,6 +27,7 @@ import torch.distributed as dist
 from planner.errors import SailorError
 from planner.launch import Layout
 from planner.outputs import append_record
+from planner.specs.families import unapplied_dropout
 from planner.specs.model import BLOCK, ModelSpec
 from planner.specs.plan import Plan
 from sailor_ext import checkpoint, compat, devices
@@ -525,6 +526,10 @@ class Trainer:
             if self.grad_sync.sharded:
                 print(f"sailor: distributed optimizer: rank 0 steps {self.optimizer.stepped_numel()} of its "
                       f"{sum(p.numel() for p in self.params.values())} parameters", flush=True)
+            dropout = unapplied_dropout(plan.model)
+            if dropout:
+                log(f"note: the model's config.json sets {', '.join(f'{k} {v:g}' for k, v in dropout.items())}; "
+                    "sailor trains without dropout")
         samples = [p.samples for p in plan.pipelines]
         tokens = plan.global_batch_size * self.model_spec.seq_len
         # SAILOR_CUDA_SYNC_DEBUG=1: any host synchronisation inside a step after the first raises (torch's sync

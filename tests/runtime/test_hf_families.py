@@ -367,7 +367,14 @@ def _trains_like_transformers(reference, hf_dir, tmp_path, *more: str, objective
 def test_family_trains_like_transformers(kind, tmp_path):
     hf_dir = tmp_path / "hf"
     reference = _hf_model(kind, hf_dir)
-    _, settled = _trains_like_transformers(reference, hf_dir, tmp_path)
+    run, settled = _trains_like_transformers(reference, hf_dir, tmp_path)
+    # transformers' reference trains in eval mode, without dropout, as we do: a config that sets it (GPT-2's and
+    # OPT's defaults) gets a note naming its fields
+    from planner.specs.families import DROPOUT_FIELDS
+
+    dropout = [k for k in DROPOUT_FIELDS if (getattr(reference.config, k, 0) or 0) > 0]
+    notes = [line for line in run.log(0).splitlines() if "sailor trains without dropout" in line]
+    assert len(notes) == bool(dropout) and all(f"{k} " in notes[0] for k in dropout), (dropout, notes)
 
     out = tmp_path / "exported"
     done = subprocess.run([sys.executable, "-m", "planner.cli", "export", str(tmp_path / "run" / "ckpt"),
@@ -627,14 +634,14 @@ def test_sharded_checkpoints_load_and_export(tmp_path):
         torch.testing.assert_close(loaded(tokens).logits, reference(tokens).logits, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5"])
+@pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5", "llama4"])
 def test_bf16_run_keeps_the_hf_weights_as_its_fp32_masters(kind, tmp_path):
     """--load-hf in a bf16 run: the fp32 Hugging Face weights become the masters as they are (the model
     computes with their bf16 rounding). With lr 0 one step leaves the masters unchanged, so the
     export gives back transformers' own tensors bitwise; the first loss is transformers' fp32 loss
     within bf16's error (measured 6.1e-5 relative for LLaMA, 1.4e-5 for Gemma 2, 1.1e-5 for Qwen3-MoE,
-    1.5e-4 for gpt-oss, 1.9e-4 for DeepSeek-V3, 1.3e-4 for Qwen3.5; tolerance 5e-4; see BF16_* in
-    test_equivalence.py)."""
+    1.5e-4 for gpt-oss, 1.9e-4 for DeepSeek-V3, 1.3e-4 for Qwen3.5, 4.7e-5 for Llama 4; tolerance 5e-4; see
+    BF16_* in test_equivalence.py)."""
     from planner.specs.model import get_model
 
     hf_dir = tmp_path / "hf"

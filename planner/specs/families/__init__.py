@@ -247,6 +247,24 @@ def _language_model(cfg: dict, model_type: str, source: str) -> tuple[dict, str,
     return text, text_type, f"{source} text_config"
 
 
+# config.json fields of dropout probabilities, by transformers' names across families
+DROPOUT_FIELDS = ("dropout", "attention_dropout", "hidden_dropout", "activation_dropout", "resid_pdrop", "embd_pdrop",
+                  "attn_pdrop", "embed_dropout", "resid_dropout", "residual_dropout", "embedding_dropout",
+                  "hidden_dropout_prob", "attention_probs_dropout_prob", "ffn_dropout", "layerdrop")
+
+
+def unapplied_dropout(name_or_path: str) -> dict[str, float]:
+    """The dropout probabilities above 0 that a model's config.json sets (also in its text_config), which sailor's
+    runtime does not apply: it trains without dropout. {} for a preset, or a config without any."""
+    p = Path(name_or_path)
+    if not (p / "config.json").is_file() and not (p.suffix == ".json" and p.is_file()):
+        return {}
+    cfg, _ = read_config(p)
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    return {key: float(value) for c in (cfg, text) for key in DROPOUT_FIELDS
+            if isinstance(value := c.get(key), (int, float)) and not isinstance(value, bool) and value > 0}
+
+
 def to_hf_config(spec: ModelSpec) -> dict:
     """config.json fields that make transformers build `spec` (export)."""
     fam = family(spec.family)
