@@ -250,6 +250,9 @@ PUBLISHED["Llama-4-Scout-17B-16E"] = (_LLAMA4_SCOUT, 107_769_861_120)
 _LLAMA4_MAVERICK = {"model_type": "llama4_text", "num_local_experts": 128, "interleave_moe_layer_step": 2,
                     "use_qk_norm": False, "max_position_embeddings": 1048576}
 PUBLISHED["Llama-4-Maverick-17B-128E"] = (_LLAMA4_MAVERICK, 400_711_848_960)
+# Mistral Small 4's language model (transformers' Mistral4Config defaults, documented as Mistral-Small-4-119B-2603's)
+_MISTRAL_SMALL_4 = {"model_type": "mistral4"}
+PUBLISHED["Mistral-Small-4-119B"] = (_MISTRAL_SMALL_4, 118_972_826_624)
 # Qwen3.5-35B-A3B's language model (transformers' Qwen3_5MoeTextConfig defaults, which it documents as that
 # checkpoint's): 256 experts, 8 per token, a gated shared expert in each of 40 blocks, 30 of them Gated DeltaNet
 PUBLISHED["Qwen3.5-35B-A3B"] = ({"model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
@@ -268,7 +271,7 @@ PUBLISHED["Qwen3-Next-80B-A3B"] = ({"model_type": "qwen3_next", "hidden_size": 2
 
 @pytest.mark.parametrize("model_type, text", [("qwen3_5", _QWEN3_5_27B), ("gemma3", _GEMMA3_27B),
                                                ("mistral3", _MISTRAL_SMALL_3_1), ("mistral3", _MINISTRAL_3_8B),
-                                               ("llama4", _LLAMA4_SCOUT)])
+                                               ("llama4", _LLAMA4_SCOUT), ("mistral3", _MISTRAL_SMALL_4)])
 def test_multimodal_config_is_its_language_model(model_type, text, tmp_path):
     """Qwen3.5's, Gemma 3's (4B and larger) and Mistral Small 3.1's published configs nest the language model in
     text_config: the same model as that text_config alone (the vision tower is not read)."""
@@ -310,7 +313,9 @@ def transformers_count(cfg: dict) -> int:
     import torch
 
     with torch.device("meta"):
-        live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+        config = transformers.AutoConfig.for_model(**cfg)  # (5.24's auto classes lack Mistral 4's causal LM)
+        live = transformers.Mistral4ForCausalLM(config) if cfg["model_type"] == "mistral4" else \
+            transformers.AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in live.parameters()) + sum(b.numel() for name, b in live.named_buffers()
                                                             if name.endswith("e_score_correction_bias"))
 
@@ -906,7 +911,9 @@ def test_config_reads_as_transformers_builds_the_model(cfg, tmp_path):
 
     ours = get_model(str(_write(tmp_path, cfg)))
     with torch.device("meta"):
-        live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+        config = transformers.AutoConfig.for_model(**cfg)  # (5.24's auto classes lack Mistral 4's causal LM)
+        live = transformers.Mistral4ForCausalLM(config) if cfg["model_type"] == "mistral4" else \
+            transformers.AutoModelForCausalLM.from_config(config)
     attention = live.model.layers[0].self_attn
     assert ours.q_dim == attention.q_proj.out_features
     assert ours.rotary_dim == 2 * live.model.rotary_emb.inv_freq.numel()
@@ -998,7 +1005,9 @@ def test_deepseek_reads_as_transformers_builds_the_model(change, tmp_path):
     cfg = {k: v for k, v in cfg.items() if v is not None or k == "q_lora_rank"}
     ours = get_model(str(_write(tmp_path, cfg)))
     with torch.device("meta"):
-        live = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+        config = transformers.AutoConfig.for_model(**cfg)  # (5.24's auto classes lack Mistral 4's causal LM)
+        live = transformers.Mistral4ForCausalLM(config) if cfg["model_type"] == "mistral4" else \
+            transformers.AutoModelForCausalLM.from_config(config)
     attention = live.model.layers[0].self_attn
     q = attention.q_b_proj if attention.q_lora_rank is not None else attention.q_proj
     assert ours.q_dim == q.out_features and bool(ours.q_lora_rank) == (attention.q_lora_rank is not None)
@@ -1059,6 +1068,24 @@ def test_ministral3_details(tmp_path):
     assert replace(back, name="").to_dict() == replace(short_run, name="").to_dict()
     with pytest.raises(SailorError, match="a query scale that grows with the position is ministral3's alone"):
         to_hf_config(replace(short_run, hf_model_type="mistral"))
+
+
+def test_mistral4_details(tmp_path):
+    """Mistral Small 4: DeepSeek's latent attention (adjacent pairs rotated, YaRN's softmax scale) and experts
+    chosen by a softmax, 4 of 128, renormalised, with a shared one on every block; Ministral 3's query scale beyond
+    8192 tokens. The exported config reads back as the model; expert groups are refused."""
+    from planner.specs.families import to_hf_config
+
+    model = get_model(str(_write(tmp_path, _MISTRAL_SMALL_4)), seq_len=4096)
+    assert (model.experts, model.experts_per_token, model.expert_renorm, model.router_sigmoid) == (128, 4, True, False)
+    assert (model.kv_lora_rank, model.q_lora_rank, model.rope_head_dim, model.dense_blocks) == (256, 1024, 64, ())
+    assert (model.query_scale_beta, model.query_scale_span, model.rotary_interleaved) == (0.1, 8192, True)
+    assert model.attention_scale == pytest.approx(128 ** -0.5 * (0.1 * math.log(128) + 1) ** 2)
+    (tmp_path / "back").mkdir()
+    back = get_model(str(_write(tmp_path / "back", to_hf_config(model))), seq_len=4096)
+    assert replace(back, name="").to_dict() == replace(model, name="").to_dict()
+    with pytest.raises(SailorError, match="mistral4's expert groups .* are not supported; use n_group 1"):
+        get_model(str(_write(tmp_path, {**_MISTRAL_SMALL_4, "n_group": 4, "topk_group": 2})))
 
 
 @pytest.mark.parametrize("rope, needle", [

@@ -71,6 +71,16 @@ def _small(kind: str):
             floor_scale=8, attn_scale=0.5, rope_parameters={
                 "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    if kind == "mistral4":  # DeepSeek's latent attention and experts (softmax, renormalised, scaled; a dense first
+        # block) with q scaled beyond 7 tokens, YaRN
+        return transformers.Mistral4Config(
+            vocab_size=VOCAB, max_position_embeddings=64, hidden_size=64, intermediate_size=96,
+            moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+            kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+            n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+            routed_scaling_factor=1.5, rope_parameters={
+                "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
+                "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.5})
     if kind == "ministral3":  # YaRN over an original context of 8, beyond which q grows (llama_4_scaling_beta)
         return transformers.Ministral3Config(**llama, head_dim=16, rope_parameters={
             "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 8,
@@ -270,7 +280,7 @@ FAMILIES = ("llama", "mistral", "ministral3", "qwen2", "qwen3", "granite", "smol
             "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3",
             "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4",
             "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5",
-            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "phi", "opt",
+            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "phi", "opt",
             "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
@@ -286,9 +296,15 @@ def _perturb(model) -> None:
             b.copy_(torch.randn_like(b) * 0.1)
 
 
+def causal_lm(kind: str):
+    """transformers' class for the kind's causal language model (5.24's auto classes lack Mistral 4's)."""
+    return transformers.Mistral4ForCausalLM if kind == "mistral4" else transformers.AutoModelForCausalLM
+
+
 def _hf_model(kind: str, directory):
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_small(kind))
+    model = transformers.Mistral4ForCausalLM(_small(kind)) if kind == "mistral4" else \
+        transformers.AutoModelForCausalLM.from_config(_small(kind))
     _perturb(model)
     model.save_pretrained(directory)
     return model.eval()  # eval: no dropout (our runtime has none)
@@ -392,7 +408,7 @@ def test_family_trains_like_transformers(kind, tmp_path):
         off = diff.abs()[settled[name]] if name in settled else diff.abs()
         assert off.numel() == 0 or off.max() <= STEP_BOUND.get(kind, 0.01) * LR, (name, off.max().item())
 
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    loaded = causal_lm(kind).from_pretrained(out).eval()
     assert json.loads((out / "config.json").read_text())["model_type"] == reference.config.model_type
     tokens = _batch(STEPS)[:, :-1]
     with torch.no_grad():
@@ -400,7 +416,7 @@ def test_family_trains_like_transformers(kind, tmp_path):
         if kind in SENSITIVE:
             # the tolerance below is looser (SENSITIVE); the config alone is checked exactly: the exported weights
             # under the reference's own config give the same logits bitwise
-            as_reference = transformers.AutoModelForCausalLM.from_pretrained(out, config=reference.config).eval()
+            as_reference = causal_lm(kind).from_pretrained(out, config=reference.config).eval()
             assert torch.equal(logits, as_reference(tokens).logits)
         torch.testing.assert_close(logits, reference(tokens).logits, rtol=1e-4,
                                    atol=1e-4 if kind in SENSITIVE else 1e-5)

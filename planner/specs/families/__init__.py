@@ -1,10 +1,11 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
-One module per family (llama.py covers LLaMA, Mistral, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
+One module per family (llama.py covers LLaMA, Mistral, Ministral 3, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
 Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE, OLMoE and GraniteMoE; olmo.py OLMo 2 and 3; gemma.py
 Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5; exaone.py EXAONE 4;
-gpt_oss.py; deepseek.py DeepSeek-V2 and V3; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py,
-starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Each holds, as data, everything family-specific:
+gpt_oss.py; deepseek.py DeepSeek-V2 and V3 and Mistral 4; llama4.py Llama 4; qwen3_5.py Qwen3.5, Qwen3.5-MoE and
+Qwen3-Next; arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Multimodal configs
+are read as their language model (MULTIMODAL). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -94,7 +95,7 @@ def _families() -> dict[str, Family]:
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
                                 olmo.FAMILY, phi.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
                                 cohere.FAMILY, glm.FAMILY, glm_moe.FAMILY, exaone.FAMILY, gpt_oss.FAMILY,
-                                deepseek.FAMILY, arcee.FAMILY, qwen3_5.FAMILY, qwen3_5.MOE_FAMILY,
+                                deepseek.FAMILY, deepseek.MISTRAL4, arcee.FAMILY, qwen3_5.FAMILY, qwen3_5.MOE_FAMILY,
                                 qwen3_5.NEXT_FAMILY, llama4.FAMILY, opt.FAMILY,
                                 gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
@@ -291,6 +292,9 @@ HF_DEFAULTS = {
     "seed_oss": {"num_key_value_heads": 8, "attention_bias": True, "pad_token_id": 1},
     "helium": {"num_key_value_heads": 20, "rms_norm_eps": 1e-8, "rope_theta": 100000.0, "pad_token_id": 3},
     "arcee": {"rms_norm_eps": 1e-5},
+    "mistral4": {"pad_token_id": 11, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0, "original_max_position_embeddings": 8192,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
     "ministral3": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 262144,
                    "pad_token_id": 11, "rope_parameters": {
                        "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 16384,
@@ -313,7 +317,7 @@ HF_DEFAULTS = {
 MULTIMODAL = {
     "gemma3": (("gemma3_text",), {}), "qwen3_5": (("qwen3_5_text",), {}), "qwen3_5_moe": (("qwen3_5_moe_text",), {}),
     "llama4": (("llama4_text",), {}),
-    "mistral3": (("mistral", "ministral3"), {  # Mistral Small 3.1's language model
+    "mistral3": (("mistral", "ministral3", "mistral4"), {  # Mistral Small 3.1's language model
         "head_dim": 128, "hidden_size": 5120, "intermediate_size": 32768, "max_position_embeddings": 131072,
         "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
         "rope_theta": 1e9, "sliding_window": None, "vocab_size": 131072}),
@@ -333,5 +337,6 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+                  "mistral4": "Mistral4ForCausalLM",
                   "glm4_moe": "Glm4MoeForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
                   "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}

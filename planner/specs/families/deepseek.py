@@ -19,6 +19,10 @@ dense first blocks.
     group_limited_greedy (of the topk_group groups with the highest probability among n_group); its
     rotary positions always turn adjacent pairs; its experts' count may be named num_experts.
 
+Mistral 4 (mistral4: Mistral Small 4) has V3's attention and blocks with a softmax router (one group), its chosen
+probabilities renormalised (norm_topk_prob) and scaled, each block's experts in two tensors (gate_up_proj,
+down_proj), and Ministral 3's query scale (rope_parameters' llama_4_scaling_beta; ModelSpec.query_scale_beta).
+
 DeepSeek-V3's balancing moves the score biases between steps (auxiliary-loss-free); transformers keeps them
 fixed, and so do we unless the training argument --moe-router-bias-update-rate asks (sailor_ext/moe.py;
 --moe-aux-loss-coeff is its complementary sequence-wise loss). The multi-token prediction
@@ -52,7 +56,15 @@ V2_DEFAULTS = {"vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 1
                "routed_scaling_factor": 1.0, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
                "v_head_dim": 128, "qk_nope_head_dim": 128, "first_k_dense_replace": 0,
                "max_position_embeddings": 2048, "rms_norm_eps": 1e-6}
-DEFAULTS = {"deepseek_v3": V3_DEFAULTS, "deepseek_v2": V2_DEFAULTS}
+# transformers' Mistral4Config defaults (5.24; documented as Mistral-Small-4-119B-2603's); its rope parameters'
+# (YaRN with the query scale) are in families.HF_DEFAULTS
+MISTRAL4_DEFAULTS = {"vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 12288,
+                     "moe_intermediate_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 32,
+                     "n_shared_experts": 1, "n_routed_experts": 128, "routed_scaling_factor": 1.0, "kv_lora_rank": 256,
+                     "q_lora_rank": 1024, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 64,
+                     "num_experts_per_tok": 4, "first_k_dense_replace": 0, "max_position_embeddings": 1048576,
+                     "rms_norm_eps": 1e-6}
+DEFAULTS = {"deepseek_v3": V3_DEFAULTS, "deepseek_v2": V2_DEFAULTS, "mistral4": MISTRAL4_DEFAULTS}
 V2_TOPK = ("greedy", "group_limited_greedy")  # the topk_method values DeepSeek-V2's router runs
 
 
@@ -127,6 +139,12 @@ def from_hf(cfg, model_type: str) -> dict:
         cfg.int("q_lora_rank", defaults["q_lora_rank"])
     if v3:
         experts = sigmoid_experts(cfg, defaults, blocks)
+    elif model_type == "mistral4":  # a softmax router, its chosen probabilities renormalised (norm_topk_prob)
+        if cfg.int("n_group", 1) > 1:
+            raise SailorError(f"model config {cfg.source}: mistral4's expert groups (n_group > 1, scored by their "
+                              "two best probabilities) are not supported; use n_group 1")
+        experts = {**_experts(cfg, defaults, blocks, "num_local_experts"),
+                   "expert_renorm": cfg.bool("norm_topk_prob", True)}
     else:
         method = cfg.str("topk_method", "greedy")
         if method not in V2_TOPK:
@@ -145,8 +163,8 @@ def from_hf(cfg, model_type: str) -> dict:
         separate_final_norm=True, head_dim_override=head if head * heads != d["hidden_size"] else 0,
         activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("rms_norm_eps", defaults["rms_norm_eps"]),
         rope_theta=theta, rope_scaling=scaling, pad_token=cfg.pad_token(None),
-        rotary_interleaved=cfg.bool("rope_interleave", True) if v3 else True,
-        attention_scale=_softmax_scale(cfg, head),
+        rotary_interleaved=cfg.bool("rope_interleave", True) if model_type != "deepseek_v2" else True,
+        attention_scale=_softmax_scale(cfg, head), **(llama._query_scale(cfg) if model_type == "mistral4" else {}),
         kv_lora_rank=d["kv_lora_rank"], q_lora_rank=q_rank, rope_head_dim=d["qk_rope_head_dim"],
         v_head_dim=d["v_head_dim"], **experts,
     )
@@ -154,12 +172,14 @@ def from_hf(cfg, model_type: str) -> dict:
 
 def to_hf(spec: ModelSpec) -> dict:
     model_type = spec.hf_model_type or ("deepseek_v3" if spec.router_sigmoid else "deepseek_v2")
-    v3 = model_type == "deepseek_v3"
+    v3, mistral4 = model_type == "deepseek_v3", model_type == "mistral4"
     if not spec.latent or (spec.router_sigmoid, spec.expert_score_bias) != (v3, v3) or \
-            (not v3 and (spec.expert_renorm or not spec.rotary_interleaved)) or spec.qk_norm or spec.nope_blocks:
+            (model_type == "deepseek_v2" and (spec.expert_renorm or not spec.rotary_interleaved)) or spec.qk_norm or \
+            spec.nope_blocks or bool(spec.query_scale_span) != mistral4 or (mistral4 and spec.expert_groups > 1):
         raise SailorError(f"{spec.name} cannot be written as a {model_type} config: it has latent attention and a "
                           "sigmoid router with score biases (deepseek_v3) or a softmax router with unrenormalised "
-                          "weights and adjacent pairs rotated (deepseek_v2)")
+                          "weights and adjacent pairs rotated (deepseek_v2), or with renormalised weights, one "
+                          "group and a query scale (mistral4)")
     scale = spec.attention_scale or spec.head_dim ** -0.5
     rope = llama.hf_rope(spec)
     if abs(scale * spec.head_dim ** 0.5 - 1) > 1e-12:  # the softmax scale is (mscale_all_dim's factor)^2
@@ -178,7 +198,10 @@ def to_hf(spec: ModelSpec) -> dict:
         "qk_rope_head_dim": spec.rope_head_dim, "qk_nope_head_dim": spec.head_dim - spec.rope_head_dim,
         "v_head_dim": spec.v_head_dim, **experts_to_hf(spec, model_type),
     }
-    if v3:
+    if mistral4:
+        rope.update(llama_4_scaling_beta=spec.query_scale_beta, original_max_position_embeddings=spec.query_scale_span)
+        cfg.update(rope_interleave=spec.rotary_interleaved, norm_topk_prob=spec.expert_renorm)
+    elif v3:
         cfg.update(rope_interleave=spec.rotary_interleaved)
     else:
         cfg.update(mlp_bias=False, topk_method="group_limited_greedy" if spec.expert_groups > 1 else "greedy")
@@ -227,3 +250,10 @@ WEIGHTS = replace(llama.WEIGHTS, block=(
     WeightRule("pre_mlp_layernorm.weight", (_LAYER + "post_attention_layernorm.weight",)), *EXPERT_RULES))
 
 FAMILY = Family("deepseek", ("deepseek_v2", "deepseek_v3"), from_hf, to_hf, WEIGHTS)
+# Mistral 4: DeepSeek's tensors with each block's experts in two, as transformers 5 keeps them: gate_up_proj
+# [E, 2 ffn, h] (the gate's rows, then up's) and down_proj [E, h, ffn]; no score bias
+MISTRAL4 = Family("mistral4", ("mistral4",), from_hf, to_hf, replace(WEIGHTS, block=tuple(
+    r for r in WEIGHTS.block if r.blocks != "sparse" or r.ours.startswith("mlp.shared_expert.")
+    or r.ours == "mlp.router.weight") + (
+    WeightRule("mlp.linear_fc1.weight", (_MLP + "experts.gate_up_proj",), "experts_gate_up_cat", "sparse"),
+    WeightRule("mlp.linear_fc2.weight", (_MLP + "experts.down_proj",), blocks="sparse"))))
