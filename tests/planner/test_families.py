@@ -253,6 +253,12 @@ PUBLISHED["Llama-4-Maverick-17B-128E"] = (_LLAMA4_MAVERICK, 400_711_848_960)
 # Mistral Small 4's language model (transformers' Mistral4Config defaults, documented as Mistral-Small-4-119B-2603's)
 _MISTRAL_SMALL_4 = {"model_type": "mistral4"}
 PUBLISHED["Mistral-Small-4-119B"] = (_MISTRAL_SMALL_4, 118_972_826_624)
+# MiniMax-M2: 256 experts, 8 per token, in each of 62 blocks; transformers' count with the score biases (buffers)
+_MINIMAX_M2 = {"model_type": "minimax_m2", "hidden_size": 3072, "intermediate_size": 1536, "num_hidden_layers": 62,
+               "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "rotary_dim": 64,
+               "num_local_experts": 256, "num_experts_per_tok": 8, "vocab_size": 200064,
+               "max_position_embeddings": 196608, "rope_theta": 5000000}
+PUBLISHED["MiniMax-M2"] = (_MINIMAX_M2, 228_689_764_864)
 # Qwen3.5-35B-A3B's language model (transformers' Qwen3_5MoeTextConfig defaults, which it documents as that
 # checkpoint's): 256 experts, 8 per token, a gated shared expert in each of 40 blocks, 30 of them Gated DeltaNet
 PUBLISHED["Qwen3.5-35B-A3B"] = ({"model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
@@ -1068,6 +1074,27 @@ def test_ministral3_details(tmp_path):
     assert replace(back, name="").to_dict() == replace(short_run, name="").to_dict()
     with pytest.raises(SailorError, match="a query scale that grows with the position is ministral3's alone"):
         to_hf_config(replace(short_run, hf_model_type="mistral"))
+
+
+def test_minimax_m2_details(tmp_path):
+    """MiniMax-M2: 10 B of its 229 B parameters active (8 of 256 experts; the embeddings left out), q and k
+    normalised across all heads, half of each head rotated, DeepSeek-V3's router without groups or scale. The
+    exported config reads back as the model; Megatron-LM refuses the router."""
+    from planner.specs.families import to_hf_config
+    from planner.targets.megatron_lm import megatron_model_args
+
+    model = get_model(str(_write(tmp_path, _MINIMAX_M2)))
+    assert (model.rotary_dim, model.qk_norm_full, model.router_sigmoid, model.expert_score_bias) == (64, True, True, True)
+    assert model.expert_renorm and (model.expert_groups, model.routed_scale, model.shared_expert_ffn) == (1, 1.0, 0)
+    inactive, embeddings = 62 * (256 - 8) * 3 * 3072 * 1536, 2 * 200064 * 3072
+    assert round((model.total_params(padded=False) - inactive - embeddings) / 1e9) == 10
+    (tmp_path / "back").mkdir()
+    back = get_model(str(_write(tmp_path / "back", to_hf_config(model))))
+    assert replace(back, name="").to_dict() == replace(model, name="").to_dict()
+    with pytest.raises(SailorError, match="sigmoid router"):
+        megatron_model_args(model)
+    with pytest.raises(SailorError, match="router_jitter_noise is not supported"):
+        get_model(str(_write(tmp_path, {**_MINIMAX_M2, "router_jitter_noise": 0.1})))
 
 
 def test_mistral4_details(tmp_path):

@@ -81,6 +81,10 @@ def _small(kind: str):
             routed_scaling_factor=1.5, rope_parameters={
                 "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.5})
+    if kind == "minimax_m2":  # q and k normalised across all heads, half of each head rotated, a sigmoid router
+        # whose scores plus a fixed bias per expert choose 2 of 4
+        return transformers.MiniMaxM2Config(**{**llama, "intermediate_size": 32}, head_dim=16, rotary_dim=8,
+                                            num_local_experts=4, num_experts_per_tok=2)
     if kind == "ministral3":  # YaRN over an original context of 8, beyond which q grows (llama_4_scaling_beta)
         return transformers.Ministral3Config(**llama, head_dim=16, rope_parameters={
             "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 8,
@@ -280,7 +284,7 @@ FAMILIES = ("llama", "mistral", "ministral3", "qwen2", "qwen3", "granite", "smol
             "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3",
             "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4",
             "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5",
-            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "phi", "opt",
+            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2", "phi", "opt",
             "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 

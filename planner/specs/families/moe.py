@@ -8,7 +8,9 @@ chosen experts' probabilities; Qwen2/3-MoE (num_experts, moe_intermediate_size) 
 (shared_expert_intermediate_size) gated by a sigmoid, and its q/k/v biases are `qkv_bias`. OLMoE
 normalises q and k across all heads, as OLMo 2 (olmo.py), with LLaMA's pre-norms. Checkpoints keep one tensor
 per expert (`experts.{e}.w1`, or `gate_proj`), as the published ones and transformers' save_pretrained do.
-GraniteMoE (num_local_experts, intermediate_size) is Granite's block (its multipliers, llama.py) with experts
+MiniMax-M2 (minimax_m2) normalises q and k across all heads as OLMoE, rotates a share of each head (rotary_dim),
+and routes as DeepSeek-V3 (a sigmoid router whose scores plus a fixed bias per expert choose, renormalised;
+deepseek.py) with Mixtral's names. GraniteMoE (num_local_experts, intermediate_size) is Granite's block (its multipliers, llama.py) with experts
 that renormalise, kept as one tensor per block and projection (input_linear [E, 2 ffn, h] holding [gate; up],
 output_linear [E, h, ffn]); GraniteMoeShared adds a shared expert (shared_intermediate_size) without a gate.
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.errors import SailorError
-from planner.specs.families import Family, WeightMap, WeightRule, llama, olmo
+from planner.specs.families import Family, WeightMap, WeightRule, llama, olmo, phi3
 from planner.specs.model import ModelSpec
 
 _LAYER = "model.layers.{i}."
@@ -58,6 +60,14 @@ def from_hf(cfg, model_type: str) -> dict:
         experts, renorm, top_k = cfg.int(key, 8), True, cfg.int("num_experts_per_tok", 2)
         if model_type == "granitemoeshared" and cfg.cfg.get("shared_intermediate_size") not in (None, 0):  # 0: none
             fields.update(shared_expert_ffn=cfg.int("shared_intermediate_size", 0), shared_expert_gated=False)
+    elif model_type == "minimax_m2":  # (its released configs give the rotated share as rotary_dim)
+        if cfg.cfg.get("router_jitter_noise") not in (None, 0, 0.0):
+            raise SailorError(f"model config {cfg.source}: router_jitter_noise is not supported; set it to 0")
+        experts, renorm, top_k = cfg.int(key, 256), True, cfg.int("num_experts_per_tok", 8)
+        head_dim = fields["head_dim_override"] or fields["hidden"] // fields["heads"]
+        fraction = cfg.int("rotary_dim") / head_dim if cfg.has("rotary_dim") else phi3.rotary_fraction(cfg)
+        fields.update(qk_norm=True, qk_norm_full=True, router_sigmoid=True, expert_score_bias=True,
+                      rotary_fraction=fraction)
     elif model_type == "olmoe":
         if cfg.has("clip_qkv"):
             raise SailorError(f"model config {cfg.source}: clip_qkv is not supported; set it to null")
@@ -82,6 +92,11 @@ def to_hf(spec: ModelSpec) -> dict:
     model_type = spec.hf_model_type or "mixtral"
     if spec.windows and len(set(spec.windows)) > 1:
         raise SailorError(f"{spec.name}: {model_type}'s config windows every block or none, not some of them")
+    if (spec.router_sigmoid, spec.expert_score_bias, spec.qk_norm_full) != ((model_type == "minimax_m2",) * 3) or \
+            spec.expert_groups > 1 or spec.routed_scale != 1 or (spec.rotary_fraction < 1) > (model_type == "minimax_m2"):
+        raise SailorError(f"{spec.name}: {model_type}'s config cannot express its router, q/k norms or rotary share "
+                          "(a sigmoid router with score biases, q and k normalised across all heads and a rotated "
+                          "share of each head are minimax_m2's)")
     if model_type == "mixtral" and (spec.qk_norm or spec.qkv_bias or not spec.expert_renorm):
         raise SailorError(f"{spec.name}: mixtral's config cannot express q/k norms, q/k/v biases or unrenormalised "
                           "expert weights")
@@ -93,13 +108,17 @@ def to_hf(spec: ModelSpec) -> dict:
         raise SailorError(f"{spec.name}: {model_type}'s config cannot express unrenormalised expert weights")
     # the attention's fields as the dense model of the same attention writes them (OLMoE's q/k norms: its own)
     base = {"qwen3_moe": "qwen3", "qwen2_moe": "qwen2", "olmoe": "llama", "granitemoe": "granite",
-            "granitemoeshared": "granite"}.get(model_type, "mistral")
+            "granitemoeshared": "granite", "minimax_m2": "llama"}.get(model_type, "mistral")
     cfg = llama.to_hf(replace(spec, experts=0, experts_per_token=0, shared_expert_ffn=0, shared_expert_gated=True,
-                              qk_norm=spec.qk_norm and base == "qwen3",
+                              qk_norm=spec.qk_norm and base == "qwen3", router_sigmoid=False, expert_score_bias=False,
                               qk_norm_full=False, hf_model_type=base))
     cfg.update(model_type=model_type, num_experts_per_tok=spec.experts_per_token, output_router_logits=False)
-    if model_type == "mixtral":
+    if model_type in ("mixtral", "minimax_m2"):
         cfg.update(num_local_experts=spec.experts, router_jitter_noise=0.0)
+    if model_type == "minimax_m2":
+        for key in ("attention_bias", "mlp_bias"):
+            cfg.pop(key)
+        cfg["rope_parameters"]["partial_rotary_factor"] = spec.rotary_fraction
     elif model_type in GRANITE:
         cfg.pop("mlp_bias")
         cfg.update(num_local_experts=spec.experts)
@@ -138,6 +157,9 @@ QWEN2_MOE = Family("qwen2_moe", ("qwen2_moe",), from_hf, to_hf, replace(QWEN3_MO
                                                        _LAYER + "mlp.shared_expert.up_proj.weight"), "gate_up"),
     WeightRule("mlp.shared_expert.linear_fc2.weight", (_LAYER + "mlp.shared_expert.down_proj.weight",)),
     WeightRule("mlp.shared_gate.weight", (_LAYER + "mlp.shared_expert_gate.weight",)))))
+MINIMAX_M2 = Family("minimax_m2", ("minimax_m2",), from_hf, to_hf, replace(MIXTRAL.weights, block=(
+    *MIXTRAL.weights.block,
+    WeightRule("mlp.router.score_bias", (_LAYER + "block_sparse_moe.e_score_correction_bias",)))))
 GRANITE_MOE = Family("granitemoe", GRANITE, from_hf, to_hf, replace(llama.WEIGHTS, block=(
     *(r for r in llama.WEIGHTS.block if not r.ours.startswith("mlp.")),
     WeightRule("mlp.router.weight", (_LAYER + "block_sparse_moe.router.layer.weight",)),
