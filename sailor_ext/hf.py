@@ -112,6 +112,8 @@ def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torc
     op = rule.op
     if op == "copy":
         return [tensor]
+    if op == "row":
+        return [tensor[None]]
     if op == "t":
         return [tensor.t()]
     if op == "vocab":
@@ -169,6 +171,8 @@ def local_slice(weights: "HFWeights", model: ModelSpec, rule: WeightRule, names:
     start, stop = shard.local_range() if dim is not None else (None, None)
     if op == "copy":
         out = weights.get(names[0], dim, start, stop)
+    elif op == "row":  # [1, n] -> [n], replicated
+        out = weights.get(names[0])[0]
     elif op == "t":
         out = weights.get(names[0], None if dim is None else 1 - dim, start, stop).t()
     elif op == "vocab":  # rows beyond the vocabulary are the runtime's padding: zeros

@@ -211,8 +211,12 @@ class MoE(nn.Module):
 
     def _softmax_route(self, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The top k of the softmax probabilities (DeepSeek-V2's group-limited routing: among the groups_per_token
-        groups whose best probability is highest). Returns (weights, chosen [tokens, k], the probabilities)."""
+        groups whose best probability is highest; ERNIE 4.5's: chosen by the probabilities plus the fixed score
+        bias, weighed by the probabilities). Returns (weights, chosen [tokens, k], the probabilities)."""
         probs = torch.softmax(logits, dim=-1)
+        if hasattr(self.router, "score_bias"):
+            chosen = torch.topk(probs + self.router.score_bias.float(), self.top_k, dim=-1).indices
+            return probs.gather(1, chosen), chosen, probs
         if self.groups > 1:
             weights, chosen = torch.topk(self._best_groups(probs, probs.view(probs.size(0), self.groups, -1)
                                                            .amax(dim=-1), 0.0), self.top_k, dim=-1)
@@ -235,11 +239,11 @@ class MoE(nn.Module):
     def balance_reads(self, probs: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What the balancing loss reads of a routing (probabilities [tokens, E], chosen [tokens, k]), as
         DeepSeek-V3's sequence-wise loss and Megatron-LM define it: a sigmoid router's scores normalised to sum
-        to 1 per token; with a sigmoid router or expert groups, each token's top k of those, unbiased and
-        ungrouped, in place of the experts chosen."""
+        to 1 per token; with a sigmoid router, expert groups or score biases, each token's top k of those, unbiased
+        and ungrouped, in place of the experts chosen."""
         if self.sigmoid:
             probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20)
-        if self.sigmoid or self.groups > 1:
+        if self.sigmoid or self.groups > 1 or hasattr(self.router, "score_bias"):
             chosen = torch.topk(probs, self.top_k, dim=-1).indices
         return probs, chosen
 

@@ -301,8 +301,9 @@ class ModelSpec:
             raise SailorError(f"model {self.name!r}: {self.experts} experts in {groups} groups (n_group), each token's "
                               f"{self.experts_per_token} from {per_token} of them (topk_group): the groups must "
                               "split the experts evenly, at least 2 to a group, and hold the experts a token takes")
-        if self.expert_score_bias and not self.router_sigmoid:
-            raise SailorError(f"model {self.name!r}: expert score biases go with a sigmoid router (router_sigmoid)")
+        if self.expert_score_bias and not self.router_sigmoid and self.expert_groups > 1:
+            raise SailorError(f"model {self.name!r}: expert score biases go with a sigmoid router (router_sigmoid) "
+                              "or a softmax router without expert groups")
         if any(isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < self.num_blocks for b in
                self.dense_blocks) or list(self.dense_blocks) != sorted(set(self.dense_blocks)) or \
                 bool(self.dense_blocks) != bool(self.dense_ffn):

@@ -259,6 +259,9 @@ _MINIMAX_M2 = {"model_type": "minimax_m2", "hidden_size": 3072, "intermediate_si
                "num_local_experts": 256, "num_experts_per_tok": 8, "vocab_size": 200064,
                "max_position_embeddings": 196608, "rope_theta": 5000000}
 PUBLISHED["MiniMax-M2"] = (_MINIMAX_M2, 228_689_764_864)
+# ERNIE-4.5-21B-A3B (transformers' Ernie4_5_MoeConfig defaults, documented as that checkpoint's): 21.8 B
+_ERNIE_MOE = {"model_type": "ernie4_5_moe"}
+PUBLISHED["ERNIE-4.5-21B-A3B"] = (_ERNIE_MOE, 21_825_437_888)
 # Qwen3.5-35B-A3B's language model (transformers' Qwen3_5MoeTextConfig defaults, which it documents as that
 # checkpoint's): 256 experts, 8 per token, a gated shared expert in each of 40 blocks, 30 of them Gated DeltaNet
 PUBLISHED["Qwen3.5-35B-A3B"] = ({"model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
@@ -1095,6 +1098,28 @@ def test_minimax_m2_details(tmp_path):
         megatron_model_args(model)
     with pytest.raises(SailorError, match="router_jitter_noise is not supported"):
         get_model(str(_write(tmp_path, {**_MINIMAX_M2, "router_jitter_noise": 0.1})))
+
+
+def test_ernie4_5_moe_details(tmp_path):
+    """ERNIE-4.5-21B-A3B: 3 B of its 21.8 B parameters active (6 of 64 experts and 2 shared, the embedding
+    once, tied), a dense first block, experts chosen by softmax plus a fixed bias. The exported config reads back
+    as the model; experts on blocks that are not one run, or biases on the linears, are refused."""
+    from planner.specs.families import to_hf_config
+
+    model = get_model(str(_write(tmp_path, _ERNIE_MOE)))
+    assert (model.experts, model.experts_per_token, model.dense_blocks, model.shared_expert_ffn) == (64, 6, (0,), 3072)
+    assert model.expert_score_bias and not model.router_sigmoid and model.expert_renorm and model.rotary_interleaved
+    inactive, embedding = 27 * (64 - 6) * 3 * 2560 * 1536, 103424 * 2560
+    assert round((model.total_params(padded=False) - inactive - embedding) / 1e9) == 3
+    (tmp_path / "back").mkdir()
+    back = get_model(str(_write(tmp_path / "back", to_hf_config(model))))
+    assert replace(back, name="").to_dict() == replace(model, name="").to_dict()
+    interval = get_model(str(_write(tmp_path, {**_ERNIE_MOE, "moe_layer_interval": 2})))
+    assert interval.dense_blocks == tuple(range(0, 28, 2))
+    with pytest.raises(SailorError, match="ernie4_5_moe's config puts experts on one run of blocks"):
+        to_hf_config(interval)
+    with pytest.raises(SailorError, match="ernie4_5_moe's experts' linears have no biases; set use_bias to false"):
+        get_model(str(_write(tmp_path, {**_ERNIE_MOE, "use_bias": True})))
 
 
 def test_mistral4_details(tmp_path):

@@ -348,13 +348,19 @@ LLAMA4 = {**LLAMA, "model_type": "llama4_text", "head_dim": 8, "num_local_expert
           "attention_chunk_size": 16, "floor_scale": 16, "attn_scale": 0.5}
 
 
+# ERNIE-4.5-MoE's: a dense first block, a softmax router choosing by its probabilities plus a score bias (zero from
+# the seed), a shared expert
+ERNIE_MOE = {**LLAMA, "model_type": "ernie4_5_moe", "moe_intermediate_size": 32, "moe_num_experts": 4, "moe_k": 2,
+             "moe_num_shared_experts": 1, "moe_layer_start_index": 1}
+
+
 @pytest.fixture(scope="module")
 def moe_configs(tmp_path_factory):
     """config.json paths of the mixtures of experts tested here, by family."""
     configs = {}
     for family, fields in (("mixtral", MIXTRAL), ("gpt_oss", GPT_OSS), ("deepseek_v3", DEEPSEEK),
                            ("deepseek_v2", DEEPSEEK_V2), ("qwen3_5_moe", QWEN3_5_MOE), ("qwen3_next", QWEN3_NEXT),
-                           ("llama4", LLAMA4)):
+                           ("llama4", LLAMA4), ("ernie4_5_moe", ERNIE_MOE)):
         configs[family] = tmp_path_factory.mktemp(family) / "config.json"
         configs[family].write_text(json.dumps(fields))
     return configs
@@ -366,7 +372,7 @@ def mixtral_config(moe_configs):
 
 
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen3_5_moe", "qwen3_next",
-                                    "llama4"])
+                                    "llama4", "ernie4_5_moe"])
 @pytest.mark.parametrize("name", ["tp_per_replica", "combined_recompute"])
 def test_mixture_of_experts_plan_matches_single_process(family, name, runs_dir, reference, moe_configs):
     config = moe_configs[family]

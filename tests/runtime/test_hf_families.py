@@ -81,6 +81,10 @@ def _small(kind: str):
             routed_scaling_factor=1.5, rope_parameters={
                 "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.5})
+    if kind == "ernie4_5_moe":  # a dense first block; 2 of 4 experts chosen by softmax plus a fixed bias each, a
+        # shared expert; adjacent pairs rotated
+        return transformers.Ernie4_5_MoeConfig(**llama, moe_intermediate_size=32, moe_num_experts=4, moe_k=2,
+                                               moe_num_shared_experts=1, moe_layer_start_index=1)
     if kind == "minimax_m2":  # q and k normalised across all heads, half of each head rotated, a sigmoid router
         # whose scores plus a fixed bias per expert choose 2 of 4
         return transformers.MiniMaxM2Config(**{**llama, "intermediate_size": 32}, head_dim=16, rotary_dim=8,
@@ -280,12 +284,12 @@ STEP_BOUND = {kind: 0.02 for kind in ("qwen3_5", "qwen3_5-attention", "qwen3_5_m
 # -740 within the 31 tokens), 1.03 % (Qwen3-Next) with A in [0.2, 1], used here, and 2.1 % with A in [0.1, 0.5].
 # Hence 2 % for these kinds (STEP_BOUND) and the looser logits (SENSITIVE: 5.7e-5 measured). Step-1 gradients agree at
 # 1e-6, and every element equals the single process's under SGD (test_equivalence.py).
-FAMILIES = ("llama", "mistral", "ministral3", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium", "arcee",
-            "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3",
-            "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4",
-            "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5",
-            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2", "phi", "opt",
-            "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+FAMILIES = ("llama", "mistral", "ministral3", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium",
+            "arcee", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3",
+            "phi3", "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm",
+            "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5",
+            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2", "ernie4_5_moe", "phi",
+            "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 @torch.no_grad()

@@ -1,11 +1,12 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
 One module per family (llama.py covers LLaMA, Mistral, Ministral 3, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
-Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE, OLMoE, MiniMax-M2 and GraniteMoE; olmo.py OLMo 2 and 3; gemma.py
-Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5; exaone.py EXAONE 4;
-gpt_oss.py; deepseek.py DeepSeek-V2 and V3 and Mistral 4; llama4.py Llama 4; qwen3_5.py Qwen3.5, Qwen3.5-MoE and
-Qwen3-Next; arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Multimodal configs
-are read as their language model (MULTIMODAL). Each holds, as data, everything family-specific:
+Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE, OLMoE, ERNIE-4.5-MoE, MiniMax-M2 and GraniteMoE; olmo.py OLMo 2
+and 3; gemma.py Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5;
+exaone.py EXAONE 4; gpt_oss.py; deepseek.py DeepSeek-V2 and V3 and Mistral 4; llama4.py Llama 4; qwen3_5.py
+Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py,
+gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each holds, as data, everything
+family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -38,6 +39,7 @@ class WeightRule:
     op: how the layouts differ:
       copy       the same tensor
       t          transposed (GPT-2's Conv1D keeps weights as [in, out])
+      row        a vector kept as a matrix of one row, [1, n] -> [n] (ERNIE 4.5's expert score biases)
       qkv        q, k, v (Linear weights or biases) -> megatron's fused QKV, grouped by
                  query group: [q heads of group g, k_g, v_g] for each group g
       qkv_cat    one tensor holding [q; k; v] along its output rows -> the same grouping
@@ -93,7 +95,7 @@ def _families() -> dict[str, Family]:
                                         gpt_oss, llama, llama4, moe, olmo, opt, phi, phi3, qwen3_5, starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
-                                moe.MINIMAX_M2,
+                                moe.MINIMAX_M2, moe.ERNIE_MOE,
                                 olmo.FAMILY, phi.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
                                 cohere.FAMILY, glm.FAMILY, glm_moe.FAMILY, exaone.FAMILY, gpt_oss.FAMILY,
                                 deepseek.FAMILY, deepseek.MISTRAL4, arcee.FAMILY, qwen3_5.FAMILY, qwen3_5.MOE_FAMILY,
@@ -293,6 +295,9 @@ HF_DEFAULTS = {
     "seed_oss": {"num_key_value_heads": 8, "attention_bias": True, "pad_token_id": 1},
     "helium": {"num_key_value_heads": 20, "rms_norm_eps": 1e-8, "rope_theta": 100000.0, "pad_token_id": 3},
     "arcee": {"rms_norm_eps": 1e-5},
+    "ernie4_5_moe": {"vocab_size": 103424, "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 28,
+                     "num_attention_heads": 20, "num_key_value_heads": 4, "max_position_embeddings": 131072,
+                     "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "pad_token_id": 0, "tie_word_embeddings": True},
     "minimax_m2": {"num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "max_position_embeddings": 196608,
                    "rope_theta": 5e6, "intermediate_size": 1536},
     "mistral4": {"pad_token_id": 11, "rope_parameters": {
@@ -341,5 +346,6 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                   "mistral4": "Mistral4ForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
+                  "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                   "glm4_moe": "Glm4MoeForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
                   "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}

@@ -8,7 +8,10 @@ chosen experts' probabilities; Qwen2/3-MoE (num_experts, moe_intermediate_size) 
 (shared_expert_intermediate_size) gated by a sigmoid, and its q/k/v biases are `qkv_bias`. OLMoE
 normalises q and k across all heads, as OLMo 2 (olmo.py), with LLaMA's pre-norms. Checkpoints keep one tensor
 per expert (`experts.{e}.w1`, or `gate_proj`), as the published ones and transformers' save_pretrained do.
-MiniMax-M2 (minimax_m2) normalises q and k across all heads as OLMoE, rotates a share of each head (rotary_dim),
+ERNIE-4.5-MoE (ernie4_5_moe) has ERNIE 4.5's attention (llama.py), experts from moe_layer_start_index to
+moe_layer_end_index every moe_layer_interval-th block (dense MLPs intermediate_size wide between), chosen by
+their softmax probabilities plus a fixed bias each (moe_statics), weighed by the probabilities renormalised, and
+moe_num_shared_experts ungated shared experts. MiniMax-M2 (minimax_m2) normalises q and k across all heads as OLMoE, rotates a share of each head (rotary_dim),
 and routes as DeepSeek-V3 (a sigmoid router whose scores plus a fixed bias per expert choose, renormalised;
 deepseek.py) with Mixtral's names. GraniteMoE (num_local_experts, intermediate_size) is Granite's block (its multipliers, llama.py) with experts
 that renormalise, kept as one tensor per block and projection (input_linear [E, 2 ffn, h] holding [gate; up],
@@ -25,7 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.errors import SailorError
-from planner.specs.families import Family, WeightMap, WeightRule, llama, olmo, phi3
+from planner.specs.families import ConfigReader, Family, WeightMap, WeightRule, llama, olmo, phi3
 from planner.specs.model import ModelSpec
 
 _LAYER = "model.layers.{i}."
@@ -46,9 +49,15 @@ def refuse_router_logits(cfg) -> None:
 
 def from_hf(cfg, model_type: str) -> dict:
     refuse_router_logits(cfg)
-    fields = llama.from_hf(cfg, "granite" if model_type in GRANITE else model_type)  # (Granite's multipliers)
-    if fields["mlp_bias"]:
-        raise SailorError(f"model config {cfg.source}: {model_type}'s experts' linears have no biases; set mlp_bias "
+    if model_type == "ernie4_5_moe":  # ERNIE 4.5's attention, its heads hidden / heads wide unless set
+        cfg = ConfigReader({"head_dim": cfg.int("hidden_size") // cfg.int("num_attention_heads"), **cfg.cfg},
+                           cfg.source)
+    # (Granite's multipliers; ERNIE 4.5's attention)
+    fields = llama.from_hf(cfg, "granite" if model_type in GRANITE else "ernie4_5" if model_type == "ernie4_5_moe"
+                           else model_type)
+    if fields["mlp_bias"]:  # (ERNIE 4.5's use_bias puts biases on every linear)
+        field = "use_bias" if model_type == "ernie4_5_moe" else "mlp_bias"
+        raise SailorError(f"model config {cfg.source}: {model_type}'s experts' linears have no biases; set {field} "
                           "to false")
     # the expert count: num_local_experts, or its alias num_experts (Qwen3-MoE's published configs; not GraniteMoE's)
     key = "num_local_experts" if cfg.has("num_local_experts") or model_type in GRANITE else "num_experts"
@@ -60,6 +69,21 @@ def from_hf(cfg, model_type: str) -> dict:
         experts, renorm, top_k = cfg.int(key, 8), True, cfg.int("num_experts_per_tok", 2)
         if model_type == "granitemoeshared" and cfg.cfg.get("shared_intermediate_size") not in (None, 0):  # 0: none
             fields.update(shared_expert_ffn=cfg.int("shared_intermediate_size", 0), shared_expert_gated=False)
+    elif model_type == "ernie4_5_moe":
+        blocks = fields["num_blocks"]
+        start, end, step = (cfg.cfg.get(k, d) for k, d in (("moe_layer_start_index", 1), ("moe_layer_end_index", -1),
+                                                             ("moe_layer_interval", 1)))
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end, step)) or step < 1:
+            raise SailorError(f"model config {cfg.source}: moe_layer_start_index, moe_layer_end_index and "
+                              "moe_layer_interval must be whole numbers (the interval at least 1)")
+        end = blocks - 1 if end == -1 else end
+        dense = tuple(i for i in range(blocks) if (i + 1) % step or not start <= i <= end)
+        width = cfg.int("moe_intermediate_size", 1536)
+        shared = 0 if cfg.cfg.get("moe_num_shared_experts", 2) in (None, 0) else cfg.int("moe_num_shared_experts", 2)
+        experts, renorm, top_k = cfg.int("moe_num_experts", 64), True, cfg.int("moe_k", 6)
+        fields.update(ffn_hidden=width, expert_score_bias=True, shared_expert_ffn=width * shared,
+                      shared_expert_gated=False,
+                      **({"dense_blocks": dense, "dense_ffn": cfg.int("intermediate_size")} if dense else {}))
     elif model_type == "minimax_m2":  # (its released configs give the rotated share as rotary_dim)
         if cfg.cfg.get("router_jitter_noise") not in (None, 0, 0.0):
             raise SailorError(f"model config {cfg.source}: router_jitter_noise is not supported; set it to 0")
@@ -92,7 +116,7 @@ def to_hf(spec: ModelSpec) -> dict:
     model_type = spec.hf_model_type or "mixtral"
     if spec.windows and len(set(spec.windows)) > 1:
         raise SailorError(f"{spec.name}: {model_type}'s config windows every block or none, not some of them")
-    if (spec.router_sigmoid, spec.expert_score_bias, spec.qk_norm_full) != ((model_type == "minimax_m2",) * 3) or \
+    if (spec.router_sigmoid, spec.qk_norm_full) != ((model_type == "minimax_m2",) * 2) or \
             spec.expert_groups > 1 or spec.routed_scale != 1 or (spec.rotary_fraction < 1) > (model_type == "minimax_m2"):
         raise SailorError(f"{spec.name}: {model_type}'s config cannot express its router, q/k norms or rotary share "
                           "(a sigmoid router with score biases, q and k normalised across all heads and a rotated "
@@ -100,21 +124,37 @@ def to_hf(spec: ModelSpec) -> dict:
     if model_type == "mixtral" and (spec.qk_norm or spec.qkv_bias or not spec.expert_renorm):
         raise SailorError(f"{spec.name}: mixtral's config cannot express q/k norms, q/k/v biases or unrenormalised "
                           "expert weights")
-    if spec.shared_expert_ffn and {"qwen2_moe": True, "granitemoeshared": False}.get(model_type) != \
-            spec.shared_expert_gated:
+    ernie = model_type == "ernie4_5_moe"
+    if spec.expert_score_bias != (model_type in ("minimax_m2", "ernie4_5_moe")) or \
+            bool(spec.dense_blocks) > ernie or (ernie and spec.shared_expert_ffn % spec.ffn_hidden):
+        raise SailorError(f"{spec.name}: {model_type}'s config cannot express its experts' score biases, dense "
+                          "blocks or shared experts")
+    if spec.shared_expert_ffn and {"qwen2_moe": True, "granitemoeshared": False, "ernie4_5_moe": False}.get(
+            model_type) != spec.shared_expert_gated:
         raise SailorError(f"{spec.name}: {model_type}'s config cannot express its shared expert (qwen2_moe's is "
                           "gated, granitemoeshared's is not, the others have none)")
     if model_type in GRANITE and not spec.expert_renorm:
         raise SailorError(f"{spec.name}: {model_type}'s config cannot express unrenormalised expert weights")
     # the attention's fields as the dense model of the same attention writes them (OLMoE's q/k norms: its own)
     base = {"qwen3_moe": "qwen3", "qwen2_moe": "qwen2", "olmoe": "llama", "granitemoe": "granite",
-            "granitemoeshared": "granite", "minimax_m2": "llama"}.get(model_type, "mistral")
+            "granitemoeshared": "granite", "minimax_m2": "llama", "ernie4_5_moe": "ernie4_5"}.get(model_type, "mistral")
     cfg = llama.to_hf(replace(spec, experts=0, experts_per_token=0, shared_expert_ffn=0, shared_expert_gated=True,
                               qk_norm=spec.qk_norm and base == "qwen3", router_sigmoid=False, expert_score_bias=False,
-                              qk_norm_full=False, hf_model_type=base))
+                              qk_norm_full=False, dense_blocks=(), dense_ffn=0, hf_model_type=base))
     cfg.update(model_type=model_type, num_experts_per_tok=spec.experts_per_token, output_router_logits=False)
     if model_type in ("mixtral", "minimax_m2"):
         cfg.update(num_local_experts=spec.experts, router_jitter_noise=0.0)
+    if ernie:  # (every block from the first on has experts unless dense_blocks says otherwise: the interval 1, the
+        # start and end the first and last sparse blocks, which must bound a run of them)
+        sparse = [i for i in range(spec.num_blocks) if i not in spec.dense_blocks]
+        if sparse != list(range(sparse[0], sparse[-1] + 1)):
+            raise SailorError(f"{spec.name}: ernie4_5_moe's config puts experts on one run of blocks, not on "
+                              f"{sparse}")
+        cfg.update(moe_num_experts=spec.experts, moe_k=spec.experts_per_token, moe_intermediate_size=spec.ffn_hidden,
+                   moe_num_shared_experts=spec.shared_expert_ffn // spec.ffn_hidden, moe_layer_start_index=sparse[0],
+                   moe_layer_end_index=sparse[-1], moe_layer_interval=1,
+                   intermediate_size=spec.dense_ffn or spec.ffn_hidden)
+        return cfg
     if model_type == "minimax_m2":
         for key in ("attention_bias", "mlp_bias"):
             cfg.pop(key)
@@ -157,6 +197,15 @@ QWEN2_MOE = Family("qwen2_moe", ("qwen2_moe",), from_hf, to_hf, replace(QWEN3_MO
                                                        _LAYER + "mlp.shared_expert.up_proj.weight"), "gate_up"),
     WeightRule("mlp.shared_expert.linear_fc2.weight", (_LAYER + "mlp.shared_expert.down_proj.weight",)),
     WeightRule("mlp.shared_gate.weight", (_LAYER + "mlp.shared_expert_gate.weight",)))))
+_MLP = _LAYER + "mlp."
+ERNIE_MOE = Family("ernie4_5_moe", ("ernie4_5_moe",), from_hf, to_hf, replace(llama.WEIGHTS, block=(
+    *(r for r in llama.WEIGHTS.block if not r.ours.startswith("mlp.")),
+    *(replace(r, blocks="dense") for r in llama.WEIGHTS.block if r.ours.startswith("mlp.")),
+    *(replace(r, blocks="sparse") for r in QWEN3_MOE.weights.block if r.ours.startswith("mlp.")),
+    WeightRule("mlp.router.score_bias", (_MLP + "moe_statics.e_score_correction_bias",), "row", "sparse"),
+    WeightRule("mlp.shared_expert.linear_fc1.weight", (_MLP + "shared_experts.gate_proj.weight",
+                                                       _MLP + "shared_experts.up_proj.weight"), "gate_up", "sparse"),
+    WeightRule("mlp.shared_expert.linear_fc2.weight", (_MLP + "shared_experts.down_proj.weight",), blocks="sparse"))))
 MINIMAX_M2 = Family("minimax_m2", ("minimax_m2",), from_hf, to_hf, replace(MIXTRAL.weights, block=(
     *MIXTRAL.weights.block,
     WeightRule("mlp.router.score_bias", (_LAYER + "block_sparse_moe.e_score_correction_bias",)))))
