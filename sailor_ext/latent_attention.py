@@ -34,12 +34,17 @@ from planner.specs.model import ModelSpec  # noqa: E402
 from sailor_ext.attention import FusedCoreAttention  # noqa: E402
 
 
+# the latents' norms' epsilon, whatever rms_norm_eps says: RMSNorm's default in DeepSeek's code and transformers'
+# (Moonlight's and GLM-4.7-Flash's blocks use 1e-5)
+LATENT_NORM_EPS = 1e-6
+
+
 class LatentAttention(nn.Module):
     """forward(x [s, b, h], attention_mask, rotary_pos_emb) -> (out [s, b, h], None), as megatron's
     SelfAttention returns (output, bias)."""
 
     def __init__(self, model: ModelSpec, config, norm, layer_number: int, tp_group):
-        """norm(width): the model's norm module of that width (the latents' norms)."""
+        """norm(width, eps): the model's norm module of that width (the latents' norms)."""
         super().__init__()
         h, tp = model.hidden, config.tensor_model_parallel_size
         self.config, self.tp_group = config, tp_group
@@ -54,12 +59,12 @@ class LatentAttention(nn.Module):
 
         if model.q_lora_rank:
             self.linear_q_down_proj = nn.Linear(h, model.q_lora_rank, bias=False, device=cpu)
-            self.q_latent_layernorm = norm(model.q_lora_rank)
+            self.q_latent_layernorm = norm(model.q_lora_rank, LATENT_NORM_EPS)
             self.linear_q_up_proj = column(model.q_lora_rank, model.q_dim)
         else:
             self.linear_q_proj = column(h, model.q_dim)
         self.linear_kv_down_proj = nn.Linear(h, model.kv_lora_rank + self.rope, bias=False, device=cpu)
-        self.kv_latent_layernorm = norm(model.kv_lora_rank)
+        self.kv_latent_layernorm = norm(model.kv_lora_rank, LATENT_NORM_EPS)
         self.linear_kv_up_proj = column(model.kv_lora_rank, model.heads * (self.nope + self.v))
         self.core_attention = FusedCoreAttention(config, layer_number, softmax_scale=config.softmax_scale)
         self.linear_proj = RowParallelLinear(model.context_dim, h, config=config, init_method=None, bias=False,

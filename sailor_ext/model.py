@@ -226,12 +226,14 @@ class OffsetRMSNorm(nn.RMSNorm):
         return (out * (1.0 + self.weight.float())).type_as(x)
 
 
-def norm(model: ModelSpec, width: int) -> nn.Module:
+def norm(model: ModelSpec, width: int, eps: float | None = None) -> nn.Module:
+    """The model's norm of that width, with its epsilon unless `eps` says otherwise."""
+    eps = model.norm_eps if eps is None else eps
     if model.norm_offset:
-        return OffsetRMSNorm(width, eps=model.norm_eps)
+        return OffsetRMSNorm(width, eps=eps)
     if model.rms_norm:
-        return nn.RMSNorm(width, eps=model.norm_eps)
-    return nn.LayerNorm(width, eps=model.norm_eps, bias=model.norm_bias)
+        return nn.RMSNorm(width, eps=eps)
+    return nn.LayerNorm(width, eps=eps, bias=model.norm_bias)
 
 
 class HeadRMSNorm(nn.RMSNorm):

@@ -262,6 +262,9 @@ PUBLISHED["MiniMax-M2"] = (_MINIMAX_M2, 228_689_764_864)
 # ERNIE-4.5-21B-A3B (transformers' Ernie4_5_MoeConfig defaults, documented as that checkpoint's): 21.8 B
 _ERNIE_MOE = {"model_type": "ernie4_5_moe"}
 PUBLISHED["ERNIE-4.5-21B-A3B"] = (_ERNIE_MOE, 21_825_437_888)
+# GLM-4.7-Flash's architecture at transformers' Glm4MoeLiteConfig defaults: 29.9 B, with the score biases (buffers)
+_GLM_LITE = {"model_type": "glm4_moe_lite"}
+PUBLISHED["glm4_moe_lite"] = (_GLM_LITE, 29_943_393_920)
 # Qwen3.5-35B-A3B's language model (transformers' Qwen3_5MoeTextConfig defaults, which it documents as that
 # checkpoint's): 256 experts, 8 per token, a gated shared expert in each of 40 blocks, 30 of them Gated DeltaNet
 PUBLISHED["Qwen3.5-35B-A3B"] = ({"model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
@@ -1120,6 +1123,29 @@ def test_ernie4_5_moe_details(tmp_path):
         to_hf_config(interval)
     with pytest.raises(SailorError, match="ernie4_5_moe's experts' linears have no biases; set use_bias to false"):
         get_model(str(_write(tmp_path, {**_ERNIE_MOE, "use_bias": True})))
+
+
+def test_glm4_moe_lite_details(tmp_path):
+    """glm4_moe_lite (GLM-4.7-Flash): DeepSeek-V3's latent attention and sigmoid router, 3 B active (4 of 64
+    experts and the shared one; the embeddings left out), its dense blocks where mlp_layer_types says. The exported
+    config reads back as the model."""
+    from planner.specs.families import to_hf_config
+
+    model = get_model(str(_write(tmp_path, _GLM_LITE)))
+    assert (model.experts, model.experts_per_token, model.dense_blocks, model.norm_eps) == (64, 4, (0,), 1e-5)
+    assert model.router_sigmoid and model.expert_score_bias and model.latent and model.routed_scale == 1.8
+    inactive, embeddings = 46 * (64 - 4) * 3 * 2048 * 1536, 2 * 154880 * 2048
+    assert round((model.total_params(padded=False) - inactive - embeddings) / 1e9) == 3
+    types = ["sparse"] * 47
+    types[5] = "dense"
+    placed = get_model(str(_write(tmp_path, {**_GLM_LITE, "mlp_layer_types": types})))
+    assert placed.dense_blocks == (5,)
+    for spec in (model, placed):
+        (tmp_path / "back").mkdir(exist_ok=True)
+        back = get_model(str(_write(tmp_path / "back", to_hf_config(spec))))
+        assert replace(back, name="").to_dict() == replace(spec, name="").to_dict()
+    with pytest.raises(SailorError, match="mlp_layer_types must list dense or sparse for each of the 47 layers"):
+        get_model(str(_write(tmp_path, {**_GLM_LITE, "mlp_layer_types": ["dense"]})))
 
 
 def test_mistral4_details(tmp_path):

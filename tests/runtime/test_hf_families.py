@@ -81,6 +81,13 @@ def _small(kind: str):
             routed_scaling_factor=1.5, rope_parameters={
                 "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.5})
+    if kind == "glm4_moe_lite":  # DeepSeek-V3's blocks, the dense one second (mlp_layer_types), its norms' epsilon
+        # 1e-5 (the latents' stay 1e-6)
+        return transformers.Glm4MoeLiteConfig(
+            **{**llama, "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=8, n_group=4,
+            topk_group=2, num_experts_per_tok=2, n_shared_experts=1, routed_scaling_factor=2.5,
+            q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+            pad_token_id=None, bos_token_id=None, eos_token_id=None, mlp_layer_types=["sparse", "dense"])
     if kind == "ernie4_5_moe":  # a dense first block; 2 of 4 experts chosen by softmax plus a fixed bias each, a
         # shared expert; adjacent pairs rotated
         return transformers.Ernie4_5_MoeConfig(**llama, moe_intermediate_size=32, moe_num_experts=4, moe_k=2,
@@ -288,7 +295,8 @@ FAMILIES = ("llama", "mistral", "ministral3", "qwen2", "qwen3", "granite", "smol
             "arcee", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3",
             "phi3", "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm",
             "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5",
-            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2", "ernie4_5_moe", "phi",
+            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2", "ernie4_5_moe",
+            "glm4_moe_lite", "phi",
             "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 

@@ -3,7 +3,7 @@
 One module per family (llama.py covers LLaMA, Mistral, Ministral 3, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
 Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE, OLMoE, ERNIE-4.5-MoE, MiniMax-M2 and GraniteMoE; olmo.py OLMo 2
 and 3; gemma.py Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5;
-exaone.py EXAONE 4; gpt_oss.py; deepseek.py DeepSeek-V2 and V3 and Mistral 4; llama4.py Llama 4; qwen3_5.py
+exaone.py EXAONE 4; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash and Mistral 4; llama4.py Llama 4; qwen3_5.py
 Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py,
 gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each holds, as data, everything
 family-specific:
@@ -208,7 +208,7 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
     """
     cfg, p = read_config(path)
     model_type, source = cfg.get("model_type"), str(p)
-    if model_type in MULTIMODAL:
+    if isinstance(model_type, str) and model_type in MULTIMODAL:
         cfg, model_type, source = _language_model(cfg, model_type, source)
     fam = next((f for f in _families().values() if model_type in f.hf_types), None)
     if fam is None:
@@ -238,7 +238,7 @@ def _language_model(cfg: dict, model_type: str, source: str) -> tuple[dict, str,
     published ones do (saved by transformers 4, which read the text config's); so without the outer field, the
     text config's (or its model type's default) decides."""
     text_types, missing = MULTIMODAL[model_type]
-    text = cfg.get("text_config", missing)
+    text = missing if cfg.get("text_config") is None else cfg["text_config"]
     if not isinstance(text, dict):
         raise SailorError(f"model config {source}: text_config must be an object, not {short(text)}")
     text_type = text.get("model_type", text_types[0])
@@ -346,6 +346,6 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                   "mistral4": "Mistral4ForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
-                  "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
+                  "ernie4_5_moe": "Ernie4_5_MoeForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
                   "glm4_moe": "Glm4MoeForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
                   "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}

@@ -19,6 +19,7 @@ dense first blocks.
     group_limited_greedy (of the topk_group groups with the highest probability among n_group); its
     rotary positions always turn adjacent pairs; its experts' count may be named num_experts.
 
+GLM-4.7-Flash (glm4_moe_lite) is V3 with its dense blocks named by mlp_layer_types (default: the first).
 Mistral 4 (mistral4: Mistral Small 4) has V3's attention and blocks with a softmax router (one group), its chosen
 probabilities renormalised (norm_topk_prob) and scaled, each block's experts in two tensors (gate_up_proj,
 down_proj), and Ministral 3's query scale (rope_parameters' llama_4_scaling_beta; ModelSpec.query_scale_beta).
@@ -64,7 +65,15 @@ MISTRAL4_DEFAULTS = {"vocab_size": 131072, "hidden_size": 4096, "intermediate_si
                      "q_lora_rank": 1024, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 64,
                      "num_experts_per_tok": 4, "first_k_dense_replace": 0, "max_position_embeddings": 1048576,
                      "rms_norm_eps": 1e-6}
-DEFAULTS = {"deepseek_v3": V3_DEFAULTS, "deepseek_v2": V2_DEFAULTS, "mistral4": MISTRAL4_DEFAULTS}
+# transformers' Glm4MoeLiteConfig defaults (5.24); its dense blocks come from mlp_layer_types
+LITE_DEFAULTS = {"vocab_size": 154880, "hidden_size": 2048, "intermediate_size": 10240, "moe_intermediate_size": 1536,
+                 "num_hidden_layers": 47, "num_attention_heads": 20, "n_shared_experts": 1, "n_routed_experts": 64,
+                 "routed_scaling_factor": 1.8, "kv_lora_rank": 512, "q_lora_rank": 768, "qk_rope_head_dim": 64,
+                 "v_head_dim": 256, "qk_nope_head_dim": 192, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 4,
+                 "first_k_dense_replace": 0, "max_position_embeddings": 202752, "rms_norm_eps": 1e-5}
+DEFAULTS = {"deepseek_v3": V3_DEFAULTS, "deepseek_v2": V2_DEFAULTS, "mistral4": MISTRAL4_DEFAULTS,
+            "glm4_moe_lite": LITE_DEFAULTS}
+MLP_TYPES = ("dense", "sparse")
 V2_TOPK = ("greedy", "group_limited_greedy")  # the topk_method values DeepSeek-V2's router runs
 
 
@@ -124,8 +133,21 @@ def _experts(cfg, defaults: dict, blocks: int, alias: str) -> dict:
                 dense_ffn=cfg.int("intermediate_size", defaults["intermediate_size"]) if dense else 0)
 
 
+def _mlp_types(cfg, blocks: int) -> dict:
+    """GLM-4.7-Flash's dense blocks: those mlp_layer_types names dense (default: the first)."""
+    types = cfg.cfg.get("mlp_layer_types")
+    if types is None:
+        types = ["dense"] + ["sparse"] * (blocks - 1)
+    if not isinstance(types, list) or len(types) != blocks or any(t not in MLP_TYPES for t in types):
+        raise SailorError(f"model config {cfg.source}: mlp_layer_types must list dense or sparse for each of the "
+                          f"{blocks} layers, not {short(types)}")
+    dense = tuple(i for i, t in enumerate(types) if t == "dense")
+    return {"dense_blocks": dense, "dense_ffn": cfg.int("intermediate_size", LITE_DEFAULTS["intermediate_size"])
+            if dense else 0}
+
+
 def from_hf(cfg, model_type: str) -> dict:
-    v3, defaults = model_type == "deepseek_v3", DEFAULTS[model_type]
+    v3, defaults = model_type in ("deepseek_v3", "glm4_moe_lite"), DEFAULTS[model_type]
     refuse_quantization(cfg)
     moe.refuse_router_logits(cfg)
     for key in ("attention_bias", "mlp_bias") if not v3 else ("attention_bias",):  # (V3's MLPs never have biases)
@@ -139,6 +161,8 @@ def from_hf(cfg, model_type: str) -> dict:
         cfg.int("q_lora_rank", defaults["q_lora_rank"])
     if v3:
         experts = sigmoid_experts(cfg, defaults, blocks)
+        if model_type == "glm4_moe_lite":
+            experts.update(_mlp_types(cfg, blocks))
     elif model_type == "mistral4":  # a softmax router, its chosen probabilities renormalised (norm_topk_prob)
         if cfg.int("n_group", 1) > 1:
             raise SailorError(f"model config {cfg.source}: mistral4's expert groups (n_group > 1, scored by their "
@@ -172,7 +196,8 @@ def from_hf(cfg, model_type: str) -> dict:
 
 def to_hf(spec: ModelSpec) -> dict:
     model_type = spec.hf_model_type or ("deepseek_v3" if spec.router_sigmoid else "deepseek_v2")
-    v3, mistral4 = model_type == "deepseek_v3", model_type == "mistral4"
+    v3, mistral4 = model_type in ("deepseek_v3", "glm4_moe_lite"), model_type == "mistral4"
+    lite = model_type == "glm4_moe_lite"
     if not spec.latent or (spec.router_sigmoid, spec.expert_score_bias) != (v3, v3) or \
             (model_type == "deepseek_v2" and (spec.expert_renorm or not spec.rotary_interleaved)) or spec.qk_norm or \
             spec.nope_blocks or bool(spec.query_scale_span) != mistral4 or (mistral4 and spec.expert_groups > 1):
@@ -196,8 +221,13 @@ def to_hf(spec: ModelSpec) -> dict:
         "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None, "attention_bias": False,
         "q_lora_rank": spec.q_lora_rank or None, "kv_lora_rank": spec.kv_lora_rank,
         "qk_rope_head_dim": spec.rope_head_dim, "qk_nope_head_dim": spec.head_dim - spec.rope_head_dim,
-        "v_head_dim": spec.v_head_dim, **experts_to_hf(spec, model_type),
+        "v_head_dim": spec.v_head_dim,
+        **experts_to_hf(replace(spec, dense_blocks=(), dense_ffn=0) if lite else spec, model_type),
     }
+    if lite:
+        cfg.update(mlp_layer_types=["dense" if i in spec.dense_blocks else "sparse" for i in range(spec.num_blocks)],
+                   intermediate_size=spec.dense_ffn or spec.ffn_hidden)
+        del cfg["first_k_dense_replace"], cfg["num_nextn_predict_layers"]
     if mistral4:
         rope.update(llama_4_scaling_beta=spec.query_scale_beta, original_max_position_embeddings=spec.query_scale_span)
         cfg.update(rope_interleave=spec.rotary_interleaved, norm_topk_prob=spec.expert_renorm)
@@ -249,7 +279,7 @@ WEIGHTS = replace(llama.WEIGHTS, block=(
       for ours, theirs in _ATTENTION.items()),
     WeightRule("pre_mlp_layernorm.weight", (_LAYER + "post_attention_layernorm.weight",)), *EXPERT_RULES))
 
-FAMILY = Family("deepseek", ("deepseek_v2", "deepseek_v3"), from_hf, to_hf, WEIGHTS)
+FAMILY = Family("deepseek", ("deepseek_v2", "deepseek_v3", "glm4_moe_lite"), from_hf, to_hf, WEIGHTS)
 # Mistral 4: DeepSeek's tensors with each block's experts in two, as transformers 5 keeps them: gate_up_proj
 # [E, 2 ffn, h] (the gate's rows, then up's) and down_proj [E, h, ffn]; no score bias
 MISTRAL4 = Family("mistral4", ("mistral4",), from_hf, to_hf, replace(WEIGHTS, block=tuple(
