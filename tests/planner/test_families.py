@@ -1090,7 +1090,8 @@ def test_minimax_m2_details(tmp_path):
     from planner.targets.megatron_lm import megatron_model_args
 
     model = get_model(str(_write(tmp_path, _MINIMAX_M2)))
-    assert (model.rotary_dim, model.qk_norm_full, model.router_sigmoid, model.expert_score_bias) == (64, True, True, True)
+    assert (model.rotary_dim, model.qk_norm_full, model.router_sigmoid, model.expert_score_bias) == \
+        (64, True, True, True)
     assert model.expert_renorm and (model.expert_groups, model.routed_scale, model.shared_expert_ffn) == (1, 1.0, 0)
     inactive, embeddings = 62 * (256 - 8) * 3 * 3072 * 1536, 2 * 200064 * 3072
     assert round((model.total_params(padded=False) - inactive - embeddings) / 1e9) == 10

@@ -597,9 +597,9 @@ def _as_published(directory) -> None:
 def test_multimodal_checkpoint_trains_its_language_model(kind, tmp_path):
     """Qwen3.5, Gemma 3 (4B and larger), Mistral Small 3.1 and Llama 4 are published as multimodal models: the
     language model's config in text_config, its tensors under model.language_model (Mistral's: language_model.model,
-    as transformers 4 saved them; Llama 4's so in transformers 5 too), a vision tower beside them. Our plan loads the language model, trains as
-    transformers trains the whole model on text (the vision tower gets no gradient), and exports the language
-    model as a checkpoint of its text model type with the trained tensors."""
+    as transformers 4 saved them; Llama 4's so in transformers 5 too), a vision tower beside them. Our plan loads
+    the language model, trains as transformers trains the whole model on text (the vision tower gets no gradient),
+    and exports the language model as a checkpoint of its text model type with the trained tensors."""
     text_kind, config = MULTIMODAL_CONFIGS[kind]
     text = _small(text_kind).to_dict()
     torch.manual_seed(0)

@@ -3,9 +3,9 @@
 One module per family (llama.py covers LLaMA, Mistral, Ministral 3, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
 Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE, OLMoE, ERNIE-4.5-MoE, MiniMax-M2 and GraniteMoE; olmo.py OLMo 2
 and 3; gemma.py Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5;
-exaone.py EXAONE 4; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash and Mistral 4; llama4.py Llama 4; qwen3_5.py
-Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py,
-gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each holds, as data, everything
+exaone.py EXAONE 4; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash and Mistral 4; llama4.py Llama 4;
+qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py, opt.py,
+gpt2.py, gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each holds, as data, everything
 family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
@@ -305,9 +305,9 @@ HF_DEFAULTS = {
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
     "ministral3": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 262144,
                    "pad_token_id": 11, "rope_parameters": {
-                       "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 16384,
-                       "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
-                       "llama_4_scaling_beta": 0.1}},
+                       "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
+                       "original_max_position_embeddings": 16384, "beta_fast": 32.0, "beta_slow": 1.0,
+                       "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
     "exaone4": {"num_key_value_heads": 32, "rms_norm_eps": 1e-5, "sliding_window": 4096},
     "ernie4_5": {"num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "pad_token_id": 0,
                  "tie_word_embeddings": True},

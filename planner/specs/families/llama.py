@@ -30,7 +30,8 @@ from planner.specs.model import MAX_BLOCKS, ModelSpec
 ROPE_TYPES = ("default", "llama3", "linear", "longrope", "yarn")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 QWEN3_HEAD_DIM = 128  # transformers' Qwen3Config default, whatever hidden_size / num_attention_heads is
-HEAD_128 = ("qwen3", "ernie4_5", "seed_oss", "helium", "ministral3")  # their configs' head_dim defaults to 128 (QWEN3_HEAD_DIM)
+# their configs' head_dim defaults to 128 (QWEN3_HEAD_DIM)
+HEAD_128 = ("qwen3", "ernie4_5", "seed_oss", "helium", "ministral3")
 INTERLEAVED = ("ernie4_5", "helium")  # rotary positions on adjacent pairs of dimensions
 _ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
               "linear": ("factor",), "default": ()}

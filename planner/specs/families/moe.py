@@ -1,5 +1,5 @@
-"""Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and GraniteMoE: LLaMA's, Qwen2's, Qwen3's, OLMo 2's and Granite's
-attention, a mixture of experts in place of the MLP.
+"""Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, ERNIE-4.5-MoE, MiniMax-M2 and GraniteMoE: LLaMA's, Qwen2's, Qwen3's,
+OLMo 2's, ERNIE 4.5's and Granite's attention, a mixture of experts in place of the MLP.
 
 Every block's MLP is `experts` SwiGLU MLPs and a router (ModelSpec.experts; the runtime's
 sailor_ext/moe.py). Mixtral (num_local_experts, intermediate_size per expert) renormalises the
@@ -11,11 +11,12 @@ per expert (`experts.{e}.w1`, or `gate_proj`), as the published ones and transfo
 ERNIE-4.5-MoE (ernie4_5_moe) has ERNIE 4.5's attention (llama.py), experts from moe_layer_start_index to
 moe_layer_end_index every moe_layer_interval-th block (dense MLPs intermediate_size wide between), chosen by
 their softmax probabilities plus a fixed bias each (moe_statics), weighed by the probabilities renormalised, and
-moe_num_shared_experts ungated shared experts. MiniMax-M2 (minimax_m2) normalises q and k across all heads as OLMoE, rotates a share of each head (rotary_dim),
-and routes as DeepSeek-V3 (a sigmoid router whose scores plus a fixed bias per expert choose, renormalised;
-deepseek.py) with Mixtral's names. GraniteMoE (num_local_experts, intermediate_size) is Granite's block (its multipliers, llama.py) with experts
-that renormalise, kept as one tensor per block and projection (input_linear [E, 2 ffn, h] holding [gate; up],
-output_linear [E, h, ffn]); GraniteMoeShared adds a shared expert (shared_intermediate_size) without a gate.
+moe_num_shared_experts ungated shared experts. MiniMax-M2 (minimax_m2) normalises q and k across all heads as
+OLMoE, rotates a share of each head (rotary_dim), and routes as DeepSeek-V3 (a sigmoid router whose scores plus
+a fixed bias per expert choose, renormalised; deepseek.py) with Mixtral's names. GraniteMoE (num_local_experts,
+intermediate_size) is Granite's block (its multipliers, llama.py) with experts that renormalise, kept as one
+tensor per block and projection (input_linear [E, 2 ffn, h] holding [gate; up], output_linear [E, h, ffn]);
+GraniteMoeShared adds a shared expert (shared_intermediate_size) without a gate.
 
 Refused, each with the field that asks for it: transformers' load-balancing loss (output_router_logits),
 pooled over all blocks and the whole batch, which a pipeline of microbatches cannot compute (the
@@ -117,7 +118,8 @@ def to_hf(spec: ModelSpec) -> dict:
     if spec.windows and len(set(spec.windows)) > 1:
         raise SailorError(f"{spec.name}: {model_type}'s config windows every block or none, not some of them")
     if (spec.router_sigmoid, spec.qk_norm_full) != ((model_type == "minimax_m2",) * 2) or \
-            spec.expert_groups > 1 or spec.routed_scale != 1 or (spec.rotary_fraction < 1) > (model_type == "minimax_m2"):
+            spec.expert_groups > 1 or spec.routed_scale != 1 or \
+            (spec.rotary_fraction < 1) > (model_type == "minimax_m2"):
         raise SailorError(f"{spec.name}: {model_type}'s config cannot express its router, q/k norms or rotary share "
                           "(a sigmoid router with score biases, q and k normalised across all heads and a rotated "
                           "share of each head are minimax_m2's)")
