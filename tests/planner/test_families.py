@@ -299,6 +299,44 @@ def test_multimodal_config_is_its_language_model(model_type, text, tmp_path):
         get_model(str(_write(tmp_path, {"model_type": model_type, "text_config": {**text, "model_type": "llama"}})))
 
 
+# Qwen2.5-VL-7B's published config: the language model's fields beside vision_config (no text_config), its
+# multimodal rotary sections as rope type mrope
+_QWEN2_5_VL_7B = {"model_type": "qwen2_5_vl", "hidden_size": 3584, "intermediate_size": 18944,
+                  "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                  "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                  "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "sliding_window": 32768,
+                  "max_window_layers": 28, "use_sliding_window": False, "tie_word_embeddings": False,
+                  "vision_config": {"depth": 32, "hidden_size": 1280}}
+
+
+def test_qwen_vl_configs_are_their_language_models(tmp_path):
+    """Qwen2.5-VL's published (flat) config and the one transformers 5 saves from it (text_config) are the same
+    Qwen2 language model, 7.6 B as transformers counts it without the vision tower; Qwen3-VL's language model is
+    Qwen3's without windows, whatever its config says. Both export as their causal LM's type."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    flat = get_model(str(_write(tmp_path, _QWEN2_5_VL_7B)))
+    (tmp_path / "saved").mkdir()
+    config = transformers.AutoConfig.for_model(**_QWEN2_5_VL_7B)
+    config.save_pretrained(tmp_path / "saved")
+    assert "text_config" in json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert replace(get_model(str(tmp_path / "saved")), name="").to_dict() == replace(flat, name="").to_dict()
+    with torch.device("meta"):
+        live = transformers.AutoModelForImageTextToText.from_config(config)
+    language = sum(p.numel() for n, p in live.named_parameters() if not n.startswith("model.visual."))
+    assert flat.total_params(padded=False) == language == 7_615_616_512
+    assert (flat.hf_model_type, flat.qkv_bias, flat.windows) == ("qwen2", True, ())
+    text = {"model_type": "qwen3_vl_text", "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+            "max_position_embeddings": 262144, "use_sliding_window": True, "sliding_window": 8,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20],
+                                "mrope_interleaved": True}}
+    qwen3_vl = get_model(str(_write(tmp_path, {"model_type": "qwen3_vl", "text_config": text})))
+    assert (qwen3_vl.hf_model_type, qwen3_vl.qk_norm, qwen3_vl.windows, qwen3_vl.rope_theta) == \
+        ("qwen3", True, (), 5e6)
+
+
 def test_multimodal_details(tmp_path):
     """Qwen3.5-27B: every fourth block full attention. Mistral 3 without text_config is Mistral Small 3.1; the
     head is tied as the outer tie_word_embeddings says, else as text_config's does (transformers 5 ties by the
@@ -698,7 +736,10 @@ _MINIMAL = {"gpt2": {"n_embd": 256, "n_layer": 2, "n_head": 32, "vocab_size": 30
             # the multimodal ones' language models (Mistral 3's tie named: transformers ties by default, unlike
             # us, test_multimodal_details)
             "gemma3": {"text_config": {**_BASE, "model_type": "gemma3_text"}},
-            "mistral3": {"text_config": {**_BASE, "model_type": "mistral"}, "tie_word_embeddings": False}}
+            "mistral3": {"text_config": {**_BASE, "model_type": "mistral"}, "tie_word_embeddings": False},
+            "qwen3_vl": {"text_config": {**_BASE, "model_type": "qwen3_vl_text"}},
+            "qwen2_vl": {"text_config": {**_BASE, "model_type": "qwen2_vl_text"}},
+            "qwen2_5_vl": {"text_config": {**_BASE, "model_type": "qwen2_5_vl_text"}}}
 
 
 @pytest.mark.parametrize("model_type", sorted(hf_types()))

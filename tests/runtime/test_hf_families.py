@@ -102,6 +102,12 @@ def _small(kind: str):
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5})
     if kind == "qwen2":
         return transformers.Qwen2Config(**llama, tie_word_embeddings=True)
+    if kind == "qwen3_vl_text":  # Qwen3's blocks with multimodal rotary sections, interleaved, and no window
+        return transformers.Qwen3VLTextConfig(**llama, head_dim=24, rope_parameters={
+            "rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 4, 4], "mrope_interleaved": True})
+    if kind == "qwen2_5_vl_text":  # Qwen2's (q/k/v biases) with multimodal rotary sections
+        return transformers.Qwen2_5_VLTextConfig(**llama, rope_parameters={
+            "rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]})
     if kind == "qwen3":  # per-head q/k norms; a head wider than hidden / heads; the second block windowed
         return transformers.Qwen3Config(**llama, head_dim=24, use_sliding_window=True, sliding_window=8,
                                         max_window_layers=1)
@@ -568,13 +574,19 @@ VISION = {"qwen3_5": dict(depth=1, hidden_size=32, intermediate_size=32, num_hea
                            head_dim=16, image_size=28, patch_size=14),
           "llama4": dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                          image_size=28, patch_size=14, vision_output_dim=32, projector_input_dim=32,
-                         projector_output_dim=32)}
+                         projector_output_dim=32),
+          "qwen3_vl": dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64,
+                           deepstack_visual_indexes=[0]),
+          "qwen2_5_vl": dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64,
+                             fullatt_block_indexes=[0])}
 # the multimodal config around a small language model of ours (_small's kind)
 MULTIMODAL_CONFIGS = {
     "qwen3_5": ("qwen3_5", transformers.Qwen3_5Config),
     "gemma3": ("gemma3", lambda **kw: transformers.Gemma3Config(**kw, mm_tokens_per_image=1)),
     "mistral3": ("mistral", lambda **kw: transformers.Mistral3Config(**kw, tie_word_embeddings=False)),
-    "llama4": ("llama4", transformers.Llama4Config)}
+    "llama4": ("llama4", transformers.Llama4Config),
+    "qwen3_vl": ("qwen3_vl_text", transformers.Qwen3VLConfig),
+    "qwen2_5_vl": ("qwen2_5_vl_text", transformers.Qwen2_5_VLConfig)}
 
 
 def _as_published(directory) -> None:
@@ -593,7 +605,7 @@ def _as_published(directory) -> None:
     (directory / "config.json").write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("kind", ["qwen3_5", "gemma3", "mistral3", "llama4"])
+@pytest.mark.parametrize("kind", ["qwen3_5", "gemma3", "mistral3", "llama4", "qwen3_vl", "qwen2_5_vl"])
 def test_multimodal_checkpoint_trains_its_language_model(kind, tmp_path):
     """Qwen3.5, Gemma 3 (4B and larger), Mistral Small 3.1 and Llama 4 are published as multimodal models: the
     language model's config in text_config, its tensors under model.language_model (Mistral's: language_model.model,
@@ -621,7 +633,8 @@ def test_multimodal_checkpoint_trains_its_language_model(kind, tmp_path):
     done = subprocess.run([sys.executable, "-m", "planner.cli", "export", str(tmp_path / "run" / "ckpt"),
                            "--to-hf", str(out)], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert json.loads((out / "config.json").read_text())["model_type"] == text["model_type"]
+    assert json.loads((out / "config.json").read_text())["model_type"] == {  # (Qwen-VL's as Qwen2's, Qwen3's)
+        "qwen3_vl_text": "qwen3", "qwen2_5_vl_text": "qwen2"}.get(text["model_type"], text["model_type"])
     from safetensors.torch import load_file
 
     exported = load_file(out / "model.safetensors")

@@ -210,6 +210,10 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
     model_type, source = cfg.get("model_type"), str(p)
     if isinstance(model_type, str) and model_type in MULTIMODAL:
         cfg, model_type, source = _language_model(cfg, model_type, source)
+        if model_type in TEXT_ALIASES:  # (the text type's defaults, then the causal LM's beneath them)
+            alias, fixed = TEXT_ALIASES[model_type]
+            cfg = {**HF_DEFAULTS.get(model_type, {}), **cfg, **fixed, "model_type": alias}
+            model_type = alias
     fam = next((f for f in _families().values() if model_type in f.hf_types), None)
     if fam is None:
         raise SailorError(f"model config {p}: model_type {short(model_type)} is not supported; use one of "
@@ -238,7 +242,11 @@ def _language_model(cfg: dict, model_type: str, source: str) -> tuple[dict, str,
     published ones do (saved by transformers 4, which read the text config's); so without the outer field, the
     text config's (or its model type's default) decides."""
     text_types, missing = MULTIMODAL[model_type]
-    text = missing if cfg.get("text_config") is None else cfg["text_config"]
+    text = cfg.get("text_config")
+    if text is None:  # (Qwen2-VL's and Qwen2.5-VL's published configs keep the language model's fields beside the
+        # vision_config)
+        text = {k: v for k, v in cfg.items() if k not in ("model_type", "vision_config")} if missing is None \
+            else missing
     if not isinstance(text, dict):
         raise SailorError(f"model config {source}: text_config must be an object, not {short(text)}")
     text_type = text.get("model_type", text_types[0])
@@ -295,6 +303,9 @@ HF_DEFAULTS = {
     "seed_oss": {"num_key_value_heads": 8, "attention_bias": True, "pad_token_id": 1},
     "helium": {"num_key_value_heads": 20, "rms_norm_eps": 1e-8, "rope_theta": 100000.0, "pad_token_id": 3},
     "arcee": {"rms_norm_eps": 1e-5},
+    "qwen3_vl_text": {"rope_theta": 500000.0},
+    "qwen2_vl_text": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6, "max_window_layers": 80},
+    "qwen2_5_vl_text": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6, "max_window_layers": 80},
     "ernie4_5_moe": {"vocab_size": 103424, "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 28,
                      "num_attention_heads": 20, "num_key_value_heads": 4, "max_position_embeddings": 131072,
                      "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "pad_token_id": 0, "tie_word_embeddings": True},
@@ -324,12 +335,18 @@ HF_DEFAULTS = {
 # config when the config has none)
 MULTIMODAL = {
     "gemma3": (("gemma3_text",), {}), "qwen3_5": (("qwen3_5_text",), {}), "qwen3_5_moe": (("qwen3_5_moe_text",), {}),
-    "llama4": (("llama4_text",), {}),
+    "llama4": (("llama4_text",), {}), "qwen3_vl": (("qwen3_vl_text",), {}),
+    "qwen2_vl": (("qwen2_vl_text",), None), "qwen2_5_vl": (("qwen2_5_vl_text",), None),
     "mistral3": (("mistral", "ministral3", "mistral4"), {  # Mistral Small 3.1's language model
         "head_dim": 128, "hidden_size": 5120, "intermediate_size": 32768, "max_position_embeddings": 131072,
         "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
         "rope_theta": 1e9, "sliding_window": None, "vocab_size": 131072}),
 }
+# text model types of multimodal checkpoints that are another type's causal language model: read and exported as
+# that type (their multimodal rotary sections, mrope_section, turn text positions as 1-D rotary positions do), with
+# fields that differ fixed (Qwen3-VL's attention has no window, whatever its config says)
+TEXT_ALIASES = {"qwen3_vl_text": ("qwen3", {"use_sliding_window": False, "layer_types": None}),
+                "qwen2_vl_text": ("qwen2", {}), "qwen2_5_vl_text": ("qwen2", {})}
 _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                   "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                   "ministral3": "Ministral3ForCausalLM", "llama4_text": "Llama4ForCausalLM",

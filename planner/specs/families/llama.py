@@ -50,6 +50,8 @@ def _rope(cfg) -> tuple[float, tuple]:
     kind = params.get("rope_type", params.get("type", "default"))
     if kind in ("su", "yarn") and cfg.cfg.get("model_type") == "phi3":  # Phi-3's early names for longrope
         kind = "longrope"
+    if kind == "mrope":  # Qwen2-VL's name for its multimodal sections, which turn text as the default does
+        kind = "default"
     if kind not in ROPE_TYPES:
         raise SailorError(f"model config {cfg.source}: rope type {short(kind)} is not supported; use one of "
                           f"{', '.join(ROPE_TYPES)}")
