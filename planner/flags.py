@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from typing import Callable, Iterable
 
@@ -58,7 +59,16 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)  # (for error's hint)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):
+        # argparse takes a value that begins with '-' (and is no plain number) for a flag: say how to give it
+        match = re.fullmatch(r"argument (--[\w-]+)(?:/\S+)?: expected one argument", message)
+        given = getattr(self, "_given", [])
+        if match and any(a == match.group(1) and b.startswith("-") for a, b in zip(given, given[1:])):
+            message += f" (a value that begins with '-' goes after '=': {match.group(1)}=VALUE)"
         raise UsageError(self.prog, message)
 
 

@@ -49,6 +49,8 @@ def test_bad_training_arguments_are_one_line_and_nothing_is_written(tmp_path, ta
     (["--train-iters", "5", "--moe-router-bias-update-rate", "0.001"],
      ["--moe-router-bias-update-rate moves the expert score biases of a DeepSeek-V3 router", "opt-125m has none"]),
     (["--train-iters", "5", "--moe-router-bias-update-rate", "2"], ["argument --moe-router-bias-update-rate: must"]),
+    (["--train-iters", "5", "--split", "-1,2,0"], ["argument --split: expected one argument (a value that begins "
+                                                   "with '-' goes after '=': --split=VALUE)"]),
 ])
 @pytest.mark.parametrize("target", ["slurm", "megatron-lm"])  # (megatron-lm's own parser took --lr -1)
 def test_what_every_rank_would_reject_is_refused_at_launch(tmp_path, train_args, words, target):
