@@ -190,7 +190,8 @@ def test_a_config_models_profile_applies_by_architecture(tmp_path):
 
 def test_blocks_of_each_kind_are_measured(tmp_path):
     """A model whose blocks differ (DeepSeek-V3's dense first block, its sparse ones; SmolLM3's blocks without rotary
-    positions; Qwen3.5's Gated DeltaNet blocks and attention blocks): one block of each kind is built and timed
+    positions; Qwen3.5's Gated DeltaNet blocks and attention blocks; Llama 4's dense and sparse blocks, chunked
+    attention on the rotary ones, a scaled q on the NoPE one): one block of each kind is built and timed
     (--blocks 1), and each block of the model gets its kind's measurement: its parameters are those the planner
     counts for it."""
     configs = {"deepseek_v3": {"moe_intermediate_size": 32, "n_routed_experts": 8, "n_group": 4, "topk_group": 2,
@@ -198,7 +199,10 @@ def test_blocks_of_each_kind_are_measured(tmp_path):
                                "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12},
                "smollm3": {"vocab_size": 128256, "no_rope_layer_interval": 3},
                "qwen3_5_text": {"head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-                                "linear_key_head_dim": 8, "linear_value_head_dim": 12, "full_attention_interval": 3}}
+                                "linear_key_head_dim": 8, "linear_value_head_dim": 12, "full_attention_interval": 3},
+               "llama4_text": {"head_dim": 16, "intermediate_size_mlp": 96, "intermediate_size": 32,
+                               "num_local_experts": 4, "interleave_moe_layer_step": 2, "attention_chunk_size": 16,
+                               "floor_scale": 16}}
     for model_type, fields in configs.items():
         cfg = {"model_type": model_type, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
                "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 300, "max_position_embeddings": 64,
