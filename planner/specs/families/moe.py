@@ -117,12 +117,12 @@ def to_hf(spec: ModelSpec) -> dict:
     model_type = spec.hf_model_type or "mixtral"
     if spec.windows and len(set(spec.windows)) > 1:
         raise SailorError(f"{spec.name}: {model_type}'s config windows every block or none, not some of them")
-    if (spec.router_sigmoid, spec.qk_norm_full) != ((model_type == "minimax_m2",) * 2) or \
-            spec.expert_groups > 1 or spec.routed_scale != 1 or \
-            (spec.rotary_fraction < 1) > (model_type == "minimax_m2"):
+    minimax = model_type == "minimax_m2"
+    if spec.router_sigmoid != minimax or spec.qk_norm_full != (model_type in ("olmoe", "minimax_m2")) or \
+            spec.expert_groups > 1 or spec.routed_scale != 1 or (spec.rotary_fraction < 1) > minimax:
         raise SailorError(f"{spec.name}: {model_type}'s config cannot express its router, q/k norms or rotary share "
-                          "(a sigmoid router with score biases, q and k normalised across all heads and a rotated "
-                          "share of each head are minimax_m2's)")
+                          "(a sigmoid router with score biases and a rotated share of each head are minimax_m2's, q "
+                          "and k normalised across all heads minimax_m2's and olmoe's)")
     if model_type == "mixtral" and (spec.qk_norm or spec.qkv_bias or not spec.expert_renorm):
         raise SailorError(f"{spec.name}: mixtral's config cannot express q/k norms, q/k/v biases or unrenormalised "
                           "expert weights")
