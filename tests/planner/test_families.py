@@ -285,8 +285,9 @@ PUBLISHED["Qwen3-Next-80B-A3B"] = ({"model_type": "qwen3_next", "hidden_size": 2
                                                ("mistral3", _MISTRAL_SMALL_3_1), ("mistral3", _MINISTRAL_3_8B),
                                                ("llama4", _LLAMA4_SCOUT), ("mistral3", _MISTRAL_SMALL_4)])
 def test_multimodal_config_is_its_language_model(model_type, text, tmp_path):
-    """Qwen3.5's, Gemma 3's (4B and larger) and Mistral Small 3.1's published configs nest the language model in
-    text_config: the same model as that text_config alone (the vision tower is not read)."""
+    """Qwen3.5's, Gemma 3's (4B and larger), Mistral Small 3.1's, Ministral 3's, Mistral Small 4's and Llama 4's
+    published configs nest the language model in text_config: the same model as that text_config alone (the vision
+    tower is not read)."""
     alone = get_model(str(_write(tmp_path, text)))
     wrapped = get_model(str(_write(tmp_path, {"model_type": model_type, "text_config": text,
                                               "vision_config": {"hidden_size": 1152}})))

@@ -302,8 +302,7 @@ FAMILIES = ("llama", "mistral", "ministral3", "qwen2", "qwen3", "granite", "smol
             "phi3", "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm",
             "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5",
             "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2", "ernie4_5_moe",
-            "glm4_moe_lite", "phi",
-            "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+            "glm4_moe_lite", "phi", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 @torch.no_grad()
