@@ -172,6 +172,11 @@ def _plan(args) -> int:
     from planner.specs.hardware import load_cluster
 
     model = get_model(args.model, args.seq_length)
+    from planner.specs.families import multimodal_note
+
+    note = None if args.quiet else multimodal_note(args.model)
+    if note:
+        print(f"sailor: note: {note}", file=sys.stderr)
     cluster = load_cluster(args.cluster)
     if args.cluster and args.gpus is None and not cluster.available:  # not the example cluster in its place
         raise SailorError(f"cluster file {args.cluster} makes no GPUs available (no count above 0 under "

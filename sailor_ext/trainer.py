@@ -27,7 +27,7 @@ import torch.distributed as dist
 from planner.errors import SailorError
 from planner.launch import Layout
 from planner.outputs import append_record
-from planner.specs.families import unapplied_dropout
+from planner.specs.families import multimodal_note, unapplied_dropout
 from planner.specs.model import BLOCK, ModelSpec
 from planner.specs.plan import Plan
 from sailor_ext import checkpoint, compat, devices
@@ -526,6 +526,9 @@ class Trainer:
             if self.grad_sync.sharded:
                 print(f"sailor: distributed optimizer: rank 0 steps {self.optimizer.stepped_numel()} of its "
                       f"{sum(p.numel() for p in self.params.values())} parameters", flush=True)
+            note = multimodal_note(plan.model)
+            if note:
+                log(f"note: {note}")
             dropout = unapplied_dropout(plan.model)
             if dropout:
                 log(f"note: the model's config.json sets {', '.join(f'{k} {v:g}' for k, v in dropout.items())}; "

@@ -290,3 +290,20 @@ def test_the_runtime_takes_every_family_and_checks_tp(tmp_path):
     wide = replace(llama, ffn_hidden=500)
     with pytest.raises(SailorError, match="FFN width 500"):
         check_runnable(one_stage_plan(wide, tp=8), wide)
+
+
+def test_a_multimodal_model_is_planned_as_its_language_model_with_a_note(tmp_path):
+    """A multimodal config (Mistral Small 3.1's shape of wrapper around a small language model) plans as its
+    language model, and says so once on stderr: the vision tower is neither loaded nor trained. --quiet keeps to
+    errors; a text model gets no note."""
+    config = write_config(tmp_path, {"model_type": "mistral3", "text_config": {**SMALL_LLAMA, "model_type": "mistral"},
+                                     "vision_config": {"hidden_size": 1024}})
+    args = ["plan", "--model", config, "--gpus", "CPU@local=2", "--global-batch", "8", "-o", tmp_path / "plan.json"]
+    out = sailor(*args)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == f"sailor: note: {config} is a multimodal mistral3 model: sailor plans and trains its " \
+        "language model on text; the vision tower is neither loaded nor trained, and export writes the language " \
+        "model alone\n"
+    assert sailor(*args, "--quiet").stderr == ""
+    text = write_config(tmp_path, SMALL_LLAMA, "text.json")
+    assert sailor("plan", "--model", text, *args[3:]).stderr == ""

@@ -626,7 +626,8 @@ def test_multimodal_checkpoint_trains_its_language_model(kind, tmp_path):
     # (transformers 5.24's Llama4ForConditionalGeneration fails on text alone, reading image_outputs off its
     # language model's output: that language model, the same parameters, trains instead)
     trainee = reference.language_model if kind == "llama4" else reference
-    _trains_like_transformers(trainee.eval(), tmp_path / "hf", tmp_path)
+    run, _ = _trains_like_transformers(trainee.eval(), tmp_path / "hf", tmp_path)
+    assert f"is a multimodal {kind} model: sailor plans and trains its language model on text" in run.log(0)
 
     out = tmp_path / "exported"
     done = subprocess.run([sys.executable, "-m", "planner.cli", "export", str(tmp_path / "run" / "ckpt"),

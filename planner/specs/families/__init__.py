@@ -277,6 +277,18 @@ def unapplied_dropout(name_or_path: str) -> dict[str, float]:
             if isinstance(value := c.get(key), (int, float)) and not isinstance(value, bool) and value > 0}
 
 
+def multimodal_note(name_or_path: str) -> str | None:
+    """What sailor does with a multimodal checkpoint's model (None for any other): its language model alone."""
+    p = Path(name_or_path)
+    if not (p / "config.json").is_file() and not (p.suffix == ".json" and p.is_file()):
+        return None
+    cfg, path = read_config(p)
+    if not isinstance(cfg.get("model_type"), str) or cfg["model_type"] not in MULTIMODAL:
+        return None
+    return (f"{path} is a multimodal {cfg['model_type']} model: sailor plans and trains its language model on text; "
+            "the vision tower is neither loaded nor trained, and export writes the language model alone")
+
+
 def to_hf_config(spec: ModelSpec) -> dict:
     """config.json fields that make transformers build `spec` (export)."""
     fam = family(spec.family)
