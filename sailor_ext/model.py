@@ -525,7 +525,8 @@ class StageModel(nn.Module):
     def mask(self, block: int, seq_len: int) -> torch.Tensor | None:
         """Block `block`'s (1-based) attention mask; None for plain causal attention."""
         model = self.spec.model
-        window = model.window(block - 1) if model.window(block - 1) < seq_len else 0
+        window = model.window(block - 1)
+        window = window if window < seq_len else 0
         chunk = model.attention_chunk if model.attention_chunk < seq_len and model.rotary(block - 1) else 0
         if not window and not chunk:
             return None

@@ -265,13 +265,18 @@ DROPOUT_FIELDS = ("dropout", "attention_dropout", "hidden_dropout", "activation_
                   "hidden_dropout_prob", "attention_probs_dropout_prob", "ffn_dropout", "layerdrop")
 
 
+def _config_file(name_or_path: str) -> tuple[dict, Path] | None:
+    """A model's config.json (and its path) where `name_or_path` names one or its directory; None for a preset."""
+    p = Path(name_or_path)
+    if not (p / "config.json").is_file() and not (p.suffix == ".json" and p.is_file()):
+        return None
+    return read_config(p)
+
+
 def unapplied_dropout(name_or_path: str) -> dict[str, float]:
     """The dropout probabilities above 0 that a model's config.json sets (also in its text_config), which sailor's
     runtime does not apply: it trains without dropout. {} for a preset, or a config without any."""
-    p = Path(name_or_path)
-    if not (p / "config.json").is_file() and not (p.suffix == ".json" and p.is_file()):
-        return {}
-    cfg, _ = read_config(p)
+    cfg, _ = _config_file(name_or_path) or ({}, None)
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
     return {key: float(value) for c in (cfg, text) for key in DROPOUT_FIELDS
             if isinstance(value := c.get(key), (int, float)) and not isinstance(value, bool) and value > 0}
@@ -279,10 +284,7 @@ def unapplied_dropout(name_or_path: str) -> dict[str, float]:
 
 def multimodal_note(name_or_path: str) -> str | None:
     """What sailor does with a multimodal checkpoint's model (None for any other): its language model alone."""
-    p = Path(name_or_path)
-    if not (p / "config.json").is_file() and not (p.suffix == ".json" and p.is_file()):
-        return None
-    cfg, path = read_config(p)
+    cfg, path = _config_file(name_or_path) or ({}, None)
     if not isinstance(cfg.get("model_type"), str) or cfg["model_type"] not in MULTIMODAL:
         return None
     return (f"{path} is a multimodal {cfg['model_type']} model: sailor plans and trains its language model on text; "
