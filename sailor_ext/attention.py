@@ -28,7 +28,9 @@ class FusedCoreAttention(nn.Module):
     With a soft cap c (Gemma 2) the scores become c * tanh(scores / c) before the mask, which no fused
     kernel does: those stages compute the scores and probabilities in full (capped_attention). With
     attention sinks (gpt-oss) each head's learned logit joins the softmax as one more key with no value
-    (sink_attention, fused). The sinks are this rank's heads' [heads / tp], split with the heads."""
+    (sink_attention, fused). The sinks are this rank's heads' [heads / tp], split with the heads. With q/k
+    norms after the rotary positions (HunYuan) q and k are normalised here, by the block's norms
+    (post_rotary_norms, sailor_ext.model.PostRotaryRMSNorm)."""
 
     def __init__(self, config, layer_number: int, attn_mask_type=None, attention_type: str = "self",
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
@@ -38,12 +40,15 @@ class FusedCoreAttention(nn.Module):
         self.softcap = getattr(config, "sailor_attn_softcap", 0.0)
         # (beta, span, offset): ModelSpec.query_scale_*, on this block
         self.query_scale = getattr(config, "sailor_query_scale", (0.0, 0, 0))
+        self.post_rotary_norms = ()  # (q norm, k norm), set by the block (a tuple: their weights are the block's)
         if getattr(config, "sailor_attn_sinks", False):  # built on the CPU as megatron's layers are
             local_heads = config.num_attention_heads // config.tensor_model_parallel_size
             self.sinks = nn.Parameter(torch.empty(local_heads, device=torch.device("cpu")))
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
+        if self.post_rotary_norms:
+            query, key = (norm.after_rotary(t) for norm, t in zip(self.post_rotary_norms, (query, key)))
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
         beta, span, offset = self.query_scale
         if beta and q.size(2) - 1 + offset >= span:  # (the factor is 1 while p + offset < span)
@@ -142,6 +147,9 @@ def inverse_frequencies(model: ModelSpec, local: bool = False) -> torch.Tensor:
         return inv_freq / scaling["factor"]
     if kind == "yarn":
         return _yarn(d, theta, scaling)
+    if kind == "ntk_alpha":  # HunYuan's: the base stretched by alpha^(d / (d - 2)), d the head dimension
+        theta = theta * scaling["alpha"] ** (model.head_dim / (model.head_dim - 2))
+        return 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     if kind == "llama3":
         factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         context = scaling["original_max_position_embeddings"]

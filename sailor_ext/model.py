@@ -245,6 +245,18 @@ class HeadRMSNorm(nn.RMSNorm):
         super().__init__(hidden_size, eps=eps)
 
 
+class PostRotaryRMSNorm(HeadRMSNorm):
+    """HunYuan's q (k) norm, after the rotary positions: megatron calls q_layernorm before them, where this
+    one passes q through; the core attention applies it (after_rotary) to the rotated heads. Its weight stays
+    where megatron keeps q_layernorm's, with the same TP handling."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def after_rotary(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)
+
+
 class HeadOffsetRMSNorm(OffsetRMSNorm):
     """HeadRMSNorm with Gemma's (1 + w) (Gemma 3's q and k norms)."""
 
@@ -348,8 +360,8 @@ class Block(nn.Module):
         self.residual_multiplier = model.residual_multiplier
         if model.input_norms:
             self.input_layernorm = norm(model, model.hidden)
-        head_norm = (HeadOffsetRMSNorm if model.norm_offset else HeadRMSNorm) \
-            if model.qk_norm and not (model.qk_norm_full or model.qk_norm_per_head) else None
+        head_norm = (PostRotaryRMSNorm if model.qk_norm_after_rotary else HeadOffsetRMSNorm if model.norm_offset
+                     else HeadRMSNorm) if model.qk_norm and not (model.qk_norm_full or model.qk_norm_per_head) else None
         attention = SelfAttentionSubmodules(
             linear_qkv=with_bias(ColumnParallelLinear, model.qkv_bias), core_attention=FusedCoreAttention,
             linear_proj=with_bias(RowParallelLinear, model.out_bias), q_layernorm=head_norm, k_layernorm=head_norm)
@@ -368,6 +380,9 @@ class Block(nn.Module):
             self.self_attention = SelfAttention(config, attention, layer_number, attn_mask_type=AttnMaskType.causal,
                                                 pg_collection=pg)
         # (megatron calls q_layernorm(query [s, b, heads, head_dim]) where set)
+        if model.qk_norm_after_rotary:
+            self.self_attention.core_attention.post_rotary_norms = (self.self_attention.q_layernorm,
+                                                                    self.self_attention.k_layernorm)
         if model.qk_norm_full and not self.linear:
             self.self_attention.q_layernorm = WidthRMSNorm(model.q_dim, spec.tp, model.norm_eps, pg.tp)
             self.self_attention.k_layernorm = WidthRMSNorm(model.kv_dim, spec.tp, model.norm_eps, pg.tp)

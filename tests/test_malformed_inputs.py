@@ -591,9 +591,12 @@ HF_CASES = family(HF_FIELDS) + [
     ("kv-heads-not-dividing", ("num_key_value_heads",), 3), ("act-unknown", ("hidden_act",), "swishy"),
     ("layers-million", ("num_hidden_layers",), 10 ** 6), ("rope-type", ("rope_scaling",), {"rope_type": "yarn"}),
     ("rope-params", ("rope_parameters",), "x"), ("rope-factor", ("rope_scaling",), {"rope_type": "linear"}),
-    ("pad-token", ("pad_token_id",), -3), ("windows", ("layer_types",), ["sliding_attention"]),
+    ("pad-token", ("pad_token_id",), -3),
+    # (on Mistral: LLaMA's blocks attend to every token, whatever layer_types says)
+    ("windows", (), {**HF_CONFIG, "model_type": "mistral", "layer_types": ["sliding_attention"]}),
     ("rope-scaling-str", ("rope_scaling",), "linear"), ("rope-scaling-list", ("rope_scaling",), ["linear", 2.0]),
-    ("layer-types-number", ("layer_types",), 5), ("layers-1e308", ("num_hidden_layers",), 1e308),
+    ("layer-types-number", (), {**HF_CONFIG, "model_type": "mistral", "layer_types": 5}),
+    ("layers-1e308", ("num_hidden_layers",), 1e308),
     ("name-long", ("_name_or_path",), "n" * 1001), ("name-surrogate", ("_name_or_path",), "m\ud800"),
     ("name-line-break", ("_name_or_path",), "org/m\nx"),
     *[(f"neo-repeat-{n}", (), _set(NEO_CONFIG, ("attention_types", 0, 1), v)) for n, v in (

@@ -98,6 +98,7 @@ class ModelSpec:
     rope_scaling: tuple[tuple[str, float | str | tuple[float, ...]], ...] = ()
     pad_token: int = -1  # the token whose embedding row gets no gradient (Hugging Face's padding_idx); -1: none
     qk_norm: bool = False  # an RMSNorm over each head's q and k, before rotary positions (Qwen3)
+    qk_norm_after_rotary: bool = False  # the per-head q/k RMSNorms come after the rotary positions (HunYuan)
     qk_norm_full: bool = False  # the q (k) norm spans all heads together, its weight split over TP (OLMo 2, OLMoE)
     # each head has a q (k) norm weight of its own, [heads, head_dim], split over TP with the heads; the norm is
     # the model's (Command R+: LayerNorms without bias)
@@ -244,6 +245,10 @@ class ModelSpec:
                 (self.qk_norm_full and self.qk_norm_per_head):
             raise SailorError(f"model {self.name!r}: q/k norms across all heads (qk_norm_full) or with a weight per "
                               "head (qk_norm_per_head) are q/k norms (qk_norm), and not both")
+        if self.qk_norm_after_rotary and (not self.qk_norm or self.qk_norm_full or self.qk_norm_per_head or
+                                          self.norm_offset or self.latent or self.linear_blocks):
+            raise SailorError(f"model {self.name!r}: q/k norms after the rotary positions (qk_norm_after_rotary) are "
+                              "per-head RMSNorms (qk_norm) with a plain weight, in softmax attention")
         if self.qk_norm_per_head and not self.rms_norm and self.norm_bias:
             raise SailorError(f"model {self.name!r}: per-head q/k LayerNorms have no bias (norm_bias)")
         if not self.input_norms and not self.sandwich_norm:

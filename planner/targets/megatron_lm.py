@@ -45,6 +45,7 @@ def megatron_model_args(model) -> list[str]:
     for present, what in ((model.linear_blocks, "Gated DeltaNet (linear attention) blocks"),
                           (model.attention_gate, "an output gate on attention"),
                           (model.parallel_residual, "attention and MLP side by side (parallel residual)"),
+                          (model.qk_norm_after_rotary, "q/k norms after the rotary positions"),
                           (model.qk_norm, "per-head q/k norms"),
                           (model.rotary_fraction < 1, f"rotary positions on {model.rotary_fraction:g} of each head"),
                           (model.norm_offset, "norms that scale by (1 + w)"),
@@ -88,7 +89,8 @@ def megatron_model_args(model) -> list[str]:
         elif scaling.get("type") == "llama3" and (scaling["low_freq_factor"], scaling["high_freq_factor"],
                                                   scaling["original_max_position_embeddings"]) == (1, 4, 8192):
             args += ["--use-rope-scaling", f"--rotary-scaling-factor {scaling['factor']:g}"]
-        elif scaling:
+        elif scaling and scaling["type"] != "dynamic":  # (dynamic NTK: the default frequencies inside the context,
+            # which the sequence never passes)
             refuse(f"rotary scaling {scaling['type']}")
     if model.num_query_groups != model.heads:
         args += ["--group-query-attention", f"--num-query-groups {model.num_query_groups}"]

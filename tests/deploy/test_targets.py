@@ -264,6 +264,10 @@ def test_megatron_lm_args_follow_the_plans_model(tmp_path):
                 "--group-query-attention", "--num-query-groups 2", "--disable-bias-linear",
                 "--untie-embeddings-and-output-weights"):
         assert arg in text, arg
+    # InternLM3's dynamic NTK scaling keeps the default frequencies inside the context (1024 of 4096 here)
+    internlm3 = {**llama, "model_type": "internlm3", "rope_scaling": {"rope_type": "dynamic", "factor": 6.0}}
+    text = launch(tmp_path, _with_model(tmp_path, HOMO, internlm3), "--target", "megatron-lm")
+    assert "--rotary-base 500000" in text and "scaling" not in text
     opt_350m = {"model_type": "opt", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16,
                 "ffn_dim": 4096, "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 512,
                 "do_layer_norm_before": False}
@@ -279,6 +283,7 @@ def test_megatron_lm_args_follow_the_plans_model(tmp_path):
     for name, cfg, what in (
             ("gemma", {"model_type": "gemma"}, "norms that scale by (1 + w)"),
             ("qwen3", {"model_type": "qwen3", "head_dim": 64}, "per-head q/k norms"),
+            ("hunyuan", {"model_type": "hunyuan_v1_dense"}, "q/k norms after the rotary positions"),
             ("pythia", {"model_type": "gpt_neox", "rotary_pct": 0.25, "use_parallel_residual": False},
              "rotary positions on 0.25 of each head"),
             ("gpt-oss", {"model_type": "gpt_oss", "head_dim": 64, "num_local_experts": 4,

@@ -274,6 +274,57 @@ PUBLISHED["Qwen3.5-35B-A3B"] = ({"model_type": "qwen3_5_moe_text", "hidden_size"
                                  "num_experts": 256, "vocab_size": 248320}, 34_660_610_688)
 # Qwen3-Next-80B-A3B (transformers' Qwen3NextConfig defaults, documented as that checkpoint's): 512 experts, 10 per
 # token
+# LLaMA's blocks under other model types: InternLM3-8B (dynamic NTK scaling; biases named qkv_bias and bias),
+# EXAONE-3.5-7.8B (LLaMA's fields under names of its own), IQuest-Coder-V1-40B and Meta's CWM (transformers' config
+# defaults, documented as those checkpoints'; CWM windows three blocks in four), Ministral-8B's shapes (8.02 B; the
+# layer_types are ours)
+PUBLISHED["internlm3-8b"] = ({"model_type": "internlm3", "bias": False, "qkv_bias": False, "head_dim": 128,
+                              "hidden_size": 4096, "intermediate_size": 10240, "max_position_embeddings": 32768,
+                              "num_attention_heads": 32, "num_hidden_layers": 48, "num_key_value_heads": 2,
+                              "rope_scaling": {"factor": 6.0, "rope_type": "dynamic"}, "rope_theta": 50000000,
+                              "vocab_size": 128512}, 8_804_241_408)
+PUBLISHED["EXAONE-3.5-7.8B"] = ({"model_type": "exaone", "activation_function": "silu", "hidden_size": 4096,
+                                 "intermediate_size": 14336, "layer_norm_epsilon": 1e-05,
+                                 "max_position_embeddings": 32768, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                 "num_layers": 32, "rope_scaling": {
+                                     "factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+                                 "rope_theta": 1000000.0, "tie_word_embeddings": False, "vocab_size": 102400},
+                                7_818_448_896)
+PUBLISHED["IQuest-Coder-V1-40B"] = ({"model_type": "iquestcoder", "hidden_size": 5120, "intermediate_size": 27648,
+                                     "num_hidden_layers": 80, "num_attention_heads": 40, "vocab_size": 76800,
+                                     "max_position_embeddings": 131072}, 39_794_283_520)
+PUBLISHED["cwm"] = ({"model_type": "cwm", "hidden_size": 6144, "intermediate_size": 21504, "num_hidden_layers": 64,
+                     "num_attention_heads": 48, "vocab_size": 128256, "max_position_embeddings": 131072},
+                    32_581_097_472)
+PUBLISHED["Ministral-8B"] = ({"model_type": "ministral", "head_dim": 128, "hidden_size": 4096,
+                              "intermediate_size": 12288, "max_position_embeddings": 32768, "num_attention_heads": 32,
+                              "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+                              "rope_theta": 100000000.0, "sliding_window": 32768, "vocab_size": 131072,
+                              "layer_types": ["full_attention", *["sliding_attention"] * 3] * 9}, 8_019_808_256)
+# Solar Open 100B (transformers' SolarOpenConfig defaults, documented as Solar-Open-100B's): 102.6 B, experts on
+# every block
+PUBLISHED["Solar-Open-100B"] = ({"model_type": "solar_open"}, 102_651_799_552)
+# dots.llm1 (142 B, 14 B active): GLM-4.5's experts (6 of 128, 2 shared) under Qwen3's attention
+PUBLISHED["dots.llm1"] = ({"model_type": "dots1", "attention_bias": False, "first_k_dense_replace": 1,
+                           "hidden_size": 4096, "intermediate_size": 10944, "max_position_embeddings": 32768,
+                           "max_window_layers": 62, "moe_intermediate_size": 1408, "n_routed_experts": 128,
+                           "n_shared_experts": 2, "norm_topk_prob": True, "num_attention_heads": 32,
+                           "num_experts_per_tok": 6, "num_hidden_layers": 62, "num_key_value_heads": 32,
+                           "rms_norm_eps": 1e-05, "rope_theta": 10000000, "routed_scaling_factor": 2.5,
+                           "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 152064},
+                          142_774_381_696)
+# Hunyuan-7B (7.5 B) and Hunyuan-A13B (80 B, 13 B active: 8 of 64 experts and a shared MLP in each block, its
+# top-k given per block): q/k norms after the rotary positions, the base stretched by NTK alpha
+_HUNYUAN_7B = {"model_type": "hunyuan_v1_dense", "attention_bias": False, "head_dim": 128, "hidden_size": 4096,
+               "intermediate_size": 14336, "max_position_embeddings": 32768, "num_attention_heads": 32,
+               "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_scaling": {
+                   "alpha": 1000.0, "beta_fast": 32, "beta_slow": 1, "factor": 1.0, "mscale": 1.0,
+                   "mscale_all_dim": 1.0, "type": "dynamic"}, "rope_theta": 10000.0, "tie_word_embeddings": True,
+               "vocab_size": 128167}
+PUBLISHED["Hunyuan-7B"] = (_HUNYUAN_7B, 7_504_568_320)
+PUBLISHED["Hunyuan-A13B"] = ({**_HUNYUAN_7B, "model_type": "hunyuan_v1_moe", "intermediate_size": 3072,
+                              "num_experts": 64, "moe_topk": [8] * 32}, 80_393_183_232)
 PUBLISHED["Qwen3-Next-80B-A3B"] = ({"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48,
                                     "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
                                     "linear_num_value_heads": 32, "moe_intermediate_size": 512,
@@ -385,6 +436,94 @@ def test_parameter_count_is_the_published_one(name, tmp_path):
     assert transformers_count(cfg) == published
 
 
+@pytest.mark.parametrize("name", ["internlm3-8b", "EXAONE-3.5-7.8B", "IQuest-Coder-V1-40B", "cwm", "Ministral-8B",
+                                  "Solar-Open-100B", "dots.llm1"])
+def test_llama_like_configs_read_as_transformers_reads_them(name, tmp_path):
+    """The model types transformers builds from LLaMA's, Qwen3's or GLM-4.5's code with defaults and field names of
+    their own (checked live): the head dimension, the norms' epsilon, which blocks are windowed and how wide (the
+    default patterns: CWM's every fourth block full, from the first; dots.llm1's windows from max_window_layers on),
+    biases, the rotary base, the dense blocks (Solar Open has none)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = {**PUBLISHED[name][0], **({"sliding_window": 16} if name == "cwm" else
+                                    {"sliding_window": 16, "max_window_layers": 60} if name == "dots.llm1" else {})}
+    model = get_model(str(_write(tmp_path, cfg)))
+    live = transformers.AutoConfig.for_model(**cfg)
+    types = getattr(live, "layer_types", None) if live.model_type in ("cwm", "ministral", "dots1") else None
+    windows = tuple(live.sliding_window if t == "sliding_attention" else 0 for t in types) if types else ()
+    head_dim = getattr(live, "head_dim", live.hidden_size // live.num_attention_heads)  # (dots1's has none)
+    assert (model.head_dim, model.norm_eps, model.windows, model.rope_theta, model.qkv_bias, model.mlp_bias) == \
+        (head_dim, live.rms_norm_eps, windows, live.rope_parameters["rope_theta"],
+         getattr(live, "attention_bias", False), getattr(live, "mlp_bias", False))
+    assert model.num_blocks == live.num_hidden_layers
+    assert model.dense_blocks == tuple(range(getattr(live, "first_k_dense_replace", 0) if model.experts else 0))
+    if name == "cwm":
+        assert model.windows[:5] == (0, 16, 16, 16, 0)
+    if name == "dots.llm1":
+        assert model.windows[58:] == (0, 0, 16, 16) and model.qk_norm and model.experts == 128
+
+
+def test_llama_like_field_names_and_refusals(tmp_path):
+    """InternLM3's qkv_bias and bias, and EXAONE 3's num_layers, layer_norm_epsilon and activation_function, are
+    LLaMA's fields by other names (winning where both are set, as in transformers); what transformers refuses for
+    these types is refused in one line."""
+    internlm3 = get_model(str(_write(tmp_path, {**PUBLISHED["internlm3-8b"][0], "qkv_bias": True, "bias": True,
+                                                "attention_bias": False})))
+    assert internlm3.qkv_bias and internlm3.out_bias and internlm3.mlp_bias
+    assert dict(internlm3.rope_scaling) == {"type": "dynamic", "factor": 6.0}
+    # transformers' LLaMA attends to every token, whatever layer_types says: so do we, and export refuses windows
+    llama = get_model(str(_write(tmp_path, {**PUBLISHED["Llama-3-8B"][0], "sliding_window": 16,
+                                            "layer_types": ["sliding_attention"] * 32})))
+    assert llama.windows == ()
+    from planner.specs.families import to_hf_config
+
+    with pytest.raises(SailorError, match="llama's blocks attend to every token; its config cannot express "
+                                          "attention windows"):
+        to_hf_config(replace(llama, windows=(16,) * 32))
+    exaone = get_model(str(_write(tmp_path, {**PUBLISHED["EXAONE-3.5-7.8B"][0], "num_hidden_layers": 8,
+                                             "layer_norm_epsilon": 1e-3, "activation_function": "gelu_new"})))
+    assert (exaone.num_blocks, exaone.norm_eps, exaone.activation, exaone.family) == (32, 1e-3, "gelu_tanh", "exaone")
+    for name, change, needle in (
+            ("internlm3-8b", {"qkv_bias": True}, "internlm3 puts a bias on every linear or on none; set qkv_bias "
+                                                 "and bias alike"),
+            ("IQuest-Coder-V1-40B", {"clip_qkv": 8}, "clip_qkv and use_sliding_window are not supported for "
+                                                      "iquestcoder"),
+            ("IQuest-Coder-V1-40B", {"use_sliding_window": True}, "clip_qkv and use_sliding_window"),
+            ("Solar-Open-100B", {"partial_rotary_factor": 0.5}, "solar_open rotates whole heads; remove "
+                                                                 "partial_rotary_factor 0.5"),
+            ("dots.llm1", {"n_shared_experts": None}, "n_shared_experts must be a whole number >= 0, not null"),
+            ("EXAONE-3.5-7.8B", {"num_layers": "32"}, "num_hidden_layers must be a positive integer, not '32'")):
+        with pytest.raises(SailorError, match=needle):
+            get_model(str(_write(tmp_path, {**PUBLISHED[name][0], **change})))
+
+
+def test_hunyuan_details(tmp_path):
+    """HunYuan's q/k norms come after the rotary positions; its rope type dynamic with an alpha is NTK alpha (a
+    base of 10^4 * 1000^(128 / 126), as transformers' HunYuan computes it), written back as it came; elsewhere an
+    alpha is not read and dynamic is the default inside the context. Experts and top-k per block must agree."""
+    model = get_model(str(_write(tmp_path, PUBLISHED["Hunyuan-A13B"][0])))
+    assert model.qk_norm and model.qk_norm_after_rotary and dict(model.rope_scaling) == {"type": "ntk_alpha",
+                                                                                        "alpha": 1000.0}
+    assert (model.experts, model.experts_per_token, model.shared_expert_ffn, model.shared_expert_gated) == \
+        (64, 8, 3072, False)
+    from planner.specs.families import to_hf_config
+
+    assert to_hf_config(model)["rope_parameters"] == {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 1.0,
+                                                      "alpha": 1000.0}
+    torch = pytest.importorskip("torch")
+    from sailor_ext.attention import inverse_frequencies
+
+    theirs = 1.0 / ((1e4 * 1000.0 ** (128 / 126)) ** (torch.arange(0, 128, 2, dtype=torch.float) / 128))
+    assert torch.equal(inverse_frequencies(model), theirs)
+    llama = get_model(str(_write(tmp_path, {**PUBLISHED["Llama-3-8B"][0],
+                                            "rope_scaling": _HUNYUAN_7B["rope_scaling"]})))
+    assert dict(llama.rope_scaling) == {"type": "dynamic", "factor": 1.0}
+    alias = get_model(str(_write(tmp_path, {**PUBLISHED["Hunyuan-A13B"][0], "num_experts_per_tok": 4})))
+    assert alias.experts_per_token == 4  # (transformers' attribute_map: the alias wins)
+    with pytest.raises(SailorError, match=r"moe_topk differs between blocks \(\[8, 8, .*\), which sailor does not "
+                                          "train; give one value for every block"):
+        get_model(str(_write(tmp_path, {**PUBLISHED["Hunyuan-A13B"][0], "moe_topk": [8] * 31 + [4]})))
+
+
 def test_architecture_details(tmp_path):
     opt = get_model(str(_write(tmp_path, PUBLISHED["opt-350m"][0])))
     assert (opt.word_dim, opt.post_norm, opt.final_norm, opt.tied_embeddings, opt.position_rows) == \
@@ -434,7 +573,7 @@ def test_llama3_rope_scaling_is_read(tmp_path):
     ({"num_hidden_layers": 10**6}, "beyond 4096"),
     ({"num_key_value_heads": 5}, "32 heads not divisible by kv_heads 5"),
     ({"hidden_act": "mish"}, "hidden_act 'mish' is not supported"),
-    ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope type 'dynamic' is not supported"),
+    ({"rope_scaling": {"rope_type": "proportional", "factor": 4.0}}, "rope type 'proportional' is not supported"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope original_max_position_embeddings must be"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192,
                        "truncate": "no"}}, "rope truncate must be true or false, not 'no'"),
@@ -493,7 +632,7 @@ def test_bad_longrope_is_one_clear_error(tmp_path, change, needle):
     ({"partial_rotary_factor": 1.5}, "partial_rotary_factor must be above 0 and at most 1, not 1.5"),
     ({"partial_rotary_factor": 0.001}, "rotating at least 2 of the 96 dimensions"),
     ({"head_dim": 128}, "phi3 takes its head dimension from hidden_size / num_attention_heads; remove head_dim"),
-    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope type 'dynamic' is not supported"),
+    ({"rope_scaling": {"type": "proportional", "factor": 2.0}}, "rope type 'proportional' is not supported"),
 ])
 def test_bad_phi3_config_is_one_clear_error(tmp_path, change, needle):
     with pytest.raises(SailorError, match=needle):
@@ -734,6 +873,7 @@ _MINIMAL = {"gpt2": {"n_embd": 256, "n_layer": 2, "n_head": 32, "vocab_size": 30
             "helium": {**_BASE, "hidden_size": 2560, "num_attention_heads": 20},
             # (transformers has no default for its experts per token)
             "deepseek_v2": {**_BASE, "num_experts_per_tok": 6},
+            "dots1": {**_BASE, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
             # the multimodal ones' language models (Mistral 3's tie named: transformers ties by default, unlike
             # us, test_multimodal_details)
             "gemma3": {"text_config": {**_BASE, "model_type": "gemma3_text"}},

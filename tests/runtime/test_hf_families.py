@@ -63,6 +63,26 @@ def _small(kind: str):
             "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
     if kind == "mistral":
         return transformers.MistralConfig(**llama, sliding_window=8)
+    if kind == "ministral":  # Mistral's blocks through Qwen2's code without biases; the first full, the second windowed
+        return transformers.MinistralConfig(**llama, head_dim=16, sliding_window=8, layer_types=["full_attention",
+                                                                                                  "sliding_attention"])
+    if kind == "cwm":  # the first block full, the second windowed (CwmConfig's pattern), LLaMA 3.1's scaling
+        return transformers.CwmConfig(**llama, head_dim=16, sliding_window=8)
+    if kind == "internlm3":  # built as LLaMA: biases on every linear (its own field names), dynamic NTK scaling (the
+        # default frequencies inside the context)
+        return transformers.AutoConfig.for_model("internlm3", **llama, head_dim=24, qkv_bias=True, bias=True,
+                                                 rope_parameters={"rope_type": "dynamic", "factor": 4.0,
+                                                                  "rope_theta": 1e4})
+    if kind == "exaone":  # EXAONE 3: built as LLaMA from its own field names, saved under its own tensor names; tied
+        return transformers.AutoConfig.for_model("exaone", **{k: v for k, v in llama.items() if
+                                                              k != "num_hidden_layers"}, num_layers=2,
+                                                 tie_word_embeddings=True, pad_token_id=None, eos_token_id=None)
+    if kind == "solar_open":  # GLM-4.5's experts on every block, LLaMA's attention with q/k/v biases
+        return transformers.SolarOpenConfig(**{k: v for k, v in llama.items() if k != "intermediate_size"},
+                                            head_dim=16, attention_bias=True, moe_intermediate_size=32,
+                                            n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
+                                            n_shared_experts=1, routed_scaling_factor=2.5, pad_token_id=None,
+                                            bos_token_id=None, eos_token_id=None)
     if kind == "llama4":  # experts (2 of 4, inputs weighted) on blocks 1 and 3, a NoPE block 3 with its q scaled
         # beyond 7 tokens, chunks of 16 tokens and L2 q/k norms on the others, LLaMA 3.1's rotary scaling
         return transformers.Llama4TextConfig(
@@ -258,6 +278,20 @@ def _small(kind: str):
                                           num_experts_per_tok=2, n_shared_experts=1, routed_scaling_factor=2.5,
                                           first_k_dense_replace=1, pad_token_id=None, bos_token_id=None,
                                           eos_token_id=None)
+    if kind == "dots1":  # GLM-4.5's experts (a dense first block) under Qwen3's attention: per-head q/k norms, biases
+        # on q/k/v and the output projection; the second block windowed (from max_window_layers on)
+        return transformers.Dots1Config(**llama, attention_bias=True, moe_intermediate_size=32, n_routed_experts=8,
+                                        n_group=4, topk_group=2, num_experts_per_tok=2, n_shared_experts=1,
+                                        routed_scaling_factor=2.5, first_k_dense_replace=1, norm_topk_prob=True,
+                                        sliding_window=8, max_window_layers=1)
+    if kind in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # per-head q/k norms after the rotary positions, biases on
+        # q, k, v and the output projection, the rotary base stretched by NTK alpha; moe: 4 experts, 2 per token, and
+        # a shared MLP
+        rope = {"rope_type": "dynamic", "factor": 1.0, "alpha": 50.0, "rope_theta": 1e4}
+        if kind == "hunyuan_v1_dense":
+            return transformers.HunYuanDenseV1Config(**llama, head_dim=16, attention_bias=True, rope_parameters=rope)
+        return transformers.HunYuanMoEV1Config(**{**llama, "intermediate_size": 32}, head_dim=16, attention_bias=True,
+                                               rope_parameters=rope, num_experts=4, moe_topk=2)
     if kind == "starcoder2":  # LayerNorms and linears with biases, a plain GELU MLP, grouped queries, windows
         return transformers.Starcoder2Config(**llama, sliding_window=8, bos_token_id=None, eos_token_id=None)
     if kind == "gemma":  # (1 + w) norms, scaled embeddings, GeGLU, heads wider than hidden / heads
@@ -297,12 +331,13 @@ STEP_BOUND = {kind: 0.02 for kind in ("qwen3_5", "qwen3_5-attention", "qwen3_5_m
 # -740 within the 31 tokens), 1.03 % (Qwen3-Next) with A in [0.2, 1], used here, and 2.1 % with A in [0.1, 0.5].
 # Hence 2 % for these kinds (STEP_BOUND) and the looser logits (SENSITIVE: 5.7e-5 measured). Step-1 gradients agree at
 # 1e-6, and every element equals the single process's under SGD (test_equivalence.py).
-FAMILIES = ("llama", "mistral", "ministral3", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5", "seed_oss", "helium",
-            "arcee", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3",
-            "phi3", "phi3-longrope", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm",
-            "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5",
-            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2", "ernie4_5_moe",
-            "glm4_moe_lite", "phi", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "exaone", "qwen2", "qwen3", "granite",
+            "smollm3", "ernie4_5", "seed_oss", "helium", "arcee", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
+            "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2", "gemma3",
+            "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4", "exaone4", "gpt_oss", "deepseek_v3",
+            "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next",
+            "llama4", "mistral4", "minimax_m2", "ernie4_5_moe", "glm4_moe_lite", "solar_open", "dots1",
+            "hunyuan_v1_dense", "hunyuan_v1_moe", "phi", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 @torch.no_grad()

@@ -1,11 +1,12 @@
 """Model families: how a Hugging Face config and its weights map onto a ModelSpec.
 
-One module per family (llama.py covers LLaMA, Mistral, Ministral 3, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5,
-Seed-OSS and Helium; moe.py Mixtral, Qwen2/3-MoE, OLMoE, ERNIE-4.5-MoE, MiniMax-M2 and GraniteMoE; olmo.py OLMo 2
-and 3; gemma.py Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5;
-exaone.py EXAONE 4; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash and Mistral 4; llama4.py Llama 4;
-qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py, opt.py,
-gpt2.py, gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each holds, as data, everything
+One module per family (llama.py covers LLaMA, Mistral, Ministral, Ministral 3, Qwen2, Qwen3, Granite, SmolLM3,
+ERNIE 4.5, Seed-OSS, Helium, CWM, InternLM3 and IQuest-Coder; moe.py Mixtral, Qwen2/3-MoE, OLMoE, ERNIE-4.5-MoE,
+MiniMax-M2 and GraniteMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4
+and GLM-4-0414; glm_moe.py GLM-4.5, Solar Open and dots.llm1; exaone.py EXAONE 3 and 4; gpt_oss.py; deepseek.py
+DeepSeek-V2 and V3, GLM-4.7-Flash and Mistral 4; llama4.py Llama 4; hunyuan.py HunYuan dense and MoE; qwen3_5.py
+Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py,
+gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each holds, as data, everything
 family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
@@ -92,14 +93,16 @@ class Family:
 
 def _families() -> dict[str, Family]:
     from planner.specs.families import (arcee, cohere, deepseek, exaone, gemma, glm, glm_moe, gpt2, gpt_neo, gpt_neox,
-                                        gpt_oss, llama, llama4, moe, olmo, opt, phi, phi3, qwen3_5, starcoder2)
+                                        gpt_oss, hunyuan, llama, llama4, moe, olmo, opt, phi, phi3, qwen3_5,
+                                        starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
                                 moe.MINIMAX_M2, moe.ERNIE_MOE,
                                 olmo.FAMILY, phi.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
-                                cohere.FAMILY, glm.FAMILY, glm_moe.FAMILY, exaone.FAMILY, gpt_oss.FAMILY,
-                                deepseek.FAMILY, deepseek.MISTRAL4, arcee.FAMILY, qwen3_5.FAMILY, qwen3_5.MOE_FAMILY,
-                                qwen3_5.NEXT_FAMILY, llama4.FAMILY, opt.FAMILY,
+                                cohere.FAMILY, glm.FAMILY, glm_moe.FAMILY, exaone.FAMILY, exaone.EXAONE3,
+                                gpt_oss.FAMILY, deepseek.FAMILY, deepseek.MISTRAL4, arcee.FAMILY, qwen3_5.FAMILY,
+                                qwen3_5.MOE_FAMILY,
+                                qwen3_5.NEXT_FAMILY, llama4.FAMILY, hunyuan.FAMILY, hunyuan.MOE_FAMILY, opt.FAMILY,
                                 gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
@@ -228,6 +231,7 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
         raise SailorError(f"model config {p}: _name_or_path {short(name)} has a line break, tab or control "
                           "character; remove it (it names the model in plans and tables)")
     cfg = {**HF_DEFAULTS.get(model_type, {}), **cfg}  # (a field set to null stays null, as transformers keeps it)
+    cfg.update({field: cfg[alias] for alias, field in FIELD_ALIASES.get(model_type, {}).items() if alias in cfg})
     spec_fields = fam.from_hf(ConfigReader(cfg, source), model_type)
     context = spec_fields["max_positions"]
     if seq_len is None:
@@ -343,7 +347,31 @@ HF_DEFAULTS = {
                  "first_k_dense_replace": 1},
     "gpt_oss": {"num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 150000.0,
                 "sliding_window": 128, "attention_bias": True, "intermediate_size": 2880},
+    "internlm3": {"num_key_value_heads": 2, "rms_norm_eps": 1e-5, "pad_token_id": 2},
+    "iquestcoder": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5},
+    "ministral": {"num_key_value_heads": 8, "sliding_window": 4096},
+    "cwm": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "sliding_window": 8192, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 1e6, "factor": 16.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192}},
+    "exaone": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "pad_token_id": 0},
+    "dots1": {"vocab_size": 152064, "hidden_size": 4608, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+              "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 32, "n_shared_experts": None,
+              "n_routed_experts": None, "n_group": 1, "topk_group": 1, "num_experts_per_tok": None,
+              "first_k_dense_replace": 0, "norm_topk_prob": False, "max_position_embeddings": 2048,
+              "rms_norm_eps": 1e-6, "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62},
+    "hunyuan_v1_dense": {"rms_norm_eps": 1e-5, "pad_token_id": 0},
+    "hunyuan_v1_moe": {"rms_norm_eps": 1e-5, "pad_token_id": 0},
+    "solar_open": {"vocab_size": 196608, "hidden_size": 4096, "num_hidden_layers": 48, "num_attention_heads": 64,
+                   "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                   "rope_theta": 1e6, "moe_intermediate_size": 1280, "num_experts_per_tok": 8, "n_shared_experts": 1,
+                   "n_routed_experts": 128, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1},
 }
+# other names a config.json may give a field (transformers' attribute_map): model_type -> {alias: field}; the alias
+# wins where both are set, as in transformers
+FIELD_ALIASES = {"internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
+                 "hunyuan_v1_moe": {"num_experts_per_tok": "moe_topk", "num_local_experts": "num_experts"},
+                 "exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
+                            "activation_function": "hidden_act"}}
 # multimodal model types whose language model sailor trains and exports (as a checkpoint of the text model type):
 # model_type -> (the text model types its text_config may name, the first when it names none; transformers' text
 # config when the config has none)
@@ -373,6 +401,10 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "ernie4_5": "Ernie4_5ForCausalLM", "cohere2": "Cohere2ForCausalLM",
                   "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "exaone4": "Exaone4ForCausalLM",
                   "seed_oss": "SeedOssForCausalLM", "helium": "HeliumForCausalLM",
+                  "internlm3": "LlamaForCausalLM", "iquestcoder": "LlamaForCausalLM", "exaone": "LlamaForCausalLM",
+                  "ministral": "MinistralForCausalLM", "cwm": "CwmForCausalLM", "solar_open": "SolarOpenForCausalLM",
+                  "dots1": "Dots1ForCausalLM", "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
+                  "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                   "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",

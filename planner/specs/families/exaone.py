@@ -1,4 +1,5 @@
-"""EXAONE 4.0 (model_type exaone4): OLMo 2's blocks with Qwen3's per-head q/k norms, and hybrid attention.
+"""EXAONE 4.0 (model_type exaone4): OLMo 2's blocks with Qwen3's per-head q/k norms, and hybrid attention;
+EXAONE 3.0 and 3.5 (model_type exaone): LLaMA's blocks under tensor names of their own.
 
 A block is x + norm(attn(x)), then x + norm(mlp(x)) (no norm before a sublayer, as OLMo 2: olmo.py);
 q and k are each normalised per head before the rotary positions (qk_norm, as Qwen3). With a
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 from planner.errors import SailorError
 from planner.inputs import short
-from planner.specs.families import ACTIVATION_TO_HF, ConfigReader, Family, llama, olmo
+from dataclasses import replace
+
+from planner.specs.families import ACTIVATION_TO_HF, ConfigReader, Family, WeightMap, WeightRule, llama, olmo
 from planner.specs.model import MAX_BLOCKS, ModelSpec
 
 
@@ -63,3 +66,33 @@ def to_hf(spec: ModelSpec) -> dict:
 
 
 FAMILY = Family("exaone4", ("exaone4",), from_hf, to_hf, olmo.WEIGHTS)  # OLMo 2's tensor names
+
+
+# EXAONE 3: transformers builds LLaMA from its config (num_layers, layer_norm_epsilon and activation_function are
+# read as LLaMA's fields: families.FIELD_ALIASES) and renames its tensors on loading; it saves them under these names
+_LAYER = "transformer.h.{i}."
+_NAMES = {"model.embed_tokens.": "transformer.wte.", "model.norm.": "transformer.ln_f.",
+          "model.layers.{i}.": _LAYER, "self_attn.o_proj": "attn.attention.out_proj", "self_attn.": "attn.attention.",
+          "input_layernorm": "ln_1", "post_attention_layernorm": "ln_2", "mlp.gate_proj": "mlp.c_fc_0",
+          "mlp.up_proj": "mlp.c_fc_1", "mlp.down_proj": "mlp.c_proj"}
+
+
+def _exaone3_name(name: str) -> str:
+    for theirs, ours in _NAMES.items():
+        name = name.replace(theirs, ours)
+    return name
+
+
+def _exaone3_rules(rules: tuple[WeightRule, ...]) -> tuple[WeightRule, ...]:
+    return tuple(replace(r, hf=tuple(_exaone3_name(n) for n in r.hf)) for r in rules)
+
+
+EXAONE3_WEIGHTS = WeightMap(*(_exaone3_rules(getattr(llama.WEIGHTS, part)) for part in
+                              ("embedding", "block", "final_norm", "head")))
+
+
+def exaone3_to_hf(spec: ModelSpec) -> dict:
+    return {**llama.family_to_hf(replace(spec, hf_model_type="exaone")), "model_type": "exaone"}
+
+
+EXAONE3 = Family("exaone", ("exaone",), llama.from_hf, exaone3_to_hf, EXAONE3_WEIGHTS)

@@ -1,5 +1,5 @@
-"""LLaMA, Mistral, Ministral 3, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5, Seed-OSS and Helium: RMSNorm, SwiGLU,
-rotary positions, grouped-query attention.
+"""LLaMA, Mistral, Ministral, Ministral 3, Qwen2, Qwen3, Granite, SmolLM3, ERNIE 4.5, Seed-OSS, Helium, CWM, InternLM3
+and IQuest-Coder: RMSNorm, SwiGLU, rotary positions, grouped-query attention.
 
 Differences inside the family are config fields: Qwen2 has q/k/v biases,
 Qwen3 normalises each head's q and k (an RMSNorm over the head dimension,
@@ -16,7 +16,9 @@ has biases on every linear or none (use_bias) and heads of 128 unless its config
 Seed-OSS has q/k/v biases (attention_bias, on by default) and a field of its own for the output
 projection's (attention_out_bias); Helium rotates adjacent pairs too, with q/k/v biases only.
 Ministral 3 is Mistral with heads of 128, YaRN by default, and q scaled beyond the original context
-(rope_parameters' llama_4_scaling_beta: ModelSpec.query_scale_beta).
+(rope_parameters' llama_4_scaling_beta: ModelSpec.query_scale_beta). Ministral (8B) is Mistral without biases;
+Meta's CWM windows three blocks in four by default and has no attention biases; InternLM3 and IQuest-Coder are
+LLaMA with other defaults (AS_LLAMA).
 """
 from __future__ import annotations
 
@@ -27,20 +29,29 @@ from planner.inputs import FLOAT_MAX, short
 from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRule
 from planner.specs.model import MAX_BLOCKS, ModelSpec
 
-ROPE_TYPES = ("default", "llama3", "linear", "longrope", "yarn")
+ROPE_TYPES = ("default", "llama3", "linear", "longrope", "yarn", "dynamic")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 QWEN3_HEAD_DIM = 128  # transformers' Qwen3Config default, whatever hidden_size / num_attention_heads is
 # their configs' head_dim defaults to 128 (QWEN3_HEAD_DIM)
-HEAD_128 = ("qwen3", "ernie4_5", "seed_oss", "helium", "ministral3")
+HEAD_128 = ("qwen3", "ernie4_5", "seed_oss", "helium", "ministral3", "internlm3", "iquestcoder", "cwm")
 INTERLEAVED = ("ernie4_5", "helium")  # rotary positions on adjacent pairs of dimensions
+# model types whose rope type dynamic with an alpha stretches the base by NTK alpha for every sequence, as
+# transformers builds them (hunyuan.py): base * alpha^(d / (d - 2))
+NTK_ALPHA = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 _ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-              "linear": ("factor",), "default": ()}
+              "linear": ("factor",), "dynamic": ("factor",), "default": ()}
+# model types that transformers builds as LLaMA (LlamaForCausalLM) from configs of their own: the same blocks, other
+# defaults (HF_DEFAULTS) and field names (FIELD_ALIASES); no windows, whatever a config says. (EXAONE 3's tensors
+# have names of their own: exaone.py)
+AS_LLAMA = ("internlm3", "iquestcoder", "exaone")
 
 
 def _rope(cfg) -> tuple[float, tuple]:
     """(theta, scaling) from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older).
     As transformers reads them: a non-empty rope_scaling wins over rope_parameters, and a rope_theta inside
-    the one read wins over the top-level one."""
+    the one read wins over the top-level one. Dynamic NTK scaling (InternLM3) raises the base only for
+    sequences beyond max_position_embeddings, which sailor never trains (ModelSpec refuses a longer
+    --seq-length): inside the context its frequencies are the default ones, and it is kept for export."""
     for key in ("rope_scaling", "rope_parameters"):
         if cfg.cfg.get(key) is not None and not isinstance(cfg.cfg[key], dict):
             raise SailorError(f"model config {cfg.source}: {key} must be an object, not {short(cfg.cfg[key])}")
@@ -52,6 +63,9 @@ def _rope(cfg) -> tuple[float, tuple]:
         kind = "longrope"
     if kind == "mrope":  # Qwen2-VL's name for its multimodal sections, which turn text as the default does
         kind = "default"
+    if kind == "dynamic" and params.get("alpha") is not None and cfg.cfg.get("model_type") in NTK_ALPHA:
+        return cfg.number("rope rope_theta", params.get("rope_theta", cfg.cfg.get("rope_theta", 10000.0))), \
+            (("alpha", cfg.number("rope alpha", params["alpha"])), ("type", "ntk_alpha"))
     if kind not in ROPE_TYPES:
         raise SailorError(f"model config {cfg.source}: rope type {short(kind)} is not supported; use one of "
                           f"{', '.join(ROPE_TYPES)}")
@@ -144,8 +158,18 @@ def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
             return ()
         first = cfg.int("max_window_layers", blocks)
         layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(blocks)]
-    if model_type == "llama" and layer_types is None or model_type == "granite":  # (Granite's attention never windows)
+    if model_type in ("llama", "granite", *AS_LLAMA, *NTK_ALPHA):  # (transformers' LLaMA, Granite and HunYuan attend
+        # to every token, whatever sliding_window and layer_types say)
         return ()
+    if model_type == "dots1" and layer_types is None:  # the blocks from max_window_layers on, given a window
+        if window is None:
+            return ()
+        first = cfg.int("max_window_layers", blocks)
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(blocks)]
+    if model_type == "cwm" and layer_types is None:  # every fourth block full, from the first (CwmConfig's default)
+        if window is None:
+            return ()
+        layer_types = ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(blocks)]
     if model_type == "smollm3":  # windows on the blocks without rotary positions, and only with use_sliding_window
         if not cfg.bool("use_sliding_window", False) or window is None:
             return ()
@@ -199,8 +223,17 @@ def from_hf(cfg, model_type: str) -> dict:
     if model_type == "helium" and head_dim * heads != hidden:  # its output projection is hidden -> hidden
         raise SailorError(f"model config {cfg.source}: helium needs num_attention_heads x head_dim = hidden_size "
                           f"({heads} x {head_dim} != {hidden}); fix head_dim")
-    attention_bias = cfg.bool("use_bias" if model_type == "ernie4_5" else "attention_bias", False)
-    mlp_bias = attention_bias if model_type == "ernie4_5" else cfg.bool("mlp_bias", False)
+    # (Ministral's and CWM's attention has no biases, whatever attention_bias says; Ministral's MLP has none either)
+    attention_bias = False if model_type in ("ministral", "cwm") else \
+        cfg.bool("use_bias" if model_type == "ernie4_5" else "attention_bias", False)
+    mlp_bias = attention_bias if model_type == "ernie4_5" else False if model_type == "ministral" else \
+        cfg.bool("mlp_bias", False)
+    if model_type == "internlm3" and attention_bias != mlp_bias:  # (transformers refuses it too)
+        raise SailorError(f"model config {cfg.source}: internlm3 puts a bias on every linear or on none; set qkv_bias "
+                          f"and bias alike")
+    if model_type == "iquestcoder" and (cfg.has("clip_qkv") or cfg.bool("use_sliding_window", False)):
+        raise SailorError(f"model config {cfg.source}: clip_qkv and use_sliding_window are not supported for "
+                          "iquestcoder (transformers refuses them too); remove them")
     # the output projection's bias: as q/k/v's, except Qwen2 (q/k/v only), Seed-OSS (its own field), Helium (none)
     out_bias = False if model_type in ("qwen2", "helium") else cfg.bool("attention_out_bias", False) \
         if model_type == "seed_oss" else attention_bias
@@ -248,6 +281,8 @@ def hf_rope(spec: ModelSpec) -> dict:
     """transformers' rope_parameters for the spec's base and scaling (lists for LongRoPE's factors)."""
     scaling = dict(spec.rope_scaling)
     rope = {"rope_type": scaling.pop("type", "default"), "rope_theta": spec.rope_theta}
+    if rope["rope_type"] == "ntk_alpha":  # (HunYuan's: dynamic with an alpha, its factor unread)
+        rope.update(rope_type="dynamic", factor=1.0)
     for key, value in scaling.items():
         rope[key] = list(value) if isinstance(value, tuple) else \
             int(value) if key == "original_max_position_embeddings" else bool(value) if key == "truncate" else value
@@ -291,13 +326,19 @@ def to_hf(spec: ModelSpec) -> dict:
     if model_type == "ministral3":
         cfg["rope_parameters"].update(llama_4_scaling_beta=spec.query_scale_beta,
                                       original_max_position_embeddings=spec.query_scale_span)
-    if model_type in ("llama", "granite", "smollm3", "seed_oss", "helium"):
+    if model_type in ("llama", "granite", "smollm3", "seed_oss", "helium", *AS_LLAMA):
         cfg.update(attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
     if model_type == "seed_oss":
         cfg["attention_out_bias"] = spec.out_bias
-    elif model_type in ("llama", "granite", "smollm3") and spec.qkv_bias != spec.out_bias:
+    elif model_type in ("llama", "granite", "smollm3", *AS_LLAMA) and spec.qkv_bias != spec.out_bias:
         raise SailorError(f"{spec.name}: {model_type}'s config puts a bias on q, k, v and the output projection "
                           "alike")
+    if model_type == "internlm3" and spec.qkv_bias != spec.mlp_bias or \
+            model_type in ("ministral", "cwm") and (spec.qkv_bias or spec.out_bias or
+                                                    spec.mlp_bias and model_type == "ministral"):
+        raise SailorError(f"{spec.name}: {model_type}'s config cannot express the model's biases")
+    if model_type == "cwm":
+        cfg["mlp_bias"] = spec.mlp_bias
     if model_type == "smollm3":
         cfg["no_rope_layers"] = [int(i not in spec.nope_blocks) for i in range(spec.num_blocks)]
     if model_type == "ernie4_5":
@@ -317,9 +358,22 @@ def to_hf(spec: ModelSpec) -> dict:
         cfg["layer_types"] = ["sliding_attention" if w else "full_attention" for w in spec.windows]
         if model_type in ("qwen2", "qwen3", "smollm3"):
             cfg["use_sliding_window"] = True
-    elif model_type in ("mistral", "ministral3", "qwen2", "qwen3"):
+    elif model_type in ("mistral", "ministral", "ministral3", "qwen2", "qwen3"):
         cfg["sliding_window"] = None
+    elif model_type == "cwm":  # (its default windows three blocks in four; its config takes no null window)
+        cfg.update(sliding_window=spec.context_length, layer_types=["full_attention"] * spec.num_blocks)
     return cfg
+
+
+def family_to_hf(spec: ModelSpec) -> dict:
+    """to_hf for a model of this family: transformers' LLaMA, Granite and the types it builds as LLaMA attend to
+    every token, so a model with windows is refused rather than written as one that loses them. (Other families
+    write their attention's fields with to_hf, and windows of their own.)"""
+    model_type = spec.hf_model_type or "llama"
+    if any(spec.windows) and model_type in ("llama", "granite", *AS_LLAMA):
+        raise SailorError(f"{spec.name}: {model_type}'s blocks attend to every token; its config cannot express "
+                          "attention windows")
+    return to_hf(spec)
 
 
 _LAYER = "model.layers.{i}."
@@ -346,6 +400,6 @@ WEIGHTS = WeightMap(
     head=(WeightRule("output_layer.weight", ("lm_head.weight",), "vocab"),),
 )
 
-FAMILY = Family("llama", ("llama", "mistral", "ministral3", "qwen2", "qwen3", "granite", "smollm3", "ernie4_5",
-                          "seed_oss", "helium"),
-                from_hf, to_hf, WEIGHTS)
+FAMILY = Family("llama", ("llama", "mistral", "ministral", "ministral3", "qwen2", "qwen3", "granite", "smollm3",
+                          "ernie4_5", "seed_oss", "helium", "cwm", "internlm3", "iquestcoder"),
+                from_hf, family_to_hf, WEIGHTS)
