@@ -325,6 +325,11 @@ _HUNYUAN_7B = {"model_type": "hunyuan_v1_dense", "attention_bias": False, "head_
 PUBLISHED["Hunyuan-7B"] = (_HUNYUAN_7B, 7_504_568_320)
 PUBLISHED["Hunyuan-A13B"] = ({**_HUNYUAN_7B, "model_type": "hunyuan_v1_moe", "intermediate_size": 3072,
                               "num_experts": 64, "moe_topk": [8] * 32}, 80_393_183_232)
+# FlexOlmo-7x7B (transformers' FlexOlmoConfig defaults, documented as that checkpoint's): 33.3 B, OLMo 2's blocks
+# with 7 experts, 5 per token; K-EXAONE's architecture at transformers' ExaoneMoeConfig defaults (its docs name
+# K-EXAONE-236B-A23B, whose config differs): EXAONE 4's attention, DeepSeek-V3's experts, a dense first block
+PUBLISHED["FlexOlmo-7x7B"] = ({"model_type": "flex_olmo"}, 33_270_665_216)
+PUBLISHED["exaone_moe"] = ({"model_type": "exaone_moe"}, 28_550_641_600)
 PUBLISHED["Qwen3-Next-80B-A3B"] = ({"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48,
                                     "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
                                     "linear_num_value_heads": 32, "moe_intermediate_size": 512,
@@ -437,7 +442,7 @@ def test_parameter_count_is_the_published_one(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["internlm3-8b", "EXAONE-3.5-7.8B", "IQuest-Coder-V1-40B", "cwm", "Ministral-8B",
-                                  "Solar-Open-100B", "dots.llm1"])
+                                  "Solar-Open-100B", "dots.llm1", "exaone_moe"])
 def test_llama_like_configs_read_as_transformers_reads_them(name, tmp_path):
     """The model types transformers builds from LLaMA's, Qwen3's or GLM-4.5's code with defaults and field names of
     their own (checked live): the head dimension, the norms' epsilon, which blocks are windowed and how wide (the
@@ -448,7 +453,8 @@ def test_llama_like_configs_read_as_transformers_reads_them(name, tmp_path):
                                     {"sliding_window": 16, "max_window_layers": 60} if name == "dots.llm1" else {})}
     model = get_model(str(_write(tmp_path, cfg)))
     live = transformers.AutoConfig.for_model(**cfg)
-    types = getattr(live, "layer_types", None) if live.model_type in ("cwm", "ministral", "dots1") else None
+    types = getattr(live, "layer_types", None) if live.model_type in ("cwm", "ministral", "dots1", "exaone_moe") \
+        else None
     windows = tuple(live.sliding_window if t == "sliding_attention" else 0 for t in types) if types else ()
     head_dim = getattr(live, "head_dim", live.hidden_size // live.num_attention_heads)  # (dots1's has none)
     assert (model.head_dim, model.norm_eps, model.windows, model.rope_theta, model.qkv_bias, model.mlp_bias) == \
@@ -456,6 +462,8 @@ def test_llama_like_configs_read_as_transformers_reads_them(name, tmp_path):
          getattr(live, "attention_bias", False), getattr(live, "mlp_bias", False))
     assert model.num_blocks == live.num_hidden_layers
     assert model.dense_blocks == tuple(range(getattr(live, "first_k_dense_replace", 0) if model.experts else 0))
+    if name == "exaone_moe":  # (the full blocks without rotary positions, EXAONE 4's)
+        assert model.nope_blocks == tuple(i for i, t in enumerate(types) if t == "full_attention")
     if name == "cwm":
         assert model.windows[:5] == (0, 16, 16, 16, 0)
     if name == "dots.llm1":
@@ -866,9 +874,10 @@ _MINIMAL = {"gpt2": {"n_embd": 256, "n_layer": 2, "n_head": 32, "vocab_size": 30
                         "max_position_embeddings": 64, "attention_types": [[["global", "local"], 1]]},
             "opt": {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 32, "ffn_dim": 96,
                     "vocab_size": 300, "max_position_embeddings": 64},
-            # (their default pad tokens, 32000, 128004 and 151329, must be in the vocabulary)
+            # (their default pad tokens, 32000, 128004, 151329 and 100277, must be in the vocabulary)
             "phi3": {**_BASE, "vocab_size": 32064}, "smollm3": {**_BASE, "vocab_size": 128256},
             "glm": {**_BASE, "vocab_size": 151552}, "glm4": {**_BASE, "vocab_size": 151552},
+            "flex_olmo": {**_BASE, "vocab_size": 100352},
             # (heads x its default head_dim 128 = hidden_size; heads a multiple of its default 20 KV heads)
             "helium": {**_BASE, "hidden_size": 2560, "num_attention_heads": 20},
             # (transformers has no default for its experts per token)

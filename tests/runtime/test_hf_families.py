@@ -292,6 +292,18 @@ def _small(kind: str):
             return transformers.HunYuanDenseV1Config(**llama, head_dim=16, attention_bias=True, rope_parameters=rope)
         return transformers.HunYuanMoEV1Config(**{**llama, "intermediate_size": 32}, head_dim=16, attention_bias=True,
                                                rope_parameters=rope, num_experts=4, moe_topk=2)
+    if kind == "flex_olmo":  # OLMo 2's block (norms after the sublayers, q/k norms across all heads) with OLMoE's
+        # experts, 2 of 4 per token, renormalised
+        return transformers.FlexOlmoConfig(**llama, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                                           pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    if kind == "exaone_moe":  # EXAONE 4's attention (a windowed rotary block, a full one without rotary positions) in
+        # pre-norm blocks; the first block sparse, the second dense (mlp_layer_types); DeepSeek-V3's router in groups
+        return transformers.ExaoneMoeConfig(**llama, sliding_window=8, layer_types=["sliding_attention",
+                                                                                   "full_attention"],
+                                            mlp_layer_types=["sparse", "dense"], moe_intermediate_size=32,
+                                            num_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
+                                            num_shared_experts=1, pad_token_id=None, bos_token_id=None,
+                                            eos_token_id=None)
     if kind == "starcoder2":  # LayerNorms and linears with biases, a plain GELU MLP, grouped queries, windows
         return transformers.Starcoder2Config(**llama, sliding_window=8, bos_token_id=None, eos_token_id=None)
     if kind == "gemma":  # (1 + w) norms, scaled embeddings, GeGLU, heads wider than hidden / heads
@@ -337,7 +349,8 @@ FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "
             "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4", "exaone4", "gpt_oss", "deepseek_v3",
             "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next",
             "llama4", "mistral4", "minimax_m2", "ernie4_5_moe", "glm4_moe_lite", "solar_open", "dots1",
-            "hunyuan_v1_dense", "hunyuan_v1_moe", "phi", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+            "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo", "exaone_moe", "phi", "opt", "opt-350m", "gpt2",
+            "gpt_neo", "gpt_neox")
 
 
 @torch.no_grad()

@@ -2,12 +2,12 @@
 
 One module per family (llama.py covers LLaMA, Mistral, Ministral, Ministral 3, Qwen2, Qwen3, Granite, SmolLM3,
 ERNIE 4.5, Seed-OSS, Helium, CWM, InternLM3 and IQuest-Coder; moe.py Mixtral, Qwen2/3-MoE, OLMoE, ERNIE-4.5-MoE,
-MiniMax-M2 and GraniteMoE; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3; cohere.py Cohere 1 and 2; glm.py GLM-4
-and GLM-4-0414; glm_moe.py GLM-4.5, Solar Open and dots.llm1; exaone.py EXAONE 3 and 4; gpt_oss.py; deepseek.py
-DeepSeek-V2 and V3, GLM-4.7-Flash and Mistral 4; llama4.py Llama 4; hunyuan.py HunYuan dense and MoE; qwen3_5.py
-Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py,
-gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each holds, as data, everything
-family-specific:
+MiniMax-M2, GraniteMoE and FlexOlmo; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3; cohere.py Cohere 1 and 2;
+glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5, Solar Open and dots.llm1; exaone.py EXAONE 3, 4 and K-EXAONE;
+gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash and Mistral 4; llama4.py Llama 4; hunyuan.py HunYuan dense
+and MoE; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py, starcoder2.py, gpt_neox.py,
+opt.py, gpt2.py, gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each holds, as data,
+everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -97,7 +97,7 @@ def _families() -> dict[str, Family]:
                                         starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
-                                moe.MINIMAX_M2, moe.ERNIE_MOE,
+                                moe.MINIMAX_M2, moe.ERNIE_MOE, moe.FLEX_OLMO, exaone.EXAONE_MOE,
                                 olmo.FAMILY, phi.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
                                 cohere.FAMILY, glm.FAMILY, glm_moe.FAMILY, exaone.FAMILY, exaone.EXAONE3,
                                 gpt_oss.FAMILY, deepseek.FAMILY, deepseek.MISTRAL4, arcee.FAMILY, qwen3_5.FAMILY,
@@ -360,6 +360,14 @@ HF_DEFAULTS = {
               "first_k_dense_replace": 0, "norm_topk_prob": False, "max_position_embeddings": 2048,
               "rms_norm_eps": 1e-6, "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62},
     "hunyuan_v1_dense": {"rms_norm_eps": 1e-5, "pad_token_id": 0},
+    "flex_olmo": {"vocab_size": 100352, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+                  "pad_token_id": 100277, "rope_theta": 500000.0, "num_experts": 7, "num_experts_per_tok": 5},
+    "exaone_moe": {"vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 2048,
+                   "rms_norm_eps": 1e-5, "pad_token_id": 0, "sliding_window": 4096, "first_k_dense_replace": 1,
+                   "moe_intermediate_size": 1024, "num_experts": 64, "num_experts_per_tok": 8, "num_shared_experts": 1,
+                   "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1},
     "hunyuan_v1_moe": {"rms_norm_eps": 1e-5, "pad_token_id": 0},
     "solar_open": {"vocab_size": 196608, "hidden_size": 4096, "num_hidden_layers": 48, "num_attention_heads": 64,
                    "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
@@ -370,6 +378,8 @@ HF_DEFAULTS = {
 # wins where both are set, as in transformers
 FIELD_ALIASES = {"internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
                  "hunyuan_v1_moe": {"num_experts_per_tok": "moe_topk", "num_local_experts": "num_experts"},
+                 "flex_olmo": {"num_local_experts": "num_experts"},
+                 "exaone_moe": {"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"},
                  "exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
                             "activation_function": "hidden_act"}}
 # multimodal model types whose language model sailor trains and exports (as a checkpoint of the text model type):
@@ -404,7 +414,8 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "internlm3": "LlamaForCausalLM", "iquestcoder": "LlamaForCausalLM", "exaone": "LlamaForCausalLM",
                   "ministral": "MinistralForCausalLM", "cwm": "CwmForCausalLM", "solar_open": "SolarOpenForCausalLM",
                   "dots1": "Dots1ForCausalLM", "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
-                  "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
+                  "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "flex_olmo": "FlexOlmoForCausalLM",
+                  "exaone_moe": "ExaoneMoeForCausalLM",
                   "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",

@@ -133,7 +133,7 @@ def _experts(cfg, defaults: dict, blocks: int, alias: str) -> dict:
                 dense_ffn=cfg.int("intermediate_size", defaults["intermediate_size"]) if dense else 0)
 
 
-def _mlp_types(cfg, blocks: int) -> dict:
+def mlp_types(cfg, blocks: int) -> dict:
     """GLM-4.7-Flash's dense blocks: those mlp_layer_types names dense (default: the first)."""
     types = cfg.cfg.get("mlp_layer_types")
     if types is None:
@@ -162,7 +162,7 @@ def from_hf(cfg, model_type: str) -> dict:
     if v3:
         experts = sigmoid_experts(cfg, defaults, blocks)
         if model_type == "glm4_moe_lite":
-            experts.update(_mlp_types(cfg, blocks))
+            experts.update(mlp_types(cfg, blocks))
     elif model_type == "mistral4":  # a softmax router, its chosen probabilities renormalised (norm_topk_prob)
         if cfg.int("n_group", 1) > 1:
             raise SailorError(f"model config {cfg.source}: mistral4's expert groups (n_group > 1, scored by their "

@@ -1,5 +1,7 @@
 """EXAONE 4.0 (model_type exaone4): OLMo 2's blocks with Qwen3's per-head q/k norms, and hybrid attention;
-EXAONE 3.0 and 3.5 (model_type exaone): LLaMA's blocks under tensor names of their own.
+EXAONE 3.0 and 3.5 (model_type exaone): LLaMA's blocks under tensor names of their own; K-EXAONE (exaone_moe):
+EXAONE 4's attention in LLaMA's pre-norm blocks, with DeepSeek-V3's experts (deepseek.py) on the blocks
+mlp_layer_types names sparse (by default all but the first first_k_dense_replace).
 
 A block is x + norm(attn(x)), then x + norm(mlp(x)) (no norm before a sublayer, as OLMo 2: olmo.py);
 q and k are each normalised per head before the rotary positions (qk_norm, as Qwen3). With a
@@ -14,7 +16,8 @@ from planner.errors import SailorError
 from planner.inputs import short
 from dataclasses import replace
 
-from planner.specs.families import ACTIVATION_TO_HF, ConfigReader, Family, WeightMap, WeightRule, llama, olmo
+from planner.specs.families import (ACTIVATION_TO_HF, ConfigReader, Family, WeightMap, WeightRule, deepseek, llama, moe,
+                                    olmo)
 from planner.specs.model import MAX_BLOCKS, ModelSpec
 
 
@@ -96,3 +99,38 @@ def exaone3_to_hf(spec: ModelSpec) -> dict:
 
 
 EXAONE3 = Family("exaone", ("exaone",), llama.from_hf, exaone3_to_hf, EXAONE3_WEIGHTS)
+
+
+def moe_from_hf(cfg, model_type: str) -> dict:
+    deepseek.refuse_quantization(cfg)
+    moe.refuse_router_logits(cfg)
+    fields = {**from_hf(cfg, "exaone4"), "input_norms": True, "sandwich_norm": False}  # (LLaMA's pre-norms)
+    experts = deepseek.sigmoid_experts(cfg, deepseek.V3_DEFAULTS, fields["num_blocks"])
+    if cfg.cfg.get("mlp_layer_types") is not None:  # (before first_k_dense_replace, as in transformers)
+        experts.update(deepseek.mlp_types(cfg, fields["num_blocks"]))
+    return {**fields, **experts}
+
+
+def moe_to_hf(spec: ModelSpec) -> dict:
+    if not spec.experts or not spec.input_norms or spec.sandwich_norm:
+        raise SailorError(f"{spec.name} cannot be written as an exaone_moe config: its layers differ from "
+                          "exaone_moe's")
+    cfg = to_hf(replace(spec, input_norms=False, sandwich_norm=True, experts=0, experts_per_token=0,
+                        shared_expert_ffn=0, router_sigmoid=False, expert_score_bias=False, expert_groups=1,
+                        expert_groups_per_token=1, routed_scale=1.0, dense_blocks=(), dense_ffn=0,
+                        shared_expert_gated=True))
+    # (its dense blocks may be anywhere: mlp_layer_types)
+    experts = deepseek.experts_to_hf(replace(spec, dense_blocks=(), dense_ffn=0), "exaone_moe")
+    experts.update(num_experts=experts.pop("n_routed_experts"), num_shared_experts=experts.pop("n_shared_experts"),
+                   first_k_dense_replace=0, intermediate_size=spec.dense_ffn or spec.ffn_hidden,
+                   mlp_layer_types=["dense" if spec.dense(i) else "sparse" for i in range(spec.num_blocks)])
+    return {**cfg, **experts, "model_type": "exaone_moe"}
+
+
+# LLaMA's pre-norms and MLP (on the dense blocks), Qwen3's q/k norm names, DeepSeek-V3's experts with the score
+# biases beside the router
+MOE_WEIGHTS = replace(llama.WEIGHTS, block=(
+    *(r for r in llama.WEIGHTS.block if not r.ours.startswith("mlp.")),
+    *(replace(r, hf=("model.layers.{i}.mlp.e_score_correction_bias",)) if r.ours == "mlp.router.score_bias" else r
+      for r in deepseek.EXPERT_RULES)))
+EXAONE_MOE = Family("exaone_moe", ("exaone_moe",), moe_from_hf, moe_to_hf, MOE_WEIGHTS)

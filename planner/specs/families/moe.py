@@ -16,7 +16,8 @@ OLMoE, rotates a share of each head (rotary_dim), and routes as DeepSeek-V3 (a s
 a fixed bias per expert choose, renormalised; deepseek.py) with Mixtral's names. GraniteMoE (num_local_experts,
 intermediate_size) is Granite's block (its multipliers, llama.py) with experts that renormalise, kept as one
 tensor per block and projection (input_linear [E, 2 ffn, h] holding [gate; up], output_linear [E, h, ffn]);
-GraniteMoeShared adds a shared expert (shared_intermediate_size) without a gate.
+GraniteMoeShared adds a shared expert (shared_intermediate_size) without a gate. FlexOlmo (flex_olmo) is OLMo 2's
+block (norms after the sublayers, q/k norms across all heads: olmo.py) with OLMoE's experts.
 
 Refused, each with the field that asks for it: transformers' load-balancing loss (output_router_logits),
 pooled over all blocks and the whole batch, which a pipeline of microbatches cannot compute (the
@@ -218,3 +219,24 @@ GRANITE_MOE = Family("granitemoe", GRANITE, from_hf, to_hf, replace(llama.WEIGHT
     WeightRule("mlp.linear_fc2.weight", (_LAYER + "block_sparse_moe.output_linear.weight",)),
     WeightRule("mlp.shared_expert.linear_fc1.weight", (_LAYER + "shared_mlp.input_linear.weight",), "gate_up_cat"),
     WeightRule("mlp.shared_expert.linear_fc2.weight", (_LAYER + "shared_mlp.output_linear.weight",)))))
+
+
+def flex_olmo_from_hf(cfg, model_type: str) -> dict:
+    refuse_router_logits(cfg)
+    return {**olmo.from_hf(cfg, model_type), "experts": cfg.int("num_experts", 7),
+            "experts_per_token": cfg.int("num_experts_per_tok", 5), "expert_renorm": cfg.bool("norm_topk_prob", False)}
+
+
+def flex_olmo_to_hf(spec: ModelSpec) -> dict:
+    if not spec.experts or spec.shared_expert_ffn or spec.router_sigmoid or spec.expert_score_bias or \
+            spec.dense_blocks or spec.routed_scale != 1 or spec.expert_groups > 1:
+        raise SailorError(f"{spec.name} cannot be written as a flex_olmo config: its experts differ from flex_olmo's")
+    cfg = olmo.to_hf(replace(spec, hf_model_type="olmo2", experts=0, experts_per_token=0))
+    cfg.update(model_type="flex_olmo", num_experts=spec.experts, num_experts_per_tok=spec.experts_per_token,
+               norm_topk_prob=spec.expert_renorm, output_router_logits=False)
+    return cfg
+
+
+FLEX_OLMO = Family("flex_olmo", ("flex_olmo",), flex_olmo_from_hf, flex_olmo_to_hf, replace(olmo.WEIGHTS, block=(
+    *(r for r in olmo.WEIGHTS.block if not r.ours.startswith("mlp.")),
+    *(r for r in QWEN3_MOE.weights.block if r.ours.startswith("mlp.")))))
