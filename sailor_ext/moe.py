@@ -152,6 +152,9 @@ class MoE(nn.Module):
         self.routed_scale, self.input_weighted = model.routed_scale, model.expert_input_weighted
         if model.expert_score_bias:  # fixed: it only chooses, so no gradient reaches it (as transformers' buffer)
             self.router.score_bias = nn.Parameter(torch.zeros(experts, device=torch.device("cpu")))
+        self.router_fp32 = model.router_fp32
+        for param in self.router.parameters():  # (precision.MainParams keeps these fp32 in a bf16/fp16 model)
+            param.sailor_fp32 = model.router_fp32
         fc1 = (experts, 2, f, h) if self.gated else (experts, f, h)
         self.linear_fc1 = ExpertWeights(fc1, len(fc1) - 2, tp, fc1[:-1] if model.mlp_bias else (), len(fc1) - 2)
         self.linear_fc2 = ExpertWeights((experts, h, f), 2, tp, (experts, h) if model.mlp_bias else ())
@@ -167,7 +170,7 @@ class MoE(nn.Module):
         shape = x.shape
         # [tokens, h]; backward all-reduces the gradient the router and the experts send to it
         x = copy_to_tensor_model_parallel_region(x.reshape(-1, shape[-1]), group=self.tp_group)
-        logits = F.linear(x, self.router.weight, self.router.bias).float()
+        logits = self.router_logits(x)
         # [tokens, k] fp32 weights and experts, and the [tokens, E] probabilities (a sigmoid router's scores)
         weights, chosen, probs = (self._sigmoid_route if self.sigmoid else self._softmax_route)(logits)
         losses = self._router_losses(logits, probs, chosen, shape[1]) \
@@ -208,6 +211,13 @@ class MoE(nn.Module):
             loads = torch.tensor(counts, dtype=torch.float64, device=x.device) if self.count_loads else None
             out = _RouterLossGradient.apply(out, *losses, loads, self)
         return out.view(shape), None
+
+    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """[tokens, E] fp32 logits: of fp32 inputs and weights with router_fp32, else in the model's dtype."""
+        if self.router_fp32:
+            bias = None if self.router.bias is None else self.router.bias.float()
+            return F.linear(x.float(), self.router.weight.float(), bias)
+        return F.linear(x, self.router.weight, self.router.bias).float()
 
     def _softmax_route(self, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The top k of the softmax probabilities (DeepSeek-V2's group-limited routing: among the groups_per_token

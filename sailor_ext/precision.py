@@ -5,7 +5,8 @@ activation is too: the embedding output, each block's output, what crosses a
 stage boundary. The residual stream therefore has one dtype on every stage,
 and where a plan cuts the model does not change the numbers (an autocast
 region would keep fp32 residuals on some stages and bf16 ones on others).
-Two things stay fp32, as in Megatron's Float16OptimizerWithFloat16Params:
+Two things stay fp32, as in Megatron's Float16OptimizerWithFloat16Params (and the routers of the
+mixtures of experts whose ModelSpec says router_fp32, as transformers keeps them):
 
   * main gradients: after each microbatch's backward, a hook adds the
     parameter's low-precision gradient into an fp32 `.grad` of its main
@@ -109,6 +110,9 @@ class MainParams:
             return
         self.params = {name: p.detach().clone() for name, p in self.model_params.items()}
         model.to(dtype)  # swaps each Parameter's data in place: the objects (and these names) stay
+        for name, param in self.model_params.items():  # (an fp32 router: sailor_ext.moe.MoE, ModelSpec.router_fp32)
+            if getattr(param, "sailor_fp32", False):
+                param.data = self.params[name].clone()
         for name, param in self.model_params.items():
             param.register_post_accumulate_grad_hook(self._accumulate_into(self.params[name]))
 

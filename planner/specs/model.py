@@ -142,6 +142,10 @@ class ModelSpec:
     # routed_scale
     router_sigmoid: bool = False
     expert_score_bias: bool = False
+    # the router's weight (bias, score biases) kept and its logits computed in fp32 under bf16/fp16, as transformers
+    # keeps DeepSeek's, GLM-4.5's, dots.llm1's, ERNIE-4.5-MoE's, K-EXAONE's and HunYuan's (routing decisions
+    # rounded to bf16 differ at near-ties)
+    router_fp32: bool = False
     expert_groups: int = 1
     expert_groups_per_token: int = 1
     routed_scale: float = 1.0

@@ -457,6 +457,45 @@ def test_sigmoid_routing_is_transformers_deepseek_v3_and_its_balancing_megatrons
     assert torch.equal(torch.zeros_like(routing_map).scatter(1, counted, True), routing_map)
 
 
+def test_bf16_model_routes_in_fp32_as_transformers_deepseek_v3(world_of_one, tmp_path):
+    """Under bf16, DeepSeek-V3's router stays fp32 (router_fp32: its weight and score biases, and logits of the
+    bf16 input taken to fp32), as transformers keeps it in a bf16 model: the same experts for every token as
+    transformers' DeepseekV3TopkRouter. Routing with the weight rounded to bf16 chooses otherwise for some tokens."""
+    import torch.nn.functional as F
+
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    from sailor_ext.moe import MoE
+    from sailor_ext.precision import MainParams
+
+    fields = {"n_routed_experts": 16, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 4,
+              "routed_scaling_factor": 2.5}
+    model = _small_model({"model_type": "deepseek_v3", "num_key_value_heads": 4, "first_k_dense_replace": 0,
+                          **fields}, tmp_path)
+    assert model.router_fp32
+    theirs = DeepseekV3TopkRouter(transformers.DeepseekV3Config(hidden_size=model.hidden, **fields))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        theirs.weight.normal_(0, 0.3)
+        theirs.e_score_correction_bias.normal_(0, 0.1)
+    ours = MoE(model, 1, dist.group.WORLD, F.silu)
+    with torch.no_grad():
+        ours.router.weight.copy_(theirs.weight)
+        ours.router.score_bias.copy_(theirs.e_score_correction_bias)
+    main = MainParams(ours, torch.bfloat16)
+    assert ours.linear_fc1.weight.dtype == torch.bfloat16
+    assert ours.router.weight.dtype == ours.router.score_bias.dtype == torch.float32
+    assert torch.equal(ours.router.weight, main.params["router.weight"])  # (the master, unrounded)
+    x = torch.randn(4096, model.hidden).bfloat16()
+    _, _, their_chosen = theirs(x)  # (transformers takes x to fp32 against its fp32 weight)
+    _, chosen, _ = ours._sigmoid_route(ours.router_logits(x))
+    assert torch.equal(chosen.sort(dim=-1).values, their_chosen.sort(dim=-1).values)
+    rounded = F.linear(x, ours.router.weight.bfloat16()).float()
+    _, chosen_bf16, _ = ours._sigmoid_route(rounded)
+    assert not torch.equal(chosen_bf16.sort(dim=-1).values, their_chosen.sort(dim=-1).values)
+
+
 def test_grouped_softmax_routing_is_transformers_deepseek_v2(world_of_one, tmp_path):
     """DeepSeek-V2's group-limited routing (softmax probabilities, the best groups by their best probability,
     weights unrenormalised and scaled) chooses and weighs as transformers' DeepseekV2TopkRouter."""

@@ -124,7 +124,7 @@ def _experts(cfg, defaults: dict, blocks: int, alias: str) -> dict:
     experts = cfg.int("n_routed_experts" if cfg.has("n_routed_experts") or not cfg.has(alias) else alias,
                       defaults["n_routed_experts"])
     dense = min(_count(cfg, "first_k_dense_replace", defaults["first_k_dense_replace"]), blocks)
-    return dict(ffn_hidden=width, experts=experts,
+    return dict(ffn_hidden=width, experts=experts, router_fp32=True,  # (as transformers keeps it)
                 experts_per_token=cfg.int("num_experts_per_tok", defaults.get("num_experts_per_tok")),
                 shared_expert_ffn=width * _count(cfg, "n_shared_experts", defaults["n_shared_experts"]),
                 shared_expert_gated=False,
@@ -168,7 +168,7 @@ def from_hf(cfg, model_type: str) -> dict:
             raise SailorError(f"model config {cfg.source}: mistral4's expert groups (n_group > 1, scored by their "
                               "two best probabilities) are not supported; use n_group 1")
         experts = {**_experts(cfg, defaults, blocks, "num_local_experts"),
-                   "expert_renorm": cfg.bool("norm_topk_prob", True)}
+                   "expert_renorm": cfg.bool("norm_topk_prob", True), "router_fp32": False}
     else:
         method = cfg.str("topk_method", "greedy")
         if method not in V2_TOPK:

@@ -39,7 +39,8 @@ def from_hf(cfg, model_type: str) -> dict:
     fields.update(qk_norm=True, qk_norm_after_rotary=True)
     if model_type == MOE:
         fields.update(experts=_per_model(cfg, "num_experts", 1), experts_per_token=_per_model(cfg, "moe_topk", 1),
-                      expert_renorm=True, shared_expert_ffn=fields["ffn_hidden"], shared_expert_gated=False)
+                      expert_renorm=True, shared_expert_ffn=fields["ffn_hidden"], shared_expert_gated=False,
+                      router_fp32=True)  # (transformers builds its router in fp32)
     return fields
 
 

@@ -83,7 +83,7 @@ def from_hf(cfg, model_type: str) -> dict:
         width = cfg.int("moe_intermediate_size", 1536)
         shared = 0 if cfg.cfg.get("moe_num_shared_experts", 2) in (None, 0) else cfg.int("moe_num_shared_experts", 2)
         experts, renorm, top_k = cfg.int("moe_num_experts", 64), True, cfg.int("moe_k", 6)
-        fields.update(ffn_hidden=width, expert_score_bias=True, shared_expert_ffn=width * shared,
+        fields.update(ffn_hidden=width, expert_score_bias=True, shared_expert_ffn=width * shared, router_fp32=True,
                       shared_expert_gated=False,
                       **({"dense_blocks": dense, "dense_ffn": cfg.int("intermediate_size")} if dense else {}))
     elif model_type == "minimax_m2":  # (its released configs give the rotated share as rotary_dim)
