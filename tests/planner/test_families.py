@@ -504,6 +504,22 @@ def test_llama_like_field_names_and_refusals(tmp_path):
             get_model(str(_write(tmp_path, {**PUBLISHED[name][0], **change})))
 
 
+def test_vaultgemma_is_gemma2_without_output_norms(tmp_path):
+    """VaultGemma's config reads as Gemma 2's (every other block windowed, the soft caps, the attention scale) with
+    no norms on the sublayers' outputs; parameters as transformers counts them."""
+    cfg = {"model_type": "vaultgemma", "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
+           "max_position_embeddings": 1024, "sliding_window": 512, "query_pre_attn_scalar": 256}
+    vault = get_model(str(_write(tmp_path, cfg)))
+    gemma2 = get_model(str(_write(tmp_path, {**cfg, "model_type": "gemma2"})))
+    assert not vault.sandwich_norm and gemma2.sandwich_norm
+    assert replace(vault, name="", hf_model_type="", sandwich_norm=True) == \
+        replace(gemma2, name="", hf_model_type="")
+    assert vault.windows[:4] == (512, 0, 512, 0) and vault.attn_softcap == 50.0
+    assert vault.total_params(padded=False) == transformers_count(cfg) == \
+        gemma2.total_params(padded=False) - 2 * 26 * 1152
+
+
 def test_hunyuan_details(tmp_path):
     """HunYuan's q/k norms come after the rotary positions; its rope type dynamic with an alpha is NTK alpha (a
     base of 10^4 * 1000^(128 / 126), as transformers' HunYuan computes it), written back as it came; elsewhere an

@@ -311,6 +311,9 @@ def _small(kind: str):
     if kind == "gemma2":  # sandwich norms, soft caps small enough to bend, its own attention scale
         return transformers.Gemma2Config(**llama, head_dim=16, query_pre_attn_scalar=12, sliding_window=8,
                                          attn_logit_softcapping=1.5, final_logit_softcapping=2.0)
+    if kind == "vaultgemma":  # Gemma 2's blocks without the norms on the sublayers' outputs
+        return transformers.VaultGemmaConfig(**llama, head_dim=16, query_pre_attn_scalar=12, sliding_window=8,
+                                             attn_logit_softcapping=1.5, final_logit_softcapping=2.0)
     if kind == "gemma3":  # q/k norms, a rotary base per layer type, linear scaling on the full blocks only
         return transformers.Gemma3TextConfig(**llama, head_dim=16, sliding_window=8,
                                              layer_types=["sliding_attention", "full_attention"], rope_parameters={
@@ -345,12 +348,12 @@ STEP_BOUND = {kind: 0.02 for kind in ("qwen3_5", "qwen3_5-attention", "qwen3_5_m
 # 1e-6, and every element equals the single process's under SGD (test_equivalence.py).
 FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "exaone", "qwen2", "qwen3", "granite",
             "smollm3", "ernie4_5", "seed_oss", "helium", "arcee", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
-            "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2", "gemma3",
-            "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4", "exaone4", "gpt_oss", "deepseek_v3",
-            "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next",
-            "llama4", "mistral4", "minimax_m2", "ernie4_5_moe", "glm4_moe_lite", "solar_open", "dots1",
-            "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo", "exaone_moe", "phi", "opt", "opt-350m", "gpt2",
-            "gpt_neo", "gpt_neox")
+            "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2",
+            "vaultgemma", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4", "exaone4",
+            "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5", "qwen3_5-attention",
+            "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2", "ernie4_5_moe", "glm4_moe_lite",
+            "solar_open", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo", "exaone_moe", "phi", "opt",
+            "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 @torch.no_grad()

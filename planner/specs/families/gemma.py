@@ -14,8 +14,9 @@ their own rotary base (10,000, unscaled) while the full ones use rope_theta (1,0
 scaling on the 4B and larger). The two layouts name the pre-MLP norm differently, so they are
 two families: `gemma` and `gemma2`.
 
-The multimodal Gemma 3 (model_type gemma3: the 4B and larger) is read as its language model, a gemma3_text
-(families.MULTIMODAL). Refused: bidirectional attention (EmbeddingGemma).
+VaultGemma (vaultgemma) is Gemma 2 without the norms on the sublayers' outputs: pre_feedforward_layernorm is its
+pre-MLP norm. The multimodal Gemma 3 (model_type gemma3: the 4B and larger) is read as its language model, a
+gemma3_text (families.MULTIMODAL). Refused: bidirectional attention (EmbeddingGemma).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from planner.specs.model import MAX_BLOCKS, ModelSpec
 
 HEAD_DIM = 256  # transformers' default for every Gemma
 GLOBAL_THETA, LOCAL_THETA = 1_000_000.0, 10_000.0  # Gemma 3's rotary bases when its config names none
-SLIDING_PATTERN = {"gemma2": 2, "gemma3_text": 6}  # every n-th block is full, the others windowed
+SLIDING_PATTERN = {"gemma2": 2, "vaultgemma": 2, "gemma3_text": 6}  # every n-th block is full, the others windowed
 
 
 def _layer_types(cfg, model_type: str, blocks: int) -> ConfigReader:
@@ -102,9 +103,10 @@ def from_hf(cfg, model_type: str) -> dict:
         fields["rope_theta"], fields["rope_scaling"] = llama._rope(cfg)
         return fields
     scalar = cfg.float("query_pre_attn_scalar", HEAD_DIM)
-    fields.update(sandwich_norm=True, windows=llama._windows(_layer_types(cfg, model_type, blocks), model_type, blocks),
+    fields.update(sandwich_norm=model_type != "vaultgemma",
+                  windows=llama._windows(_layer_types(cfg, model_type, blocks), model_type, blocks),
                   attention_scale=0.0 if scalar == head_dim else scalar ** -0.5)
-    if model_type == "gemma2":
+    if model_type in ("gemma2", "vaultgemma"):
         fields["rope_theta"], fields["rope_scaling"] = llama._rope(cfg)
         fields.update(attn_softcap=_cap(cfg, "attn_logit_softcapping", 50.0),
                       logit_softcap=_cap(cfg, "final_logit_softcapping", 30.0))
@@ -130,7 +132,8 @@ def to_hf(spec: ModelSpec) -> dict:
         spec.gated_mlp and spec.residual_multiplier == 1 and spec.logits_divisor == 1 and \
         not spec.learned_positions and spec.qkv_bias == spec.out_bias and not spec.mlp_bias and \
         not spec.projected and spec.separate_final_norm and spec.rotary_fraction == 1.0 and \
-        spec.sandwich_norm == (model_type != "gemma") and spec.qk_norm == (model_type == "gemma3_text") and \
+        spec.sandwich_norm == (model_type not in ("gemma", "vaultgemma")) and \
+        spec.qk_norm == (model_type == "gemma3_text") and \
         (model_type == "gemma3_text" or not spec.local_rope_theta) and \
         (model_type != "gemma" or not (spec.windows or spec.attention_scale or spec.attn_softcap or
                                        spec.logit_softcap))
@@ -163,14 +166,15 @@ def to_hf(spec: ModelSpec) -> dict:
         "layer_types": ["sliding_attention" if spec.window(b) else "full_attention" for b in range(spec.num_blocks)],
         "attn_logit_softcapping": spec.attn_softcap or None, "final_logit_softcapping": spec.logit_softcap or None,
     })
-    if model_type == "gemma2":
+    if model_type in ("gemma2", "vaultgemma"):
         return {**cfg, "rope_parameters": rope}
     local = {"rope_type": "default", "rope_theta": spec.local_rope_theta or spec.rope_theta}
     return {**cfg, "rope_parameters": {"full_attention": rope, "sliding_attention": local}}
 
 
 def _sandwich_weights() -> WeightMap:
-    """LLaMA's names (Gemma's), with Gemma 2's pre-MLP norm and the norms on the sublayers' outputs."""
+    """LLaMA's names (Gemma's), with Gemma 2's pre-MLP norm and the norms on the sublayers' outputs (which
+    VaultGemma does not have)."""
     layer = "model.layers.{i}."
     block = [WeightRule(r.ours, (layer + "pre_feedforward_layernorm.weight",)) if r.ours == "pre_mlp_layernorm.weight"
              else r for r in llama.WEIGHTS.block]
@@ -180,4 +184,4 @@ def _sandwich_weights() -> WeightMap:
 
 
 FAMILY = Family("gemma", ("gemma",), from_hf, to_hf, llama.WEIGHTS)  # LLaMA's names, tensor for tensor
-FAMILY2 = Family("gemma2", ("gemma2", "gemma3_text"), from_hf, to_hf, _sandwich_weights())
+FAMILY2 = Family("gemma2", ("gemma2", "gemma3_text", "vaultgemma"), from_hf, to_hf, _sandwich_weights())
