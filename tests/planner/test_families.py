@@ -330,6 +330,9 @@ PUBLISHED["Hunyuan-A13B"] = ({**_HUNYUAN_7B, "model_type": "hunyuan_v1_moe", "in
 # K-EXAONE-236B-A23B, whose config differs): EXAONE 4's attention, DeepSeek-V3's experts, a dense first block
 PUBLISHED["FlexOlmo-7x7B"] = ({"model_type": "flex_olmo"}, 33_270_665_216)
 PUBLISHED["exaone_moe"] = ({"model_type": "exaone_moe"}, 28_550_641_600)
+# Youtu-LLM-2B (transformers' YoutuConfig defaults, documented as that checkpoint's): DeepSeek-V3's latent attention,
+# a dense MLP in every block, tied
+PUBLISHED["Youtu-LLM-2B"] = ({"model_type": "youtu"}, 1_961_560_064)
 PUBLISHED["Qwen3-Next-80B-A3B"] = ({"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48,
                                     "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
                                     "linear_num_value_heads": 32, "moe_intermediate_size": 512,

@@ -233,6 +233,11 @@ def _small(kind: str):
             rope_parameters={"rope_type": "default", "rope_theta": 1e4} if lite else {
                 "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 1e4,
                 "mscale": 1.0, "mscale_all_dim": 1.0})
+    if kind == "youtu":  # DeepSeek-V3's latent attention (q from a latent, adjacent pairs rotated) with a dense MLP
+        # in every block; tied
+        return transformers.YoutuConfig(**{**llama, "num_key_value_heads": 4}, q_lora_rank=24, kv_lora_rank=16,
+                                        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, pad_token_id=None,
+                                        bos_token_id=None, eos_token_id=None)
     if kind == "deepseek_v2":  # DeepSeek-V2-Lite's shape: latent attention without a q latent, YaRN with its mscale
         # pair (the softmax scale); a dense first block; a softmax router choosing 2 of 8 experts from the best 2 of 4
         # groups (by their best probability), weights unrenormalised and scaled; 2 shared experts
@@ -350,10 +355,10 @@ FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "
             "smollm3", "ernie4_5", "seed_oss", "helium", "arcee", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
             "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2",
             "vaultgemma", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4", "exaone4",
-            "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "glm4_moe", "qwen3_5", "qwen3_5-attention",
-            "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2", "ernie4_5_moe", "glm4_moe_lite",
-            "solar_open", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo", "exaone_moe", "phi", "opt",
-            "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+            "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu", "glm4_moe", "qwen3_5",
+            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2", "ernie4_5_moe",
+            "glm4_moe_lite", "solar_open", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo", "exaone_moe",
+            "phi", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 @torch.no_grad()

@@ -4,10 +4,10 @@ One module per family (llama.py covers LLaMA, Mistral, Ministral, Ministral 3, Q
 ERNIE 4.5, Seed-OSS, Helium, CWM, InternLM3 and IQuest-Coder; moe.py Mixtral, Qwen2/3-MoE, OLMoE, ERNIE-4.5-MoE,
 MiniMax-M2, GraniteMoE and FlexOlmo; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3 and VaultGemma; cohere.py
 Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5, Solar Open and dots.llm1; exaone.py EXAONE 3, 4 and
-K-EXAONE; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash and Mistral 4; llama4.py Llama 4; hunyuan.py
-HunYuan dense and MoE; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py, starcoder2.py,
-gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each
-holds, as data, everything family-specific:
+K-EXAONE; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash, Mistral 4 and Youtu-LLM; llama4.py Llama 4;
+hunyuan.py HunYuan dense and MoE; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py,
+starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Multimodal configs are read as their language model
+(MULTIMODAL). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -97,7 +97,7 @@ def _families() -> dict[str, Family]:
                                         starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
-                                moe.MINIMAX_M2, moe.ERNIE_MOE, moe.FLEX_OLMO, exaone.EXAONE_MOE,
+                                moe.MINIMAX_M2, moe.ERNIE_MOE, moe.FLEX_OLMO, exaone.EXAONE_MOE, deepseek.YOUTU,
                                 olmo.FAMILY, phi.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
                                 cohere.FAMILY, glm.FAMILY, glm_moe.FAMILY, exaone.FAMILY, exaone.EXAONE3,
                                 gpt_oss.FAMILY, deepseek.FAMILY, deepseek.MISTRAL4, arcee.FAMILY, qwen3_5.FAMILY,
@@ -313,6 +313,7 @@ HF_DEFAULTS = {
     "olmo2": {"rms_norm_eps": 1e-5}, "olmo3": {"rms_norm_eps": 1e-5}, "olmoe": {"rms_norm_eps": 1e-5},
     "gemma": {"num_key_value_heads": 16}, "gemma2": {"num_key_value_heads": 4},
     "gemma3_text": {"num_key_value_heads": 4}, "vaultgemma": {"num_key_value_heads": 4},
+    "youtu": {"tie_word_embeddings": True},
     "starcoder2": {"num_key_value_heads": 2}, "cohere": {"rope_theta": 500000.0}, "cohere2": {"sliding_window": 4096},
     "phi3": {"rms_norm_eps": 1e-5, "pad_token_id": 32000},
     "smollm3": {"num_key_value_heads": 4, "rope_theta": 2e6, "pad_token_id": 128004, "tie_word_embeddings": True},
@@ -416,6 +417,7 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "dots1": "Dots1ForCausalLM", "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                   "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "flex_olmo": "FlexOlmoForCausalLM",
                   "exaone_moe": "ExaoneMoeForCausalLM", "vaultgemma": "VaultGemmaForCausalLM",
+                  "youtu": "YoutuForCausalLM",
                   "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",

@@ -23,6 +23,7 @@ GLM-4.7-Flash (glm4_moe_lite) is V3 with its dense blocks named by mlp_layer_typ
 Mistral 4 (mistral4: Mistral Small 4) has V3's attention and blocks with a softmax router (one group), its chosen
 probabilities renormalised (norm_topk_prob) and scaled, each block's experts in two tensors (gate_up_proj,
 down_proj), and Ministral 3's query scale (rope_parameters' llama_4_scaling_beta; ModelSpec.query_scale_beta).
+Youtu-LLM (youtu) has V3's attention and a dense MLP (intermediate_size) in every block, no experts.
 
 DeepSeek-V3's balancing moves the score biases between steps (auxiliary-loss-free); transformers keeps them
 fixed, and so do we unless the training argument --moe-router-bias-update-rate asks (sailor_ext/moe.py;
@@ -71,8 +72,13 @@ LITE_DEFAULTS = {"vocab_size": 154880, "hidden_size": 2048, "intermediate_size":
                  "routed_scaling_factor": 1.8, "kv_lora_rank": 512, "q_lora_rank": 768, "qk_rope_head_dim": 64,
                  "v_head_dim": 256, "qk_nope_head_dim": 192, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 4,
                  "first_k_dense_replace": 0, "max_position_embeddings": 202752, "rms_norm_eps": 1e-5}
+# transformers' YoutuConfig defaults (5.24; documented as Youtu-LLM-2B's)
+YOUTU_DEFAULTS = {"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 32,
+                  "num_attention_heads": 16, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+                  "v_head_dim": 128, "qk_nope_head_dim": 128, "max_position_embeddings": 131072,
+                  "rms_norm_eps": 1e-6}
 DEFAULTS = {"deepseek_v3": V3_DEFAULTS, "deepseek_v2": V2_DEFAULTS, "mistral4": MISTRAL4_DEFAULTS,
-            "glm4_moe_lite": LITE_DEFAULTS}
+            "glm4_moe_lite": LITE_DEFAULTS, "youtu": YOUTU_DEFAULTS}
 MLP_TYPES = ("dense", "sparse")
 V2_TOPK = ("greedy", "group_limited_greedy")  # the topk_method values DeepSeek-V2's router runs
 
@@ -147,7 +153,7 @@ def mlp_types(cfg, blocks: int) -> dict:
 
 
 def from_hf(cfg, model_type: str) -> dict:
-    v3, defaults = model_type in ("deepseek_v3", "glm4_moe_lite"), DEFAULTS[model_type]
+    v3, defaults = model_type in ("deepseek_v3", "glm4_moe_lite", "youtu"), DEFAULTS[model_type]
     refuse_quantization(cfg)
     moe.refuse_router_logits(cfg)
     for key in ("attention_bias", "mlp_bias") if not v3 else ("attention_bias",):  # (V3's MLPs never have biases)
@@ -159,7 +165,9 @@ def from_hf(cfg, model_type: str) -> dict:
     blocks = cfg.int("num_hidden_layers", defaults["num_hidden_layers"], hi=MAX_BLOCKS)
     q_rank = 0 if "q_lora_rank" in cfg.cfg and cfg.cfg["q_lora_rank"] is None else \
         cfg.int("q_lora_rank", defaults["q_lora_rank"])
-    if v3:
+    if model_type == "youtu":  # (a dense MLP in every block)
+        experts = {"ffn_hidden": cfg.int("intermediate_size", defaults["intermediate_size"])}
+    elif v3:
         experts = sigmoid_experts(cfg, defaults, blocks)
         if model_type == "glm4_moe_lite":
             experts.update(mlp_types(cfg, blocks))
@@ -197,10 +205,14 @@ def from_hf(cfg, model_type: str) -> dict:
 def to_hf(spec: ModelSpec) -> dict:
     model_type = spec.hf_model_type or ("deepseek_v3" if spec.router_sigmoid else "deepseek_v2")
     v3, mistral4 = model_type in ("deepseek_v3", "glm4_moe_lite"), model_type == "mistral4"
-    lite = model_type == "glm4_moe_lite"
-    if not spec.latent or (spec.router_sigmoid, spec.expert_score_bias) != (v3, v3) or \
-            (model_type == "deepseek_v2" and (spec.expert_renorm or not spec.rotary_interleaved)) or spec.qk_norm or \
-            spec.nope_blocks or bool(spec.query_scale_span) != mistral4 or (mistral4 and spec.expert_groups > 1):
+    lite, youtu = model_type == "glm4_moe_lite", model_type == "youtu"
+    if youtu and (not spec.latent or spec.experts or spec.qk_norm or spec.nope_blocks or spec.query_scale_span):
+        raise SailorError(f"{spec.name} cannot be written as a youtu config: youtu has latent attention and a dense "
+                          "MLP in every block")
+    if not youtu and (not spec.latent or (spec.router_sigmoid, spec.expert_score_bias) != (v3, v3) or
+                      (model_type == "deepseek_v2" and (spec.expert_renorm or not spec.rotary_interleaved)) or
+                      spec.qk_norm or spec.nope_blocks or bool(spec.query_scale_span) != mistral4 or
+                      (mistral4 and spec.expert_groups > 1)):
         raise SailorError(f"{spec.name} cannot be written as a {model_type} config: it has latent attention and a "
                           "sigmoid router with score biases (deepseek_v3) or a softmax router with unrenormalised "
                           "weights and adjacent pairs rotated (deepseek_v2), or with renormalised weights, one "
@@ -222,8 +234,10 @@ def to_hf(spec: ModelSpec) -> dict:
         "q_lora_rank": spec.q_lora_rank or None, "kv_lora_rank": spec.kv_lora_rank,
         "qk_rope_head_dim": spec.rope_head_dim, "qk_nope_head_dim": spec.head_dim - spec.rope_head_dim,
         "v_head_dim": spec.v_head_dim,
-        **experts_to_hf(replace(spec, dense_blocks=(), dense_ffn=0) if lite else spec, model_type),
     }
+    if youtu:
+        return {**cfg, "intermediate_size": spec.ffn_hidden, "rope_interleave": spec.rotary_interleaved}
+    cfg.update(experts_to_hf(replace(spec, dense_blocks=(), dense_ffn=0) if lite else spec, model_type))
     if lite:
         cfg.update(mlp_layer_types=["dense" if i in spec.dense_blocks else "sparse" for i in range(spec.num_blocks)],
                    intermediate_size=spec.dense_ffn or spec.ffn_hidden)
@@ -280,6 +294,10 @@ WEIGHTS = replace(llama.WEIGHTS, block=(
     WeightRule("pre_mlp_layernorm.weight", (_LAYER + "post_attention_layernorm.weight",)), *EXPERT_RULES))
 
 FAMILY = Family("deepseek", ("deepseek_v2", "deepseek_v3", "glm4_moe_lite"), from_hf, to_hf, WEIGHTS)
+# Youtu-LLM: the latent attention's tensors and LLaMA's MLP in every block
+YOUTU = Family("youtu", ("youtu",), from_hf, to_hf, replace(WEIGHTS, block=(
+    *(r for r in WEIGHTS.block if not r.ours.startswith("mlp.")),
+    *(r for r in llama.WEIGHTS.block if r.ours.startswith("mlp.")))))
 # Mistral 4: DeepSeek's tensors with each block's experts in two, as transformers 5 keeps them: gate_up_proj
 # [E, 2 ffn, h] (the gate's rows, then up's) and down_proj [E, h, ffn]; no score bias
 MISTRAL4 = Family("mistral4", ("mistral4",), from_hf, to_hf, replace(WEIGHTS, block=tuple(
