@@ -333,6 +333,16 @@ PUBLISHED["exaone_moe"] = ({"model_type": "exaone_moe"}, 28_550_641_600)
 # Youtu-LLM-2B (transformers' YoutuConfig defaults, documented as that checkpoint's): DeepSeek-V3's latent attention,
 # a dense MLP in every block, tied
 PUBLISHED["Youtu-LLM-2B"] = ({"model_type": "youtu"}, 1_961_560_064)
+# StableLM 2 1.6B (q/k/v biases) and StableLM-3B-4E1T: LayerNorms with biases, a quarter of each head rotated
+_STABLELM_2 = {"model_type": "stablelm", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
+               "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 100352,
+               "max_position_embeddings": 4096, "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
+               "rope_theta": 10000, "use_qkv_bias": True, "use_parallel_residual": False, "qk_layernorm": False,
+               "tie_word_embeddings": False}
+PUBLISHED["stablelm-2-1_6b"] = (_STABLELM_2, 1_644_515_328)
+PUBLISHED["stablelm-3b-4e1t"] = ({"model_type": "stablelm", "hidden_size": 2560, "intermediate_size": 6912,
+                                  "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 50304,
+                                  "max_position_embeddings": 4096}, 2_795_443_200)
 PUBLISHED["Qwen3-Next-80B-A3B"] = ({"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48,
                                     "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
                                     "linear_num_value_heads": 32, "moe_intermediate_size": 512,
@@ -502,6 +512,8 @@ def test_llama_like_field_names_and_refusals(tmp_path):
             ("Solar-Open-100B", {"partial_rotary_factor": 0.5}, "solar_open rotates whole heads; remove "
                                                                  "partial_rotary_factor 0.5"),
             ("dots.llm1", {"n_shared_experts": None}, "n_shared_experts must be a whole number >= 0, not null"),
+            ("stablelm-2-1_6b", {"qk_layernorm": True}, "qk_layernorm .* is not supported for stablelm; set it to "
+                                                         "false"),
             ("EXAONE-3.5-7.8B", {"num_layers": "32"}, "num_hidden_layers must be a positive integer, not '32'")):
         with pytest.raises(SailorError, match=needle):
             get_model(str(_write(tmp_path, {**PUBLISHED[name][0], **change})))

@@ -309,6 +309,11 @@ def _small(kind: str):
                                             num_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
                                             num_shared_experts=1, pad_token_id=None, bos_token_id=None,
                                             eos_token_id=None)
+    if kind in ("stablelm", "stablelm-parallel"):  # LayerNorms with biases, a quarter of each head rotated, q/k/v
+        # biases; -parallel: attention and MLP side by side on one norm (StableLM 2 12B's)
+        return transformers.StableLmConfig(**llama, use_qkv_bias=True, partial_rotary_factor=0.25,
+                                           use_parallel_residual=kind.endswith("parallel"), bos_token_id=None,
+                                           eos_token_id=None)
     if kind == "starcoder2":  # LayerNorms and linears with biases, a plain GELU MLP, grouped queries, windows
         return transformers.Starcoder2Config(**llama, sliding_window=8, bos_token_id=None, eos_token_id=None)
     if kind == "gemma":  # (1 + w) norms, scaled embeddings, GeGLU, heads wider than hidden / heads
@@ -354,11 +359,11 @@ STEP_BOUND = {kind: 0.02 for kind in ("qwen3_5", "qwen3_5-attention", "qwen3_5_m
 FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "exaone", "qwen2", "qwen3", "granite",
             "smollm3", "ernie4_5", "seed_oss", "helium", "arcee", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
             "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2",
-            "vaultgemma", "gemma3", "starcoder2", "cohere", "cohere-qk", "cohere2", "glm", "glm4", "exaone4",
-            "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu", "glm4_moe", "qwen3_5",
-            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2", "ernie4_5_moe",
-            "glm4_moe_lite", "solar_open", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo", "exaone_moe",
-            "phi", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+            "vaultgemma", "gemma3", "starcoder2", "stablelm", "stablelm-parallel", "cohere", "cohere-qk", "cohere2",
+            "glm", "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu", "glm4_moe",
+            "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2",
+            "ernie4_5_moe", "glm4_moe_lite", "solar_open", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo",
+            "exaone_moe", "phi", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
 
 
 @torch.no_grad()
