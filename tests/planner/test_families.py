@@ -343,6 +343,10 @@ PUBLISHED["stablelm-2-1_6b"] = (_STABLELM_2, 1_644_515_328)
 PUBLISHED["stablelm-3b-4e1t"] = ({"model_type": "stablelm", "hidden_size": 2560, "intermediate_size": 6912,
                                   "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 50304,
                                   "max_position_embeddings": 4096}, 2_795_443_200)
+# GPT-J-6B: 6.05 B as transformers counts it (the output layer's bias included)
+PUBLISHED["gpt-j-6b"] = ({"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048,
+                          "rotary_dim": 64, "vocab_size": 50400, "activation_function": "gelu_new",
+                          "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False}, 6_050_882_784)
 PUBLISHED["Qwen3-Next-80B-A3B"] = ({"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48,
                                     "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
                                     "linear_num_value_heads": 32, "moe_intermediate_size": 512,
@@ -512,6 +516,9 @@ def test_llama_like_field_names_and_refusals(tmp_path):
             ("Solar-Open-100B", {"partial_rotary_factor": 0.5}, "solar_open rotates whole heads; remove "
                                                                  "partial_rotary_factor 0.5"),
             ("dots.llm1", {"n_shared_experts": None}, "n_shared_experts must be a whole number >= 0, not null"),
+            ("gpt-j-6b", {"rotary_dim": None}, "gptj needs rotary_dim, the dimensions of each head that rotary "
+                                               "positions turn; set it"),
+            ("gpt-j-6b", {"rotary_dim": 257}, "rotary_dim 257 must be even and at most a head's 256 dimensions"),
             ("stablelm-2-1_6b", {"qk_layernorm": True}, "qk_layernorm .* is not supported for stablelm; set it to "
                                                          "false"),
             ("EXAONE-3.5-7.8B", {"num_layers": "32"}, "num_hidden_layers must be a positive integer, not '32'")):
@@ -914,6 +921,8 @@ _MINIMAL = {"gpt2": {"n_embd": 256, "n_layer": 2, "n_head": 32, "vocab_size": 30
             # (transformers has no default for its experts per token)
             "deepseek_v2": {**_BASE, "num_experts_per_tok": 6},
             "dots1": {**_BASE, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+            # (heads of 64, as wide as its default rotary_dim)
+            "gptj": {"n_embd": 256, "n_layer": 2, "n_head": 4, "vocab_size": 300, "n_positions": 64},
             # the multimodal ones' language models (Mistral 3's tie named: transformers ties by default, unlike
             # us, test_multimodal_details)
             "gemma3": {"text_config": {**_BASE, "model_type": "gemma3_text"}},

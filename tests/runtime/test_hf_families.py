@@ -335,6 +335,10 @@ def _small(kind: str):
         return transformers.OPTConfig(**opt)
     if kind == "opt-350m":  # projection 32 <-> 64 and post-LN, as facebook/opt-350m
         return transformers.OPTConfig(**opt, word_embed_proj_dim=32, do_layer_norm_before=False)
+    if kind == "gptj":  # attention (no biases) and MLP side by side on one LayerNorm, adjacent pairs of the first 8
+        # of each head's 16 dimensions rotated, a bias on the output layer
+        return transformers.GPTJConfig(n_embd=64, n_layer=2, n_head=4, n_inner=96, rotary_dim=8, vocab_size=VOCAB,
+                                       n_positions=64, bos_token_id=None, eos_token_id=None)
     if kind == "gpt2":
         return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64)
     if kind == "gpt_neo":
@@ -363,7 +367,7 @@ FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "
             "glm", "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu", "glm4_moe",
             "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2",
             "ernie4_5_moe", "glm4_moe_lite", "solar_open", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo",
-            "exaone_moe", "phi", "opt", "opt-350m", "gpt2", "gpt_neo", "gpt_neox")
+            "exaone_moe", "phi", "opt", "opt-350m", "gpt2", "gptj", "gpt_neo", "gpt_neox")
 
 
 @torch.no_grad()

@@ -6,8 +6,8 @@ MiniMax-M2, GraniteMoE and FlexOlmo; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 a
 Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5, Solar Open and dots.llm1; exaone.py EXAONE 3, 4 and
 K-EXAONE; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash, Mistral 4 and Youtu-LLM; llama4.py Llama 4;
 hunyuan.py HunYuan dense and MoE; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py,
-stablelm.py, starcoder2.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Multimodal configs are read as their language
-model (MULTIMODAL). Each holds, as data, everything family-specific:
+stablelm.py, starcoder2.py, gptj.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Multimodal configs are read as their
+language model (MULTIMODAL). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -93,8 +93,8 @@ class Family:
 
 def _families() -> dict[str, Family]:
     from planner.specs.families import (arcee, cohere, deepseek, exaone, gemma, glm, glm_moe, gpt2, gpt_neo, gpt_neox,
-                                        gpt_oss, hunyuan, llama, llama4, moe, olmo, opt, phi, phi3, qwen3_5,
-                                        stablelm, starcoder2)
+                                        gpt_oss, gptj, hunyuan, llama, llama4, moe, olmo, opt, phi, phi3,
+                                        qwen3_5, stablelm, starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
                                 moe.MINIMAX_M2, moe.ERNIE_MOE, moe.FLEX_OLMO, exaone.EXAONE_MOE, deepseek.YOUTU,
@@ -103,7 +103,7 @@ def _families() -> dict[str, Family]:
                                 gpt_oss.FAMILY, deepseek.FAMILY, deepseek.MISTRAL4, arcee.FAMILY, qwen3_5.FAMILY,
                                 qwen3_5.MOE_FAMILY,
                                 qwen3_5.NEXT_FAMILY, llama4.FAMILY, hunyuan.FAMILY, hunyuan.MOE_FAMILY, opt.FAMILY,
-                                stablelm.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
+                                stablelm.FAMILY, gptj.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -380,6 +380,8 @@ HF_DEFAULTS = {
 FIELD_ALIASES = {"internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
                  "hunyuan_v1_moe": {"num_experts_per_tok": "moe_topk", "num_local_experts": "num_experts"},
                  "flex_olmo": {"num_local_experts": "num_experts"},
+                 "gptj": {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
+                          "max_position_embeddings": "n_positions"},
                  "exaone_moe": {"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"},
                  "exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
                             "activation_function": "hidden_act"}}
@@ -418,6 +420,7 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "flex_olmo": "FlexOlmoForCausalLM",
                   "exaone_moe": "ExaoneMoeForCausalLM", "vaultgemma": "VaultGemmaForCausalLM",
                   "youtu": "YoutuForCausalLM", "stablelm": "StableLmForCausalLM",
+                  "gptj": "GPTJForCausalLM",
                   "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
