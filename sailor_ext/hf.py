@@ -359,7 +359,7 @@ class HFWeights:
     def _read(self, name: str, dim: int | None, start: int | None, stop: int | None) -> torch.Tensor:
         """Tensor `name` as stored, or only [start, stop) along `dim`, read from disk alone."""
         view = self._slice(name)
-        return view[:] if dim is None else view[(slice(None),) * dim + (slice(start, stop),)]
+        return view[...] if dim is None else view[(slice(None),) * dim + (slice(start, stop),)]  # (... reads 0-dim too)
 
     def get(self, name: str, dim: int | None = None, start: int | None = None, stop: int | None = None) \
             -> torch.Tensor:

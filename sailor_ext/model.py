@@ -82,6 +82,38 @@ ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximat
                "relu2": lambda x: F.relu(x).square(), "silu": F.silu}
 
 
+class XIELU(nn.Module):
+    """xIELU (Apertus), with a block's own scalars: alpha_p and alpha_n trained (softplus keeps their
+    factors positive), beta and eps fixed (parameters that no gradient reaches, as score biases are, so
+    that they load and export with the checkpoint):
+        x > 0:  softplus(alpha_p) x^2 + beta x
+        x <= 0: (expm1(min(x, eps)) - x) (beta + softplus(alpha_n)) + beta x
+    It replaces the MLP's activation function; each TP rank applies it to its share of the MLP's width,
+    so the scalars' gradients are partial (ParamShard.partial_grad)."""
+
+    def __init__(self):
+        super().__init__()
+        cpu = torch.device("cpu")
+        self.alpha_p, self.alpha_n = (nn.Parameter(torch.zeros(1, device=cpu)) for _ in range(2))
+        self.beta, self.eps = (nn.Parameter(torch.zeros((), device=cpu)) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        beta, eps = self.beta.detach(), self.eps.detach()
+        alpha_p, alpha_n = F.softplus(self.alpha_p), beta + F.softplus(self.alpha_n)
+        return torch.where(x > 0, alpha_p * x * x + beta * x, (torch.expm1(torch.min(x, eps)) - x) * alpha_n + beta * x)
+
+
+def _xielu_without_scalars(x: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("xIELU needs its block's scalars: Block gives each MLP an XIELU module")
+
+
+ACTIVATIONS["xielu"] = _xielu_without_scalars  # (transformer_config's; every block replaces it)
+# xIELU's initial scalars, as transformers builds them: alpha_p and alpha_n such that softplus gives 0.8 and
+# 0.8 - beta
+XIELU_INIT = {"alpha_p": math.log(math.expm1(0.8)), "alpha_n": math.log(math.expm1(0.8 - 0.5)), "beta": 0.5,
+              "eps": -1e-6}
+
+
 @dataclass(frozen=True)
 class StageSpec:
     """What one rank builds: a layer range of a model, sharded over a TP group."""
@@ -405,6 +437,8 @@ class Block(nn.Module):
                 config = copy.copy(config)
                 config.ffn_hidden_size = model.dense_ffn
             self.mlp = MLP(config, mlp, ffn_hidden_size=config.ffn_hidden_size, tp_group=pg.tp)
+            if model.activation == "xielu":  # (megatron's MLP applies activation_func to fc1's output)
+                self.mlp.activation_func = XIELU()
         if model.sandwich_norm:
             self.post_attention_layernorm = norm(model, model.hidden)
             self.post_mlp_layernorm = norm(model, model.hidden)
@@ -614,7 +648,7 @@ class StageModel(nn.Module):
                     dim = 1
                 partial = dim is None and (isinstance(module, ExpertWeights) or module_name.endswith(
                     ("self_attention.q_layernorm", "self_attention.k_layernorm", "mlp.router", "mlp.shared_gate",
-                     "linear_attention.out_norm")))
+                     "linear_attention.out_norm", "mlp.activation_func")))
                 out[name] = ParamShard(logical, tuple(shape), dim, spec.tp, spec.tp_rank,
                                        chunks if dim is not None else 1, stages, partial_grad=partial)
         return out
@@ -631,6 +665,8 @@ def init_tensor(name: str, shape: tuple[int, ...], seed: int, num_blocks: int,
     leaf = name.rsplit(".", 1)[-1]
     if leaf in ("bias", "score_bias"):
         return torch.zeros(shape)
+    if ".activation_func." in name:  # xIELU's scalars
+        return torch.full(shape, XIELU_INIT[leaf])
     if "layernorm" in name:
         return torch.zeros(shape) if norm_offset else torch.ones(shape)
     if name.endswith("out_norm.weight"):  # Gated DeltaNet's output norm scales by w, whatever the model's norms

@@ -151,7 +151,8 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
                        output q/t (also the projection's input)
         MLP            the first linear's output f_in/t and the activation's output f/t
                        (a fused SwiGLU recomputes the rest); an unfused gated MLP (GeGLU)
-                       keeps the activation's output, megatron's `up + 0` and their product, 3f/t
+                       keeps the activation's output, megatron's `up + 0` and their product, 3f/t;
+                       xIELU (Apertus) keeps four more products, 4f/t, and its x > 0 mask, f/t bytes
         q/k norms      (Qwen3) their inputs and normalised values, 2(q + kv)/t (counted, not
                        measured)
         attention cap  (Gemma 2) no fused kernel: K and V expanded to every query head, 2q/t
@@ -199,6 +200,8 @@ def activation_floats(model: ModelSpec, layer: int, tp: int, runtime: str = DEFA
         return norms + attention / tp + model.moe_activation_floats(tp, DTYPE_BYTES[precision])
     fused = model.gated_mlp and model.activation == "silu"
     mlp = model._mlp_in() + (3 if model.gated_mlp and not fused else 1) * model.ffn_hidden
+    if model.activation == "xielu":
+        mlp += (4 + 1 / DTYPE_BYTES[precision]) * model.ffn_hidden
     return norms + (attention + mlp) / tp
 
 

@@ -35,7 +35,8 @@ from planner.errors import SailorError
 from planner.inputs import FLOAT_MAX, short
 
 EMBEDDING, BLOCK, FINAL_NORM, HEAD = "embedding", "block", "final_norm", "head"
-ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "relu2", "silu")  # relu2: ReLU squared
+# relu2: ReLU squared; xielu: xIELU, with scalars of its own in each block (Apertus; sailor_ext.model.XIELU)
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "relu2", "silu", "xielu")
 DELTA_CHUNK = 64  # tokens per chunk of the gated delta rule (linear attention: sailor_ext/linear_attention.py)
 DEFAULT_SEQ_LEN = 2048  # sequence length of a config.json model when none is given (capped by its context)
 MAX_BLOCKS = 4096  # far beyond any real model; keeps a malformed config from building a huge description
@@ -215,6 +216,9 @@ class ModelSpec:
         if self.activation not in ACTIVATIONS:
             raise SailorError(f"model {self.name!r}: activation {self.activation!r} is not supported; use one of "
                               f"{', '.join(ACTIVATIONS)}")
+        if self.activation == "xielu" and (self.gated_mlp or self.experts or self.linear_blocks):
+            raise SailorError(f"model {self.name!r}: the xIELU activation goes in an ungated dense MLP, not a gated "
+                              "one or experts")
         if self.qk_norm and not self.rms_norm and not self.qk_norm_per_head:
             raise SailorError(f"model {self.name!r}: per-head q/k norms are RMSNorms; a model with them has "
                               "RMSNorms (rms_norm)")
@@ -571,6 +575,8 @@ class ModelSpec:
         # the router, the shared expert's gate
         replicated += self.experts * h + (h if self.shared_expert_ffn and self.shared_expert_gated else 0)
         replicated += self.experts if self.router_bias else 0
+        replicated += 2 if self.activation == "xielu" else 0  # (xIELU's trained scalars; transformers keeps its two
+        # fixed ones as buffers)
         if self.mlp_bias:  # (each expert's)
             sharded += max(1, self.experts) * self._mlp_in()
             replicated += max(1, self.experts) * h  # fc2's bias, added after the row-parallel all-reduce

@@ -347,6 +347,8 @@ PUBLISHED["stablelm-3b-4e1t"] = ({"model_type": "stablelm", "hidden_size": 2560,
 PUBLISHED["gpt-j-6b"] = ({"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048,
                           "rotary_dim": 64, "vocab_size": 50400, "activation_function": "gelu_new",
                           "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False}, 6_050_882_784)
+# Apertus's architecture at transformers' ApertusConfig defaults (an ungated xIELU MLP: 2 trained scalars a block)
+PUBLISHED["apertus"] = ({"model_type": "apertus"}, 6_979_596_352)
 PUBLISHED["Qwen3-Next-80B-A3B"] = ({"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48,
                                     "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
                                     "linear_num_value_heads": 32, "moe_intermediate_size": 512,
@@ -524,6 +526,23 @@ def test_llama_like_field_names_and_refusals(tmp_path):
             ("EXAONE-3.5-7.8B", {"num_layers": "32"}, "num_hidden_layers must be a positive integer, not '32'")):
         with pytest.raises(SailorError, match=needle):
             get_model(str(_write(tmp_path, {**PUBLISHED[name][0], **change})))
+
+
+def test_apertus_details(tmp_path):
+    """Apertus: an ungated MLP with xIELU (or the activation its config names), per-head q/k norms before the rotary
+    positions, LLaMA 3.1's scaling by default. xIELU goes in ungated dense MLPs alone; Megatron-LM's arguments
+    cannot express it (nor the q/k norms)."""
+    from planner.targets.megatron_lm import megatron_model_args
+
+    apertus = get_model(str(_write(tmp_path, PUBLISHED["apertus"][0])))
+    assert (apertus.activation, apertus.gated_mlp, apertus.qk_norm, apertus.qk_norm_after_rotary) == \
+        ("xielu", False, True, False)
+    assert dict(apertus.rope_scaling)["type"] == "llama3" and apertus.rope_theta == 12e6
+    assert get_model(str(_write(tmp_path, {"model_type": "apertus", "hidden_act": "relu2"}))).activation == "relu2"
+    with pytest.raises(SailorError, match="the xIELU activation goes in an ungated dense MLP"):
+        replace(apertus, gated_mlp=True)
+    with pytest.raises(SailorError, match="xielu MLP"):
+        megatron_model_args(replace(apertus, qk_norm=False))
 
 
 def test_vaultgemma_is_gemma2_without_output_norms(tmp_path):

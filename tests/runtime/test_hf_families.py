@@ -189,6 +189,12 @@ def _small(kind: str):
     if kind == "helium":  # adjacent pairs rotated, q/k/v biases only
         return transformers.HeliumConfig(**llama, head_dim=16, attention_bias=True, pad_token_id=None,
                                          bos_token_id=None, eos_token_id=None)
+    if kind == "apertus":  # an ungated MLP with xIELU (its scalars trained too), per-head q/k norms, pre-norms
+        # under names of their own, LLaMA 3.1's scaling past its original context (16)
+        return transformers.ApertusConfig(**llama, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}, pad_token_id=None, bos_token_id=None,
+                                          eos_token_id=None)
     if kind == "arcee":  # a plain MLP with ReLU squared
         return transformers.ArceeConfig(**llama, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     if kind == "granite":  # LLaMA's blocks with multipliers on embeddings, residual branches, attention and logits
@@ -361,8 +367,8 @@ STEP_BOUND = {kind: 0.02 for kind in ("qwen3_5", "qwen3_5-attention", "qwen3_5_m
 # Hence 2 % for these kinds (STEP_BOUND) and the looser logits (SENSITIVE: 5.7e-5 measured). Step-1 gradients agree at
 # 1e-6, and every element equals the single process's under SGD (test_equivalence.py).
 FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "exaone", "qwen2", "qwen3", "granite",
-            "smollm3", "ernie4_5", "seed_oss", "helium", "arcee", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
-            "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2",
+            "smollm3", "ernie4_5", "seed_oss", "helium", "arcee", "apertus", "mixtral", "qwen2_moe", "qwen3_moe",
+            "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2",
             "vaultgemma", "gemma3", "starcoder2", "stablelm", "stablelm-parallel", "cohere", "cohere-qk", "cohere2",
             "glm", "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu", "glm4_moe",
             "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2",

@@ -321,6 +321,14 @@ def test_gated_delta_net_keeps_what_the_planner_counts(world_of_one, tmp_path, d
         assert model.linear_attention_floats(1, torch.finfo(dtype).bits // 8) == pytest.approx(measured, rel=0.006)
 
 
+def test_xielu_mlp_keeps_what_the_estimator_counts(world_of_one, tmp_path):
+    """Apertus's xIELU keeps four products of its input and its x > 0 mask beyond what ReLU keeps, as the planner
+    counts (fp32: 4.25 values per MLP unit; the difference between the two blocks, as above)."""
+    relu, xielu = (_block_saved_floats(_small_model({"model_type": "apertus", "hidden_act": act, "pad_token_id": None},
+                                                    tmp_path, seq_len=256)) for act in ("relu", "xielu"))
+    assert xielu[1] - relu[1] == xielu[0] - relu[0] == 4.25 * 96  # (intermediate_size 96)
+
+
 def test_moe_block_keeps_what_the_estimator_counts(world_of_one, tmp_path):
     """What a mixture-of-experts MLP keeps per token grows with the experts, the experts per token,
     renormalisation and a shared expert as ModelSpec.moe_activation_floats counts (compared as differences between

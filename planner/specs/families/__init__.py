@@ -5,9 +5,9 @@ ERNIE 4.5, Seed-OSS, Helium, CWM, InternLM3 and IQuest-Coder; moe.py Mixtral, Qw
 MiniMax-M2, GraniteMoE and FlexOlmo; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3 and VaultGemma; cohere.py
 Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5, Solar Open and dots.llm1; exaone.py EXAONE 3, 4 and
 K-EXAONE; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash, Mistral 4 and Youtu-LLM; llama4.py Llama 4;
-hunyuan.py HunYuan dense and MoE; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; phi.py, phi3.py,
-stablelm.py, starcoder2.py, gptj.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Multimodal configs are read as their
-language model (MULTIMODAL). Each holds, as data, everything family-specific:
+hunyuan.py HunYuan dense and MoE; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; apertus.py; phi.py,
+phi3.py, stablelm.py, starcoder2.py, gptj.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Multimodal configs are read
+as their language model (MULTIMODAL). Each holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -92,9 +92,9 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import (arcee, cohere, deepseek, exaone, gemma, glm, glm_moe, gpt2, gpt_neo, gpt_neox,
-                                        gpt_oss, gptj, hunyuan, llama, llama4, moe, olmo, opt, phi, phi3,
-                                        qwen3_5, stablelm, starcoder2)
+    from planner.specs.families import (apertus, arcee, cohere, deepseek, exaone, gemma, glm, glm_moe, gpt2,
+                                        gpt_neo, gpt_neox, gpt_oss, gptj, hunyuan, llama, llama4, moe, olmo, opt,
+                                        phi, phi3, qwen3_5, stablelm, starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
                                 moe.MINIMAX_M2, moe.ERNIE_MOE, moe.FLEX_OLMO, exaone.EXAONE_MOE, deepseek.YOUTU,
@@ -103,7 +103,8 @@ def _families() -> dict[str, Family]:
                                 gpt_oss.FAMILY, deepseek.FAMILY, deepseek.MISTRAL4, arcee.FAMILY, qwen3_5.FAMILY,
                                 qwen3_5.MOE_FAMILY,
                                 qwen3_5.NEXT_FAMILY, llama4.FAMILY, hunyuan.FAMILY, hunyuan.MOE_FAMILY, opt.FAMILY,
-                                stablelm.FAMILY, gptj.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
+                                stablelm.FAMILY, apertus.FAMILY, gptj.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY,
+                                gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -188,8 +189,9 @@ class ConfigReader:
 
 # Hugging Face activation names -> ours (gelu_new and gelu_pytorch_tanh are the tanh approximation)
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-                  "relu": "relu", "relu2": "relu2", "silu": "silu", "swish": "silu"}
-ACTIVATION_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "relu2": "relu2", "silu": "silu"}
+                  "relu": "relu", "relu2": "relu2", "silu": "silu", "swish": "silu", "xielu": "xielu"}
+ACTIVATION_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "relu2": "relu2", "silu": "silu",
+                    "xielu": "xielu"}
 
 
 def read_config(path: str | Path) -> tuple[dict, Path]:
@@ -314,6 +316,11 @@ HF_DEFAULTS = {
     "gemma": {"num_key_value_heads": 16}, "gemma2": {"num_key_value_heads": 4},
     "gemma3_text": {"num_key_value_heads": 4}, "vaultgemma": {"num_key_value_heads": 4},
     "youtu": {"tie_word_embeddings": True},
+    "apertus": {"vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "max_position_embeddings": 65536, "rms_norm_eps": 1e-5, "pad_token_id": 3,
+                "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0, "original_max_position_embeddings": 8192,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
     "starcoder2": {"num_key_value_heads": 2}, "cohere": {"rope_theta": 500000.0}, "cohere2": {"sliding_window": 4096},
     "phi3": {"rms_norm_eps": 1e-5, "pad_token_id": 32000},
     "smollm3": {"num_key_value_heads": 4, "rope_theta": 2e6, "pad_token_id": 128004, "tie_word_embeddings": True},
@@ -420,7 +427,7 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "flex_olmo": "FlexOlmoForCausalLM",
                   "exaone_moe": "ExaoneMoeForCausalLM", "vaultgemma": "VaultGemmaForCausalLM",
                   "youtu": "YoutuForCausalLM", "stablelm": "StableLmForCausalLM",
-                  "gptj": "GPTJForCausalLM",
+                  "gptj": "GPTJForCausalLM", "apertus": "ApertusForCausalLM",
                   "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",

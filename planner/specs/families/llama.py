@@ -158,8 +158,8 @@ def _windows(cfg, model_type: str, blocks: int) -> tuple[int, ...]:
             return ()
         first = cfg.int("max_window_layers", blocks)
         layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(blocks)]
-    if model_type in ("llama", "granite", *AS_LLAMA, *NTK_ALPHA):  # (transformers' LLaMA, Granite and HunYuan attend
-        # to every token, whatever sliding_window and layer_types say)
+    if model_type in ("llama", "granite", "apertus", *AS_LLAMA, *NTK_ALPHA):  # (transformers' LLaMA, Granite,
+        # Apertus and HunYuan attend to every token, whatever sliding_window and layer_types say)
         return ()
     if model_type == "dots1" and layer_types is None:  # the blocks from max_window_layers on, given a window
         if window is None:
