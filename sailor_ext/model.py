@@ -78,8 +78,15 @@ from sailor_ext.sharding import ParamShard  # noqa: E402
 
 INIT_STD = 0.02
 WORD_EMBEDDING = "layers.0.word_embeddings.weight"
+
+
+def _xielu_without_scalars(x: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("xIELU needs its block's scalars: Block gives each MLP an XIELU module")
+
+
+# (xielu: transformer_config's placeholder; every block's MLP gets its own XIELU)
 ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh"), "relu": F.relu,
-               "relu2": lambda x: F.relu(x).square(), "silu": F.silu}
+               "relu2": lambda x: F.relu(x).square(), "silu": F.silu, "xielu": _xielu_without_scalars}
 
 
 class XIELU(nn.Module):
@@ -103,11 +110,6 @@ class XIELU(nn.Module):
         return torch.where(x > 0, alpha_p * x * x + beta * x, (torch.expm1(torch.min(x, eps)) - x) * alpha_n + beta * x)
 
 
-def _xielu_without_scalars(x: torch.Tensor) -> torch.Tensor:
-    raise RuntimeError("xIELU needs its block's scalars: Block gives each MLP an XIELU module")
-
-
-ACTIVATIONS["xielu"] = _xielu_without_scalars  # (transformer_config's; every block replaces it)
 # xIELU's initial scalars, as transformers builds them: alpha_p and alpha_n such that softplus gives 0.8 and
 # 0.8 - beta
 XIELU_INIT = {"alpha_p": math.log(math.expm1(0.8)), "alpha_n": math.log(math.expm1(0.8 - 0.5)), "beta": 0.5,

@@ -22,8 +22,6 @@ from planner.specs.families import HF_DEFAULTS, ConfigReader, Family, deepseek, 
 from planner.specs.model import ModelSpec
 
 DEFAULTS = HF_DEFAULTS["glm4_moe"]  # transformers' Glm4MoeConfig defaults (5.24), merged into every config read
-
-
 WHOLE_HEADS = ("solar_open", "dots1")  # LLaMA's or Qwen3's rotary positions, on the whole of each head
 
 
