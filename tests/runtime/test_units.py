@@ -425,14 +425,12 @@ def test_latent_attention_keeps_what_the_estimator_counts(world_of_one, tmp_path
         assert counted - c0 == pytest.approx(measured - m0, abs=1), (measured - m0, counted - c0)
 
 
-def test_sigmoid_routing_is_transformers_deepseek_v3_and_its_balancing_megatrons(world_of_one, tmp_path):
-    """DeepSeek-V3's routing (sigmoid scores, the score biases, the best groups, renormalised and scaled weights)
-    chooses and weighs as transformers' DeepseekV3TopkRouter, and what its load balancing reads (normalised scores,
-    each token's top k of them) is Megatron-LM's compute_routing_scores_for_aux_loss."""
+def _deepseek_v3_routers(tmp_path):
+    """A small DeepSeek-V3 (16 experts in 4 groups, 4 per token), transformers' DeepseekV3TopkRouter with random
+    weights and score biases, and our MoE block with the same router: (model, theirs, ours)."""
     import torch.nn.functional as F
 
     transformers = pytest.importorskip("transformers")
-    from megatron.core.transformer.moe.moe_utils import compute_routing_scores_for_aux_loss
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
     from sailor_ext.moe import MoE
@@ -450,6 +448,17 @@ def test_sigmoid_routing_is_transformers_deepseek_v3_and_its_balancing_megatrons
     with torch.no_grad():
         ours.router.weight.copy_(theirs.weight)
         ours.router.score_bias.copy_(theirs.e_score_correction_bias)
+    return model, theirs, ours
+
+
+def test_sigmoid_routing_is_transformers_deepseek_v3_and_its_balancing_megatrons(world_of_one, tmp_path):
+    """DeepSeek-V3's routing (sigmoid scores, the score biases, the best groups, renormalised and scaled weights)
+    chooses and weighs as transformers' DeepseekV3TopkRouter, and what its load balancing reads (normalised scores,
+    each token's top k of them) is Megatron-LM's compute_routing_scores_for_aux_loss."""
+    import torch.nn.functional as F
+    from megatron.core.transformer.moe.moe_utils import compute_routing_scores_for_aux_loss
+
+    model, theirs, ours = _deepseek_v3_routers(tmp_path)
     x = torch.randn(256, model.hidden)
     logits, their_weights, their_chosen = theirs(x)
     weights, chosen, scores = ours._sigmoid_route(F.linear(x, ours.router.weight).float())
@@ -471,26 +480,10 @@ def test_bf16_model_routes_in_fp32_as_transformers_deepseek_v3(world_of_one, tmp
     transformers' DeepseekV3TopkRouter. Routing with the weight rounded to bf16 chooses otherwise for some tokens."""
     import torch.nn.functional as F
 
-    transformers = pytest.importorskip("transformers")
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
-
-    from sailor_ext.moe import MoE
     from sailor_ext.precision import MainParams
 
-    fields = {"n_routed_experts": 16, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 4,
-              "routed_scaling_factor": 2.5}
-    model = _small_model({"model_type": "deepseek_v3", "num_key_value_heads": 4, "first_k_dense_replace": 0,
-                          **fields}, tmp_path)
+    model, theirs, ours = _deepseek_v3_routers(tmp_path)
     assert model.router_fp32
-    theirs = DeepseekV3TopkRouter(transformers.DeepseekV3Config(hidden_size=model.hidden, **fields))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        theirs.weight.normal_(0, 0.3)
-        theirs.e_score_correction_bias.normal_(0, 0.1)
-    ours = MoE(model, 1, dist.group.WORLD, F.silu)
-    with torch.no_grad():
-        ours.router.weight.copy_(theirs.weight)
-        ours.router.score_bias.copy_(theirs.e_score_correction_bias)
     main = MainParams(ours, torch.bfloat16)
     assert ours.linear_fc1.weight.dtype == torch.bfloat16
     assert ours.router.weight.dtype == ours.router.score_bias.dtype == torch.float32
