@@ -347,6 +347,14 @@ PUBLISHED["stablelm-3b-4e1t"] = ({"model_type": "stablelm", "hidden_size": 2560,
 PUBLISHED["gpt-j-6b"] = ({"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048,
                           "rotary_dim": 64, "vocab_size": 50400, "activation_function": "gelu_new",
                           "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False}, 6_050_882_784)
+# Falcon-7B (one key/value head, attention and MLP on one norm, tied) and Falcon-40B (8 query groups, a norm for each
+# sublayer)
+PUBLISHED["falcon-7b"] = ({"model_type": "falcon", "hidden_size": 4544, "num_hidden_layers": 32,
+                           "num_attention_heads": 71, "vocab_size": 65024, "multi_query": True, "parallel_attn": True,
+                           "bias": False, "alibi": False, "new_decoder_architecture": False}, 6_921_720_704)
+PUBLISHED["falcon-40b"] = ({"model_type": "falcon", "hidden_size": 8192, "num_hidden_layers": 60,
+                            "num_attention_heads": 128, "num_kv_heads": 8, "vocab_size": 65024,
+                            "new_decoder_architecture": True, "bias": False, "alibi": False}, 41_303_293_952)
 # Apertus's architecture at transformers' ApertusConfig defaults (an ungated xIELU MLP: 2 trained scalars a block)
 PUBLISHED["apertus"] = ({"model_type": "apertus"}, 6_979_596_352)
 PUBLISHED["Qwen3-Next-80B-A3B"] = ({"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48,
@@ -526,6 +534,41 @@ def test_llama_like_field_names_and_refusals(tmp_path):
             ("EXAONE-3.5-7.8B", {"num_layers": "32"}, "num_hidden_layers must be a positive integer, not '32'")):
         with pytest.raises(SailorError, match=needle):
             get_model(str(_write(tmp_path, {**PUBLISHED[name][0], **change})))
+
+
+def test_falcon_details(tmp_path):
+    """Falcon's three block shapes read as transformers builds them: Falcon-7B's single key/value head (TP cannot
+    split it) and one norm, Falcon-40B's query groups and a norm for each sublayer (a family of its own for their
+    tensor names), the sublayers one after the other without parallel_attn. Each exports as a config that reads back
+    as the same model; ALiBi and field combinations transformers cannot build are refused in one line."""
+    from planner.specs.families import to_hf_config
+
+    seven = get_model(str(_write(tmp_path, PUBLISHED["falcon-7b"][0])))
+    assert (seven.family, seven.num_query_groups, seven.parallel_residual, seven.shared_norm, seven.tied_embeddings,
+            seven.qkv_bias, seven.ffn_hidden, seven.activation) == ("falcon", 1, True, True, True, False, 4 * 4544,
+                                                                    "gelu")
+    assert seven.tp_degrees(8) == [1]
+    forty = get_model(str(_write(tmp_path, PUBLISHED["falcon-40b"][0])))
+    assert (forty.family, forty.num_query_groups, forty.parallel_residual, forty.shared_norm) == \
+        ("falcon-40b", 8, True, False)
+    eleven = get_model(str(_write(tmp_path, {**PUBLISHED["falcon-40b"][0], "num_ln_in_parallel_attn": 1})))
+    assert (eleven.family, eleven.num_query_groups, eleven.shared_norm) == ("falcon", 8, True)
+    sequential = get_model(str(_write(tmp_path, {**PUBLISHED["falcon-7b"][0], "multi_query": False,
+                                                 "parallel_attn": False, "bias": True})))
+    assert (sequential.num_query_groups, sequential.parallel_residual, sequential.qkv_bias, sequential.mlp_bias) == \
+        (71, False, True, True)
+    for model in (seven, forty, eleven, sequential):
+        assert get_model(str(_write(tmp_path, to_hf_config(model)))) == model
+    with pytest.raises(SailorError, match="cannot be written as a falcon config"):
+        to_hf_config(replace(forty, parallel_residual=False, shared_norm=False))
+    for change, needle in (
+            ({"alibi": True}, "falcon with alibi .* is not supported; use a rotary Falcon"),
+            ({"num_kv_heads": 8, "multi_query": False}, "num_kv_heads 8 needs new_decoder_architecture"),
+            ({"num_ln_in_parallel_attn": 2}, "num_ln_in_parallel_attn 2 needs new_decoder_architecture; set it to 1"),
+            ({"new_decoder_architecture": True, "num_ln_in_parallel_attn": 3}, "must be 1 or 2, not 3"),
+            ({"activation": "tanh"}, "activation 'tanh' is not supported")):
+        with pytest.raises(SailorError, match=needle):
+            get_model(str(_write(tmp_path, {**PUBLISHED["falcon-7b"][0], **change})))
 
 
 def test_apertus_details(tmp_path):

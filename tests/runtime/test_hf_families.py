@@ -345,6 +345,16 @@ def _small(kind: str):
         # of each head's 16 dimensions rotated, a bias on the output layer
         return transformers.GPTJConfig(n_embd=64, n_layer=2, n_head=4, n_inner=96, rotary_dim=8, vocab_size=VOCAB,
                                        n_positions=64, bos_token_id=None, eos_token_id=None)
+    if kind.startswith("falcon"):  # Falcon-7B's: one key/value head, attention and MLP side by side on one norm, no
+        # biases, tied; -40b: 2 query groups, a norm for each sublayer, biases, untied; -11b: 2 query groups on one
+        # norm; -sequential: every head its keys, the sublayers one after the other, biases
+        falcon = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_hidden_size=96, bos_token_id=None,
+                      eos_token_id=None, **common)
+        variant = {"falcon": {}, "falcon-40b": dict(new_decoder_architecture=True, num_kv_heads=2, bias=True,
+                                                    tie_word_embeddings=False),
+                   "falcon-11b": dict(new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1),
+                   "falcon-sequential": dict(multi_query=False, parallel_attn=False, bias=True)}[kind]
+        return transformers.FalconConfig(**falcon, **variant)
     if kind == "gpt2":
         return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64)
     if kind == "gpt_neo":
@@ -373,7 +383,8 @@ FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "
             "glm", "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu", "glm4_moe",
             "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2",
             "ernie4_5_moe", "glm4_moe_lite", "solar_open", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo",
-            "exaone_moe", "phi", "opt", "opt-350m", "gpt2", "gptj", "gpt_neo", "gpt_neox")
+            "exaone_moe", "phi", "opt", "opt-350m", "gpt2", "gptj", "falcon", "falcon-40b", "falcon-11b",
+            "falcon-sequential", "gpt_neo", "gpt_neox")
 
 
 @torch.no_grad()
@@ -448,21 +459,22 @@ def _args(hf_dir, *more: str) -> list[str]:
             "ckpt", "--dist-timeout", "60", *more]
 
 
-def _plan(model_dir, num_layers: int) -> dict:
+def _plan(model_dir, num_layers: int, tp: int = 2) -> dict:
     cpu = {"gpu": "CPU", "zone": "local"}
     return {"format": "sailor-plan", "version": 1, "model": str(model_dir), "global_batch_size": GBS,
-            "stages": [{"layers": [0, 1], "replicas": [{"tp": 2, **cpu}, {"tp": 2, **cpu}]},
+            "stages": [{"layers": [0, 1], "replicas": [{"tp": tp, **cpu}, {"tp": tp, **cpu}]},
                        {"layers": [2, num_layers - 1], "replicas": [{"tp": 1, **cpu}, {"tp": 1, **cpu}]}],
             "pipelines": [{"microbatch_size": m, "num_microbatches": n} for m, n in PIPELINES]}
 
 
 def _trains_like_transformers(reference, hf_dir, tmp_path, *more: str, objective=None):
-    """Our 6-rank plan trained from hf_dir (with `more` arguments) against transformers training `reference`
-    (_hf_train): losses and gradient norms at rel 1e-5. Returns the run and _hf_train's settled elements."""
+    """Our 6-rank plan (4 ranks, TP 1, where TP cannot split the key/value heads) trained from hf_dir (with `more`
+    arguments) against transformers training `reference` (_hf_train): losses and gradient norms at rel 1e-5. Returns the run and _hf_train's settled elements."""
     from planner.specs.model import get_model
 
     spec = get_model(str(hf_dir), seq_len=SEQ)
-    run = run_plan(tmp_path / "run", _plan(hf_dir, spec.num_layers), 6, _args(hf_dir, *more))
+    tp = max(spec.tp_degrees(2))  # (TP 1 for a single key/value head, Falcon-7B's, which TP cannot split)
+    run = run_plan(tmp_path / "run", _plan(hf_dir, spec.num_layers, tp), 2 + 2 * tp, _args(hf_dir, *more))
     assert_ok(run)
     losses, norms, settled = _hf_train(reference, objective)
     assert [m["loss"] for m in run.metrics] == pytest.approx(losses, rel=1e-5)

@@ -5,9 +5,10 @@ ERNIE 4.5, Seed-OSS, Helium, CWM, InternLM3 and IQuest-Coder; moe.py Mixtral, Qw
 MiniMax-M2, GraniteMoE and FlexOlmo; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3 and VaultGemma; cohere.py
 Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5, Solar Open and dots.llm1; exaone.py EXAONE 3, 4 and
 K-EXAONE; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash, Mistral 4 and Youtu-LLM; llama4.py Llama 4;
-hunyuan.py HunYuan dense and MoE; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; arcee.py; apertus.py; phi.py,
-phi3.py, stablelm.py, starcoder2.py, gptj.py, gpt_neox.py, opt.py, gpt2.py, gpt_neo.py). Multimodal configs are read
-as their language model (MULTIMODAL). Each holds, as data, everything family-specific:
+hunyuan.py HunYuan dense and MoE; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; falcon.py Falcon-7B, 11B, 40B and
+180B; arcee.py; apertus.py; phi.py, phi3.py, stablelm.py, starcoder2.py, gptj.py, gpt_neox.py, opt.py, gpt2.py,
+gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each holds, as data, everything
+family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -92,9 +93,9 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import (apertus, arcee, cohere, deepseek, exaone, gemma, glm, glm_moe, gpt2,
-                                        gpt_neo, gpt_neox, gpt_oss, gptj, hunyuan, llama, llama4, moe, olmo, opt,
-                                        phi, phi3, qwen3_5, stablelm, starcoder2)
+    from planner.specs.families import (apertus, arcee, cohere, deepseek, exaone, falcon, gemma, glm, glm_moe,
+                                        gpt2, gpt_neo, gpt_neox, gpt_oss, gptj, hunyuan, llama, llama4, moe, olmo,
+                                        opt, phi, phi3, qwen3_5, stablelm, starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
                                 moe.MINIMAX_M2, moe.ERNIE_MOE, moe.FLEX_OLMO, exaone.EXAONE_MOE, deepseek.YOUTU,
@@ -103,8 +104,8 @@ def _families() -> dict[str, Family]:
                                 gpt_oss.FAMILY, deepseek.FAMILY, deepseek.MISTRAL4, arcee.FAMILY, qwen3_5.FAMILY,
                                 qwen3_5.MOE_FAMILY,
                                 qwen3_5.NEXT_FAMILY, llama4.FAMILY, hunyuan.FAMILY, hunyuan.MOE_FAMILY, opt.FAMILY,
-                                stablelm.FAMILY, apertus.FAMILY, gptj.FAMILY, gpt2.FAMILY, gpt_neo.FAMILY,
-                                gpt_neox.FAMILY)}
+                                stablelm.FAMILY, apertus.FAMILY, gptj.FAMILY, falcon.FAMILY, falcon.FALCON_40B,
+                                gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -234,11 +235,12 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
                           "character; remove it (it names the model in plans and tables)")
     cfg = {**HF_DEFAULTS.get(model_type, {}), **cfg}  # (a field set to null stays null, as transformers keeps it)
     cfg.update({field: cfg[alias] for alias, field in FIELD_ALIASES.get(model_type, {}).items() if alias in cfg})
-    spec_fields = fam.from_hf(ConfigReader(cfg, source), model_type)
+    spec_fields = {"family": fam.name, **fam.from_hf(ConfigReader(cfg, source), model_type)}  # (a reader may name a
+    # variant family of its own whose tensors have other names: Falcon-40B's)
     context = spec_fields["max_positions"]
     if seq_len is None:
         seq_len = min(DEFAULT_SEQ_LEN, context)
-    return ModelSpec(name=name, family=fam.name, seq_len=seq_len, hf_model_type=model_type, **spec_fields)
+    return ModelSpec(name=name, seq_len=seq_len, hf_model_type=model_type, **spec_fields)
 
 
 def _language_model(cfg: dict, model_type: str, source: str) -> tuple[dict, str, str]:
@@ -389,6 +391,7 @@ FIELD_ALIASES = {"internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"}
                  "flex_olmo": {"num_local_experts": "num_experts"},
                  "gptj": {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
                           "max_position_embeddings": "n_positions"},
+                 "falcon": {"n_embed": "hidden_size"},
                  "exaone_moe": {"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"},
                  "exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
                             "activation_function": "hidden_act"}}
@@ -427,7 +430,7 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "flex_olmo": "FlexOlmoForCausalLM",
                   "exaone_moe": "ExaoneMoeForCausalLM", "vaultgemma": "VaultGemmaForCausalLM",
                   "youtu": "YoutuForCausalLM", "stablelm": "StableLmForCausalLM",
-                  "gptj": "GPTJForCausalLM", "apertus": "ApertusForCausalLM",
+                  "gptj": "GPTJForCausalLM", "falcon": "FalconForCausalLM", "apertus": "ApertusForCausalLM",
                   "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
