@@ -469,7 +469,8 @@ def _plan(model_dir, num_layers: int, tp: int = 2) -> dict:
 
 def _trains_like_transformers(reference, hf_dir, tmp_path, *more: str, objective=None):
     """Our 6-rank plan (4 ranks, TP 1, where TP cannot split the key/value heads) trained from hf_dir (with `more`
-    arguments) against transformers training `reference` (_hf_train): losses and gradient norms at rel 1e-5. Returns the run and _hf_train's settled elements."""
+    arguments) against transformers training `reference` (_hf_train): losses and gradient norms at rel 1e-5.
+    Returns the run and _hf_train's settled elements."""
     from planner.specs.model import get_model
 
     spec = get_model(str(hf_dir), seq_len=SEQ)
