@@ -260,11 +260,25 @@ class OffsetRMSNorm(nn.RMSNorm):
         return (out * (1.0 + self.weight.float())).type_as(x)
 
 
+class OffsetLayerNorm(nn.LayerNorm):
+    """Nemotron's LayerNorm1P: layer_norm(x) * (1 + w) + b, w initialised at 0 (megatron's zero-centred gamma),
+    computed in fp32 and cast back once at the end, so that 1 + w keeps w's precision in bf16."""
+
+    def __init__(self, width: int, eps: float, bias: bool):
+        super().__init__(width, eps=eps, bias=bias)
+        with torch.no_grad():
+            self.weight.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, 1.0 + self.weight.float(), bias, self.eps).type_as(x)
+
+
 def norm(model: ModelSpec, width: int, eps: float | None = None) -> nn.Module:
     """The model's norm of that width, with its epsilon unless `eps` says otherwise."""
     eps = model.norm_eps if eps is None else eps
     if model.norm_offset:
-        return OffsetRMSNorm(width, eps=eps)
+        return OffsetRMSNorm(width, eps=eps) if model.rms_norm else OffsetLayerNorm(width, eps, model.norm_bias)
     if model.rms_norm:
         return nn.RMSNorm(width, eps=eps)
     return nn.LayerNorm(width, eps=eps, bias=model.norm_bias)

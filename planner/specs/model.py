@@ -106,7 +106,7 @@ class ModelSpec:
     qk_norm_per_head: bool = False
     rotary_fraction: float = 1.0  # share of each head's dimensions that rotary positions rotate (partial rotary)
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX) instead of one after the other
-    norm_offset: bool = False  # RMSNorms scale by (1 + w), w kept and initialised at 0 (Gemma)
+    norm_offset: bool = False  # norms scale by (1 + w), w kept and initialised at 0 (Gemma; Nemotron's LayerNorms)
     embedding_multiplier: float = 1.0  # word embeddings times it, rounded to the compute dtype (Gemma: sqrt(hidden))
     sandwich_norm: bool = False  # each sublayer's output is normalised too, before its residual add (Gemma 2, 3)
     input_norms: bool = True  # a norm before each sublayer; False: only the sandwich norms after them (OLMo 2)
@@ -262,8 +262,8 @@ class ModelSpec:
         if not self.input_norms and not self.sandwich_norm:
             raise SailorError(f"model {self.name!r}: a block without norms before its sublayers (input_norms) "
                               "normalises their outputs (sandwich_norm)")
-        if self.norm_offset and not self.rms_norm:
-            raise SailorError(f"model {self.name!r}: (1 + w) norms are RMSNorms; a model with them has RMSNorms "
+        if self.norm_offset and not self.rms_norm and self.qk_norm:
+            raise SailorError(f"model {self.name!r}: (1 + w) q/k norms are RMSNorms; a model with them has RMSNorms "
                               "(rms_norm)")
         if self.shared_norm and not self.parallel_residual:
             raise SailorError(f"model {self.name!r}: one norm for attention and MLP (shared_norm) needs them side by "

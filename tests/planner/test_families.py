@@ -347,6 +347,12 @@ PUBLISHED["stablelm-3b-4e1t"] = ({"model_type": "stablelm", "hidden_size": 2560,
 PUBLISHED["gpt-j-6b"] = ({"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048,
                           "rotary_dim": 64, "vocab_size": 50400, "activation_function": "gelu_new",
                           "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False}, 6_050_882_784)
+# Minitron-4B's shape (Nemotron: LayerNorm1P with biases, an ungated ReLU-squared MLP, half of each head rotated)
+PUBLISHED["Minitron-4B-Base"] = ({"model_type": "nemotron", "hidden_size": 3072, "intermediate_size": 9216,
+                                  "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+                                  "head_dim": 128, "vocab_size": 256000, "max_position_embeddings": 4096,
+                                  "partial_rotary_factor": 0.5, "norm_eps": 1e-5, "hidden_act": "relu2",
+                                  "tie_word_embeddings": False}, 4_190_509_056)
 # Falcon-7B (one key/value head, attention and MLP on one norm, tied) and Falcon-40B (8 query groups, a norm for each
 # sublayer)
 PUBLISHED["falcon-7b"] = ({"model_type": "falcon", "hidden_size": 4544, "num_hidden_layers": 32,
@@ -534,6 +540,23 @@ def test_llama_like_field_names_and_refusals(tmp_path):
             ("EXAONE-3.5-7.8B", {"num_layers": "32"}, "num_hidden_layers must be a positive integer, not '32'")):
         with pytest.raises(SailorError, match=needle):
             get_model(str(_write(tmp_path, {**PUBLISHED[name][0], **change})))
+
+
+def test_nemotron_details(tmp_path):
+    """Nemotron's LayerNorm1P reads as LayerNorms with biases that scale by (1 + w), its MLP as ungated ReLU squared,
+    half of each 128-wide head rotated; it exports as the same model. Megatron-LM's arguments cannot express the
+    (1 + w) norms (nor the partial rotation)."""
+    from planner.specs.families import to_hf_config
+    from planner.targets.megatron_lm import megatron_model_args
+
+    model = get_model(str(_write(tmp_path, PUBLISHED["Minitron-4B-Base"][0])))
+    assert (model.rms_norm, model.norm_bias, model.norm_offset, model.gated_mlp, model.activation,
+            model.rotary_dim, model.head_dim, model.num_query_groups) == (False, True, True, False, "relu2", 64, 128, 8)
+    assert get_model(str(_write(tmp_path, to_hf_config(model)))) == model
+    with pytest.raises(SailorError, match="cannot be written as a nemotron config"):
+        to_hf_config(replace(model, gated_mlp=True))
+    with pytest.raises(SailorError, match="norms that scale by"):
+        megatron_model_args(replace(model, rotary_fraction=1.0))
 
 
 def test_falcon_details(tmp_path):

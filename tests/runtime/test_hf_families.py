@@ -320,6 +320,10 @@ def _small(kind: str):
         return transformers.StableLmConfig(**llama, use_qkv_bias=True, partial_rotary_factor=0.25,
                                            use_parallel_residual=kind.endswith("parallel"), bos_token_id=None,
                                            eos_token_id=None)
+    if kind == "nemotron":  # LayerNorm1P ((1 + w), with biases), half of each head rotated, a plain ReLU-squared MLP,
+        # biases on attention and MLP, a head dimension of its own
+        return transformers.NemotronConfig(**llama, head_dim=24, attention_bias=True, mlp_bias=True,
+                                           bos_token_id=None, eos_token_id=None)
     if kind == "starcoder2":  # LayerNorms and linears with biases, a plain GELU MLP, grouped queries, windows
         return transformers.Starcoder2Config(**llama, sliding_window=8, bos_token_id=None, eos_token_id=None)
     if kind == "gemma":  # (1 + w) norms, scaled embeddings, GeGLU, heads wider than hidden / heads
@@ -365,9 +369,10 @@ def _small(kind: str):
 
 LONGROPE = ([1.0, 1.25, 1.5, 2.0], [1.0, 3.0, 9.0, 27.0])  # (short, long): one per rotated pair of dimensions
 # logits that the weights' rounding-level differences after training move more than 1e-5: measured 4.1e-5
-# (Qwen3-MoE), 1.7e-5 (OLMo 3), 3.4e-5 (OLMo 2, in one run of several), 5.6e-5 (EXAONE 4)
+# (Qwen3-MoE), 1.7e-5 (OLMo 3), 3.4e-5 (OLMo 2, in one run of several), 5.6e-5 (EXAONE 4), 1.5e-5 (Nemotron:
+# transformers initialises LayerNorm1P's w at 1, so every norm scales by about 2 and the logits are twice LLaMA's)
 SENSITIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "olmo2", "olmo3", "exaone4", "qwen3_5", "qwen3_5_moe",
-             "qwen3_next")
+             "qwen3_next", "nemotron")
 STEP_BOUND = {kind: 0.02 for kind in ("qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next")}  # (DECAY)
 # DECAY: Gated DeltaNet models train like transformers' at rel 1e-5 (losses, norms), but their weights after 3 Adam
 # steps differ more at single elements than other families' do: fp32 rounding that differs between the two runs
@@ -379,9 +384,9 @@ STEP_BOUND = {kind: 0.02 for kind in ("qwen3_5", "qwen3_5-attention", "qwen3_5_m
 FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "exaone", "qwen2", "qwen3", "granite",
             "smollm3", "ernie4_5", "seed_oss", "helium", "arcee", "apertus", "mixtral", "qwen2_moe", "qwen3_moe",
             "olmoe", "granitemoe", "granitemoeshared", "olmo2", "olmo3", "phi3", "phi3-longrope", "gemma", "gemma2",
-            "vaultgemma", "gemma3", "starcoder2", "stablelm", "stablelm-parallel", "cohere", "cohere-qk", "cohere2",
-            "glm", "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu", "glm4_moe",
-            "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2",
+            "vaultgemma", "gemma3", "starcoder2", "stablelm", "stablelm-parallel", "nemotron", "cohere", "cohere-qk",
+            "cohere2", "glm", "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu",
+            "glm4_moe", "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2",
             "ernie4_5_moe", "glm4_moe_lite", "solar_open", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo",
             "exaone_moe", "phi", "opt", "opt-350m", "gpt2", "gptj", "falcon", "falcon-40b", "falcon-11b",
             "falcon-sequential", "gpt_neo", "gpt_neox")
@@ -763,14 +768,15 @@ def test_sharded_checkpoints_load_and_export(tmp_path):
         torch.testing.assert_close(loaded(tokens).logits, reference(tokens).logits, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5", "llama4"])
+@pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5", "llama4",
+                                  "nemotron"])
 def test_bf16_run_keeps_the_hf_weights_as_its_fp32_masters(kind, tmp_path):
     """--load-hf in a bf16 run: the fp32 Hugging Face weights become the masters as they are (the model
     computes with their bf16 rounding). With lr 0 one step leaves the masters unchanged, so the
     export gives back transformers' own tensors bitwise; the first loss is transformers' fp32 loss
     within bf16's error (measured 6.1e-5 relative for LLaMA, 1.4e-5 for Gemma 2, 1.1e-5 for Qwen3-MoE,
-    1.5e-4 for gpt-oss, 1.8e-4 for DeepSeek-V3 (its router in fp32), 1.3e-4 for Qwen3.5, 4.7e-5 for Llama 4;
-    tolerance 5e-4; see BF16_* in test_equivalence.py)."""
+    1.5e-4 for gpt-oss, 1.8e-4 for DeepSeek-V3 (its router in fp32), 1.3e-4 for Qwen3.5, 4.7e-5 for Llama 4,
+    1.8e-4 for Nemotron (its LayerNorm1P in fp32); tolerance 5e-4; see BF16_* in test_equivalence.py)."""
     from planner.specs.model import get_model
 
     hf_dir = tmp_path / "hf"
