@@ -245,6 +245,19 @@ def with_bias(linear: type, bias: bool) -> type:
     return type(f"{linear.__name__}{'' if bias else 'NoBias'}", (linear,), {"__init__": __init__})
 
 
+def clipped(linear: type, limit: float) -> type:
+    """`linear` with its output clamped to [-limit, limit], bias included (OLMo 1.7's clip_qkv on the fused q, k
+    and v; megatron adds linear_qkv's bias inside it); `linear` itself where limit is 0."""
+    if not limit:
+        return linear
+
+    def forward(self, *args, **kwargs):
+        out, bias = linear.forward(self, *args, **kwargs)
+        return out.clamp(-limit, limit), bias
+
+    return type(f"{linear.__name__}Clipped", (linear,), {"forward": forward})
+
+
 class OffsetRMSNorm(nn.RMSNorm):
     """Gemma's RMSNorm: x / rms(x) * (1 + w), w initialised at 0, computed in fp32 and cast back
     once at the end (LLaMA's casts before the weight; in bf16 the two round differently)."""
@@ -277,6 +290,8 @@ class OffsetLayerNorm(nn.LayerNorm):
 def norm(model: ModelSpec, width: int, eps: float | None = None) -> nn.Module:
     """The model's norm of that width, with its epsilon unless `eps` says otherwise."""
     eps = model.norm_eps if eps is None else eps
+    if not model.norm_weight:  # (OLMo 1's: no weight, no bias)
+        return nn.LayerNorm(width, eps=eps, elementwise_affine=False, bias=False)
     if model.norm_offset:
         return OffsetRMSNorm(width, eps=eps) if model.rms_norm else OffsetLayerNorm(width, eps, model.norm_bias)
     if model.rms_norm:
@@ -411,7 +426,8 @@ class Block(nn.Module):
         head_norm = (PostRotaryRMSNorm if model.qk_norm_after_rotary else HeadOffsetRMSNorm if model.norm_offset
                      else HeadRMSNorm) if model.qk_norm and not (model.qk_norm_full or model.qk_norm_per_head) else None
         attention = SelfAttentionSubmodules(
-            linear_qkv=with_bias(ColumnParallelLinear, model.qkv_bias), core_attention=FusedCoreAttention,
+            linear_qkv=clipped(with_bias(ColumnParallelLinear, model.qkv_bias), model.qkv_clip),
+            core_attention=FusedCoreAttention,
             linear_proj=with_bias(RowParallelLinear, model.out_bias), q_layernorm=head_norm, k_layernorm=head_norm)
         if model.local_rope_theta and model.window(layer_number - 1):  # rotary positions of their own, unscaled
             config = copy.copy(config)

@@ -117,6 +117,7 @@ class ModelSpec:
     logits_divisor: float = 1.0  # the logits divided by it (Granite's logits_scaling; Cohere: 1 / logit_scale)
     head_bias: bool = False  # the output layer has a bias, one per vocabulary row (Phi)
     norm_bias: bool = True  # LayerNorms have a bias (Cohere's have none)
+    norm_weight: bool = True  # norms scale by a learned weight; False: no weight and no bias (OLMo 1)
     shared_norm: bool = False  # a parallel residual whose one norm feeds attention and MLP (Cohere)
     rotary_interleaved: bool = False  # rotary positions rotate adjacent pairs (2i, 2i + 1) (Cohere), not halves
     # mixture of experts (Mixtral, Qwen3-MoE): each block's MLP is `experts` MLPs of ffn_hidden each, and a
@@ -173,6 +174,7 @@ class ModelSpec:
     linear_value_dim: int = 0
     linear_conv: int = 0
     attention_gate: bool = False  # the attention's output times sigmoid(a gate projected beside q) (Qwen3.5)
+    qkv_clip: float = 0.0  # q, k and v each clamped to [-c, c] after their projection (OLMo 1.7's clip_qkv); 0: none
     hf_model_type: str = ""  # the Hugging Face model_type it maps to ("" for presets)
 
     def __post_init__(self):
@@ -197,7 +199,7 @@ class ModelSpec:
             raise SailorError(f"model {self.name!r}: rotary positions turn pairs of dimensions, and {self.rotary_dim} "
                               f"of each head's {self.head_dim} would turn; make head_dim (or its rotated share) even")
         for field in ("norm_eps", "attention_scale", "rope_theta", "attn_softcap", "logit_softcap",
-                      "local_rope_theta", "glu_limit", "query_scale_beta"):
+                      "local_rope_theta", "glu_limit", "query_scale_beta", "qkv_clip"):
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1e30:
                 raise SailorError(f"model {self.name!r}: {field} must be a finite number >= 0, not {short(value)}")
@@ -262,6 +264,12 @@ class ModelSpec:
         if not self.input_norms and not self.sandwich_norm:
             raise SailorError(f"model {self.name!r}: a block without norms before its sublayers (input_norms) "
                               "normalises their outputs (sandwich_norm)")
+        if not self.norm_weight and (self.rms_norm or self.norm_offset or self.norm_bias or self.qk_norm):
+            raise SailorError(f"model {self.name!r}: norms without weights (norm_weight) are LayerNorms without bias "
+                              "(norm_bias), offset (norm_offset) or q/k norms (qk_norm)")
+        if self.qkv_clip and (self.latent or self.linear_blocks):
+            raise SailorError(f"model {self.name!r}: clamping q, k and v (qkv_clip) needs their one projection, not "
+                              "latent attention or Gated DeltaNet blocks")
         if self.norm_offset and not self.rms_norm and self.qk_norm:
             raise SailorError(f"model {self.name!r}: (1 + w) q/k norms are RMSNorms; a model with them has RMSNorms "
                               "(rms_norm)")
@@ -540,7 +548,7 @@ class ModelSpec:
         return (2 if self.gated_mlp else 1) * self.ffn_hidden
 
     def _norm_params(self) -> int:
-        return self.hidden if self.rms_norm or not self.norm_bias else 2 * self.hidden
+        return 0 if not self.norm_weight else self.hidden if self.rms_norm or not self.norm_bias else 2 * self.hidden
 
     @property
     def block_norms(self) -> int:

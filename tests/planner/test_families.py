@@ -347,6 +347,13 @@ PUBLISHED["stablelm-3b-4e1t"] = ({"model_type": "stablelm", "hidden_size": 2560,
 PUBLISHED["gpt-j-6b"] = ({"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048,
                           "rotary_dim": 64, "vocab_size": 50400, "activation_function": "gelu_new",
                           "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False}, 6_050_882_784)
+# OLMo-1B and OLMo-7B (OLMo 1: LayerNorms without weights; the 1B tied), their cards' 1.18 B and 6.89 B
+_OLMO_1B = {"model_type": "olmo", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+            "num_attention_heads": 16, "vocab_size": 50304, "max_position_embeddings": 2048,
+            "tie_word_embeddings": True}
+PUBLISHED["OLMo-1B-hf"] = (_OLMO_1B, 1_176_764_416)
+PUBLISHED["OLMo-7B-hf"] = ({**_OLMO_1B, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                            "num_attention_heads": 32, "tie_word_embeddings": False}, 6_888_095_744)
 # Minitron-4B's shape (Nemotron: LayerNorm1P with biases, an ungated ReLU-squared MLP, half of each head rotated)
 PUBLISHED["Minitron-4B-Base"] = ({"model_type": "nemotron", "hidden_size": 3072, "intermediate_size": 9216,
                                   "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
@@ -540,6 +547,30 @@ def test_llama_like_field_names_and_refusals(tmp_path):
             ("EXAONE-3.5-7.8B", {"num_layers": "32"}, "num_hidden_layers must be a positive integer, not '32'")):
         with pytest.raises(SailorError, match=needle):
             get_model(str(_write(tmp_path, {**PUBLISHED[name][0], **change})))
+
+
+def test_olmo1_details(tmp_path):
+    """OLMo 1's LayerNorms have no weights (nothing to count, load or train) and an epsilon of 1e-5 whatever the
+    config says; clip_qkv clamps q, k and v. It exports as the same model; Megatron-LM's arguments cannot express
+    either."""
+    from planner.specs.families import to_hf_config
+    from planner.targets.megatron_lm import megatron_model_args
+
+    model = get_model(str(_write(tmp_path, {**PUBLISHED["OLMo-7B-hf"][0], "clip_qkv": 8, "rms_norm_eps": 0.1})))
+    assert (model.norm_weight, model.norm_bias, model.rms_norm, model.norm_eps, model.qkv_clip, model.pad_token) == \
+        (False, False, False, 1e-5, 8.0, 1)
+    assert model.params(model.num_layers - 1) == model.padded_vocab(1) * 4096  # the head: its final norm holds nothing
+    assert get_model(str(_write(tmp_path, to_hf_config(model)))) == model
+    with pytest.raises(SailorError, match="cannot be written as an olmo config"):
+        to_hf_config(replace(model, norm_eps=1e-6))
+    with pytest.raises(SailorError, match="uses norms without weights"):
+        megatron_model_args(model)
+    with pytest.raises(SailorError, match=r"uses q, k and v clamped to 8 \(clip_qkv\)"):
+        megatron_model_args(replace(model, norm_weight=True, norm_bias=True))
+    with pytest.raises(SailorError, match="clip_qkv must be a positive number, not 0"):
+        get_model(str(_write(tmp_path, {**PUBLISHED["OLMo-7B-hf"][0], "clip_qkv": 0})))
+    with pytest.raises(SailorError, match="norms without weights .* are LayerNorms without bias"):
+        replace(model, norm_bias=True)
 
 
 def test_nemotron_details(tmp_path):

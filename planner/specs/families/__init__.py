@@ -2,7 +2,7 @@
 
 One module per family (llama.py covers LLaMA, Mistral, Ministral, Ministral 3, Qwen2, Qwen3, Granite, SmolLM3,
 ERNIE 4.5, Seed-OSS, Helium, CWM, InternLM3 and IQuest-Coder; moe.py Mixtral, Qwen2/3-MoE, OLMoE, ERNIE-4.5-MoE,
-MiniMax-M2, GraniteMoE and FlexOlmo; olmo.py OLMo 2 and 3; gemma.py Gemma 1, 2 and 3 and VaultGemma; cohere.py
+MiniMax-M2, GraniteMoE and FlexOlmo; olmo.py OLMo 1, 2 and 3; gemma.py Gemma 1, 2 and 3 and VaultGemma; cohere.py
 Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5, Solar Open and dots.llm1; exaone.py EXAONE 3, 4 and
 K-EXAONE; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash, Mistral 4 and Youtu-LLM; llama4.py Llama 4;
 hunyuan.py HunYuan dense and MoE; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; falcon.py Falcon-7B, 11B, 40B and
@@ -99,7 +99,8 @@ def _families() -> dict[str, Family]:
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
                                 moe.MINIMAX_M2, moe.ERNIE_MOE, moe.FLEX_OLMO, exaone.EXAONE_MOE, deepseek.YOUTU,
-                                olmo.FAMILY, phi.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2, starcoder2.FAMILY,
+                                olmo.FAMILY, olmo.OLMO1, phi.FAMILY, phi3.FAMILY, gemma.FAMILY, gemma.FAMILY2,
+                                starcoder2.FAMILY,
                                 cohere.FAMILY, glm.FAMILY, glm_moe.FAMILY, exaone.FAMILY, exaone.EXAONE3,
                                 gpt_oss.FAMILY, deepseek.FAMILY, deepseek.MISTRAL4, arcee.FAMILY, qwen3_5.FAMILY,
                                 qwen3_5.MOE_FAMILY,
@@ -430,7 +431,8 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "flex_olmo": "FlexOlmoForCausalLM",
                   "exaone_moe": "ExaoneMoeForCausalLM", "vaultgemma": "VaultGemmaForCausalLM",
                   "youtu": "YoutuForCausalLM", "stablelm": "StableLmForCausalLM",
-                  "gptj": "GPTJForCausalLM", "nemotron": "NemotronForCausalLM", "falcon": "FalconForCausalLM",
+                  "gptj": "GPTJForCausalLM", "olmo": "OlmoForCausalLM", "nemotron": "NemotronForCausalLM",
+                  "falcon": "FalconForCausalLM",
                   "apertus": "ApertusForCausalLM",
                   "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",

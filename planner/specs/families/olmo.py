@@ -1,4 +1,5 @@
-"""OLMo 2 and 3: LLaMA's blocks with the norms moved after the sublayers, and q/k norms across all heads.
+"""OLMo 1, 2 and 3. OLMo 2 and 3: LLaMA's blocks with the norms moved after the sublayers, and q/k norms across all
+heads.
 
 A block is x + norm(attn(x)), then x + norm(mlp(x)): no norm before a sublayer (ModelSpec
 input_norms False, sandwich_norm True). q and k are normalised before the rotary positions by one
@@ -6,6 +7,10 @@ RMSNorm each over all heads together, width heads * head_dim (kv_heads * head_di
 head as Qwen3's (qk_norm_full). OLMo 3 windows three blocks in four (layer_types) and gives the
 windowed blocks a rotary base of their own, unscaled (rope_parameters per layer type, as Gemma 3).
 OLMoE shares OLMo 2's attention and has LLaMA's pre-norms: it is a mixture of experts (moe.py).
+
+OLMo 1 (model_type olmo: OLMo-1B and 7B, OLMo 1.7) is LLaMA with LayerNorms that have no weight and no bias
+(ModelSpec.norm_weight), their epsilon 1e-5 whatever the config says, biases on every attention projection or
+none (attention_bias), and q, k and v clamped to [-clip_qkv, clip_qkv] after their projection where set (OLMo 1.7).
 """
 from __future__ import annotations
 
@@ -95,3 +100,33 @@ WEIGHTS = replace(llama.WEIGHTS, block=tuple(
     WeightRule("post_mlp_layernorm.weight", (_LAYER + "post_feedforward_layernorm.weight",))))
 
 FAMILY = Family("olmo2", ("olmo2", "olmo3"), from_hf, to_hf, WEIGHTS)
+
+OLMO1_EPS = 1e-5  # OLMo 1's LayerNorm epsilon, fixed in transformers' OlmoLayerNorm
+
+
+def olmo1_from_hf(cfg, model_type: str) -> dict:
+    clip = cfg.cfg.get("clip_qkv")
+    return {**llama.from_hf(cfg, "llama"), "rms_norm": False, "norm_bias": False, "norm_weight": False,
+            "norm_eps": OLMO1_EPS, "mlp_bias": False, "separate_final_norm": False,
+            "pad_token": cfg.pad_token(PAD_TOKEN),
+            "qkv_clip": 0.0 if clip is None else cfg.number("clip_qkv", clip)}
+
+
+def olmo1_to_hf(spec: ModelSpec) -> dict:
+    if spec.rms_norm or spec.norm_weight or not spec.gated_mlp or spec.qkv_bias != spec.out_bias or \
+            spec.mlp_bias or spec.head_dim_override or spec.windows or spec.qk_norm or spec.norm_eps != OLMO1_EPS or \
+            spec.parallel_residual or spec.rotary_fraction != 1 or spec.rotary_interleaved or spec.nope_blocks or \
+            spec.experts or spec.sandwich_norm or spec.attention_scale or spec.head_bias:
+        raise SailorError(f"{spec.name} cannot be written as an olmo config: its layers differ from OLMo 1's")
+    return {
+        "model_type": "olmo", "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
+        "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_query_groups,
+        "intermediate_size": spec.ffn_hidden, "vocab_size": spec.vocab, "max_position_embeddings": spec.context_length,
+        "hidden_act": ACTIVATION_TO_HF[spec.activation], "rope_parameters": llama.hf_rope(spec),
+        "attention_bias": spec.qkv_bias, "clip_qkv": spec.qkv_clip or None, "tie_word_embeddings": spec.tied_embeddings,
+        "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None, "attention_dropout": 0.0,
+    }
+
+
+# LLaMA's tensors; the norms have none
+OLMO1 = Family("olmo", ("olmo",), olmo1_from_hf, olmo1_to_hf, llama.WEIGHTS)
