@@ -347,6 +347,9 @@ PUBLISHED["stablelm-3b-4e1t"] = ({"model_type": "stablelm", "hidden_size": 2560,
 PUBLISHED["gpt-j-6b"] = ({"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048,
                           "rotary_dim": 64, "vocab_size": 50400, "activation_function": "gelu_new",
                           "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False}, 6_050_882_784)
+# StarCoder (GPTBigCode: GPT-2 with one key/value head), its card's 15.5 B
+PUBLISHED["starcoder"] = ({"model_type": "gpt_bigcode", "n_embd": 6144, "n_layer": 40, "n_head": 48, "n_inner": 24576,
+                           "n_positions": 8192, "vocab_size": 49152, "multi_query": True}, 15_517_456_384)
 # OLMo-1B and OLMo-7B (OLMo 1: LayerNorms without weights; the 1B tied), their cards' 1.18 B and 6.89 B
 _OLMO_1B = {"model_type": "olmo", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
             "num_attention_heads": 16, "vocab_size": 50304, "max_position_embeddings": 2048,
@@ -547,6 +550,24 @@ def test_llama_like_field_names_and_refusals(tmp_path):
             ("EXAONE-3.5-7.8B", {"num_layers": "32"}, "num_hidden_layers must be a positive integer, not '32'")):
         with pytest.raises(SailorError, match=needle):
             get_model(str(_write(tmp_path, {**PUBLISHED[name][0], **change})))
+
+
+def test_gpt_bigcode_details(tmp_path):
+    """StarCoder's one key/value head (which TP cannot split), or a head each without multi_query; both export as
+    the same model. Cross-attention is refused in one line."""
+    from planner.specs.families import to_hf_config
+
+    starcoder = get_model(str(_write(tmp_path, PUBLISHED["starcoder"][0])))
+    assert (starcoder.num_query_groups, starcoder.learned_positions, starcoder.tied_embeddings, starcoder.activation,
+            starcoder.tp_degrees(8)) == (1, True, True, "gelu_tanh", [1])
+    mha = get_model(str(_write(tmp_path, {**PUBLISHED["starcoder"][0], "multi_query": False})))
+    assert mha.num_query_groups == 48 and mha.tp_degrees(8) == [1, 2, 4, 8]
+    for model in (starcoder, mha):
+        assert get_model(str(_write(tmp_path, to_hf_config(model)))) == model
+    with pytest.raises(SailorError, match="key/value heads are neither one nor one per head"):
+        to_hf_config(replace(mha, kv_heads=8))
+    with pytest.raises(SailorError, match="add_cross_attention .* is not supported for gpt_bigcode"):
+        get_model(str(_write(tmp_path, {**PUBLISHED["starcoder"][0], "add_cross_attention": True})))
 
 
 def test_olmo1_details(tmp_path):
@@ -1024,6 +1045,7 @@ def test_olmo3_details(tmp_path):
 _BASE = {"hidden_size": 256, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 32,
          "vocab_size": 300, "max_position_embeddings": 64}
 _MINIMAL = {"gpt2": {"n_embd": 256, "n_layer": 2, "n_head": 32, "vocab_size": 300, "n_positions": 64},
+            "gpt_bigcode": {"n_embd": 256, "n_layer": 2, "n_head": 32, "vocab_size": 300, "n_positions": 64},
             "gpt_neo": {"hidden_size": 256, "num_layers": 2, "num_heads": 32, "vocab_size": 300,
                         "max_position_embeddings": 64, "attention_types": [[["global", "local"], 1]]},
             "opt": {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 32, "ffn_dim": 96,

@@ -365,6 +365,9 @@ def _small(kind: str):
         return transformers.FalconConfig(**falcon, **variant)
     if kind == "gpt2":
         return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64)
+    if kind.startswith("gpt_bigcode"):  # GPT-2 with Linear weights and one key/value head; -mha: a head each
+        return transformers.GPTBigCodeConfig(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64,
+                                             multi_query=not kind.endswith("mha"), bos_token_id=None, eos_token_id=None)
     if kind == "gpt_neo":
         return transformers.GPTNeoConfig(hidden_size=64, num_layers=2, num_heads=4, attention_types=[
             [["global", "local"], 1]], window_size=8, **common)
@@ -393,7 +396,7 @@ FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "
             "deepseek_v2", "youtu", "glm4_moe", "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4",
             "mistral4", "minimax_m2", "ernie4_5_moe", "glm4_moe_lite", "solar_open", "dots1", "hunyuan_v1_dense",
             "hunyuan_v1_moe", "flex_olmo", "exaone_moe", "phi", "opt", "opt-350m", "gpt2", "gptj", "falcon",
-            "falcon-40b", "falcon-11b", "falcon-sequential", "gpt_neo", "gpt_neox")
+            "falcon-40b", "falcon-11b", "falcon-sequential", "gpt_bigcode", "gpt_bigcode-mha", "gpt_neo", "gpt_neox")
 
 
 @torch.no_grad()

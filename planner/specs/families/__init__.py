@@ -7,8 +7,8 @@ Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5, Solar Open and 
 K-EXAONE; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash, Mistral 4 and Youtu-LLM; llama4.py Llama 4;
 hunyuan.py HunYuan dense and MoE; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; falcon.py Falcon-7B, 11B, 40B and
 180B; nemotron.py; arcee.py; apertus.py; phi.py, phi3.py, stablelm.py, starcoder2.py, gptj.py, gpt_neox.py, opt.py,
-gpt2.py, gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each holds, as data,
-everything family-specific:
+gpt2.py (GPT-2, GPTBigCode), gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each
+holds, as data, everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -106,7 +106,7 @@ def _families() -> dict[str, Family]:
                                 qwen3_5.MOE_FAMILY,
                                 qwen3_5.NEXT_FAMILY, llama4.FAMILY, hunyuan.FAMILY, hunyuan.MOE_FAMILY, opt.FAMILY,
                                 stablelm.FAMILY, nemotron.FAMILY, apertus.FAMILY, gptj.FAMILY, falcon.FAMILY,
-                                falcon.FALCON_40B, gpt2.FAMILY, gpt_neo.FAMILY, gpt_neox.FAMILY)}
+                                falcon.FALCON_40B, gpt2.FAMILY, gpt2.BIGCODE, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -418,7 +418,8 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "ministral3": "Ministral3ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                   "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM", "phi3": "Phi3ForCausalLM",
                   "starcoder2": "Starcoder2ForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM",
-                  "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM", "cohere": "CohereForCausalLM",
+                  "gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM", "gpt_neo": "GPTNeoForCausalLM",
+                  "cohere": "CohereForCausalLM",
                   "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
                   "qwen2_moe": "Qwen2MoeForCausalLM",
                   "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",

@@ -1,6 +1,12 @@
 """GPT-2: learned positions, tanh-GELU MLP, tied head; weights kept as
-Conv1D ([in, out], the transpose of a Linear) with q, k, v in one tensor."""
+Conv1D ([in, out], the transpose of a Linear) with q, k, v in one tensor.
+
+GPTBigCode (model_type gpt_bigcode: StarCoder, StarCoderBase, SantaCoder, WizardCoder) is GPT-2 with Linear
+weights and, with multi_query (the default), one key/value head. Its fused c_attn is megatron's own layout either
+way: [all q heads; k; v] for the one group, [q_h; k_h; v_h] head after head without multi_query."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 from planner.errors import SailorError
 from planner.specs.families import ACTIVATION_TO_HF, Family, WeightMap, WeightRule
@@ -63,3 +69,28 @@ WEIGHTS = WeightMap(
 )
 
 FAMILY = Family("gpt2", ("gpt2",), from_hf, to_hf, WEIGHTS)
+
+
+def bigcode_from_hf(cfg, model_type: str) -> dict:
+    if cfg.bool("add_cross_attention", False):
+        raise SailorError(f"model config {cfg.source}: add_cross_attention (an encoder-decoder's cross-attention) is "
+                          "not supported for gpt_bigcode; set it to false")
+    fields = from_hf(cfg, model_type)
+    return {**fields, "kv_heads": 1 if cfg.bool("multi_query", True) and fields["heads"] > 1 else 0,
+            "activation": cfg.activation("activation_function", "gelu_pytorch_tanh"), "pad_token": cfg.pad_token(None)}
+
+
+def bigcode_to_hf(spec: ModelSpec) -> dict:
+    if spec.num_query_groups not in (1, spec.heads):
+        raise SailorError(f"{spec.name} cannot be written as a gpt_bigcode config: its {spec.num_query_groups} key/"
+                          "value heads are neither one nor one per head")
+    cfg = to_hf(replace(spec, kv_heads=0))
+    return {**cfg, "model_type": "gpt_bigcode", "multi_query": spec.num_query_groups == 1,
+            "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None}
+
+
+# GPT-2's names, each weight as a Linear keeps it ([out, in]), c_attn as it is (megatron's layout)
+BIGCODE_WEIGHTS = replace(WEIGHTS, block=tuple(replace(r, op="copy") if r.op in ("t", "qkv_cat_t", "qkv_cat") else r
+                                               for r in WEIGHTS.block))
+
+BIGCODE = Family("gpt_bigcode", ("gpt_bigcode",), bigcode_from_hf, bigcode_to_hf, BIGCODE_WEIGHTS)
