@@ -189,8 +189,11 @@ def rotary_mscale(model: ModelSpec) -> float:
 def rotary_embedding(model: ModelSpec, seq_len: int, device: torch.device, local: bool = False) -> torch.Tensor:
     """Angles [s, 1, 1, rotary_dim] for megatron's apply_rotary_pos_emb: position * inv_freq,
     twice: after each other (the rotate-half layout Hugging Face's LLaMA uses), or each angle
-    twice in a row for models that rotate adjacent pairs (Cohere; megatron's rotary_interleaved)."""
+    twice in a row for models that rotate adjacent pairs (Cohere; megatron's rotary_interleaved); negated for
+    models that turn the other way (nanochat)."""
     positions = torch.arange(seq_len, dtype=torch.float32)
     freqs = torch.outer(positions, inverse_frequencies(model, local))
+    if model.rotary_reversed:  # (nanochat's: cos(-a) = cos(a), sin(-a) = -sin(a))
+        freqs = -freqs
     angles = freqs.repeat_interleave(2, dim=-1) if model.rotary_interleaved else torch.cat([freqs, freqs], dim=-1)
     return angles[:, None, None, :].to(device)

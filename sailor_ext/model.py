@@ -290,8 +290,9 @@ class OffsetLayerNorm(nn.LayerNorm):
 def norm(model: ModelSpec, width: int, eps: float | None = None) -> nn.Module:
     """The model's norm of that width, with its epsilon unless `eps` says otherwise."""
     eps = model.norm_eps if eps is None else eps
-    if not model.norm_weight:  # (OLMo 1's: no weight, no bias)
-        return nn.LayerNorm(width, eps=eps, elementwise_affine=False, bias=False)
+    if not model.norm_weight:  # (OLMo 1's LayerNorms, nanochat's RMSNorms: no weight, no bias)
+        return nn.RMSNorm(width, eps=eps, elementwise_affine=False) if model.rms_norm else \
+            nn.LayerNorm(width, eps=eps, elementwise_affine=False, bias=False)
     if model.norm_offset:
         return OffsetRMSNorm(width, eps=eps) if model.rms_norm else OffsetLayerNorm(width, eps, model.norm_bias)
     if model.rms_norm:
@@ -380,7 +381,7 @@ class PerHeadNorm(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Word embedding (vocabulary-parallel), OPT-350m's projection, learned positions."""
+    """Word embedding (vocabulary-parallel), OPT-350m's projection, learned positions, a norm (nanochat's)."""
 
     def __init__(self, spec: StageSpec, config: TransformerConfig, tp_group):
         super().__init__()
@@ -392,6 +393,8 @@ class Embedding(nn.Module):
             self.project_in = nn.Linear(model.word_dim, model.hidden, bias=False)
         if model.learned_positions:
             self.position_embeddings = nn.Embedding(model.position_rows, model.hidden)
+        if model.embedding_norm:
+            self.embedding_layernorm = norm(model, model.hidden)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [b, s] -> hidden [s, b, h]."""
@@ -405,6 +408,8 @@ class Embedding(nn.Module):
         if self.model.learned_positions:
             positions = torch.arange(tokens.size(1), device=tokens.device) + self.model.position_offset
             x = x + self.position_embeddings(positions)
+        if self.model.embedding_norm:
+            x = self.embedding_layernorm(x)
         return x.transpose(0, 1).contiguous()
 
 

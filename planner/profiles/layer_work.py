@@ -250,7 +250,8 @@ def layer_work(model: ModelSpec, layer: int, mbs: int, tp: int, dtype_bytes: int
     projection = 2.0 * n * model.word_dim * h if model.projected else 0.0
     positions = model.learned_positions
     scaled = model.embedding_multiplier != 1
-    fwd = (2 + 5 * positions + 2 + (2 if t > 1 else 0) + 2 * scaled) * h
-    bwd = (4 + 2 * positions + 2 * scaled) * h
-    return (Work(projection, n * fwd * d, 0.0, 2 + 2 * positions + (4 if t > 1 else 0) + scaled, comm, ar),
-            Work(2 * projection, n * bwd * d, 0.0, 2 + 2 * positions + scaled, backward=True))
+    nf, nb, kf, kb = (norm_f, norm_b, norm_kf, norm_kb) if model.embedding_norm else (0.0, 0.0, 0, 0)
+    fwd = (2 + 5 * positions + 2 + (2 if t > 1 else 0) + 2 * scaled + nf) * h
+    bwd = (4 + 2 * positions + 2 * scaled + nb) * h
+    return (Work(projection, n * fwd * d, 0.0, 2 + 2 * positions + (4 if t > 1 else 0) + scaled + kf, comm, ar),
+            Work(2 * projection, n * bwd * d, 0.0, 2 + 2 * positions + scaled + kb, backward=True))

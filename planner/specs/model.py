@@ -92,6 +92,7 @@ class ModelSpec:
     query_scale_nope: bool = False
     attention_chunk: int = 0  # the blocks with rotary positions attend within chunks this long (Llama 4); 0: none
     qk_l2_norm: bool = False  # each head's q and k divided by their RMS (no weight) on rotary blocks (Llama 4)
+    rotary_reversed: bool = False  # rotary positions turn each pair by -angle (nanochat's sign-flipped rotate_half)
     windows: tuple[int, ...] = ()  # per block: 0 = full causal attention, w = the last w tokens only
     nope_blocks: tuple[int, ...] = ()  # blocks (0-based) whose attention has no rotary positions (SmolLM3's NoPE)
     rope_theta: float = 10000.0
@@ -108,6 +109,7 @@ class ModelSpec:
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX) instead of one after the other
     norm_offset: bool = False  # norms scale by (1 + w), w kept and initialised at 0 (Gemma; Nemotron's LayerNorms)
     embedding_multiplier: float = 1.0  # word embeddings times it, rounded to the compute dtype (Gemma: sqrt(hidden))
+    embedding_norm: bool = False  # the model's norm on the embeddings before the first block (nanochat)
     sandwich_norm: bool = False  # each sublayer's output is normalised too, before its residual add (Gemma 2, 3)
     input_norms: bool = True  # a norm before each sublayer; False: only the sandwich norms after them (OLMo 2)
     attn_softcap: float = 0.0  # attention scores c * tanh(scores / c) before the mask (Gemma 2); 0: none
@@ -264,9 +266,9 @@ class ModelSpec:
         if not self.input_norms and not self.sandwich_norm:
             raise SailorError(f"model {self.name!r}: a block without norms before its sublayers (input_norms) "
                               "normalises their outputs (sandwich_norm)")
-        if not self.norm_weight and (self.rms_norm or self.norm_offset or self.norm_bias or self.qk_norm):
-            raise SailorError(f"model {self.name!r}: norms without weights (norm_weight) are LayerNorms without bias "
-                              "(norm_bias), offset (norm_offset) or q/k norms (qk_norm)")
+        if not self.norm_weight and (not self.rms_norm and self.norm_bias or self.norm_offset or self.qk_norm):
+            raise SailorError(f"model {self.name!r}: norms without weights (norm_weight) have no bias (norm_bias), "
+                              "offset (norm_offset) or q/k norms with weights (qk_norm)")
         if self.qkv_clip and (self.latent or self.linear_blocks):
             raise SailorError(f"model {self.name!r}: clamping q, k and v (qkv_clip) needs their one projection, not "
                               "latent attention or Gated DeltaNet blocks")
@@ -564,7 +566,8 @@ class ModelSpec:
         vocab = self.padded_vocab(tp) // tp if padded else self.vocab / tp
         projection = self.word_dim * h if self.projected else 0
         if kind == EMBEDDING:
-            return int(vocab * self.word_dim) + projection + self.position_rows * h
+            own_norm = self._norm_params() if self.embedding_norm else 0
+            return int(vocab * self.word_dim) + projection + self.position_rows * h + own_norm
         if kind == FINAL_NORM:
             return self._norm_params()
         if kind == HEAD:
@@ -612,6 +615,7 @@ class ModelSpec:
     def activation_floats(self, layer: int, tp: int = 1) -> float:
         """Floats per token that the forward pass keeps for backward (one sample).
 
+        Embedding: its output, h (and the embedding norm's input, h).
         Block: 3h replicated (norm inputs, residual) + (q,k,v + context + MLP
         intermediate)/tp + heads*seq/tp (softmax probabilities; no flash
         attention), + (q + k)/tp with per-head q/k norms (their inputs). This
@@ -624,7 +628,7 @@ class ModelSpec:
         h, kind = self.hidden, self.kind(layer)
         extra = self.word_dim if self.projected else 0
         if kind == EMBEDDING:
-            return float(h + extra)
+            return float(h + extra + (h if self.embedding_norm else 0))
         if kind == FINAL_NORM:
             return float(h)
         if kind == HEAD:

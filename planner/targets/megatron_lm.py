@@ -64,6 +64,8 @@ def megatron_model_args(model) -> list[str]:
                           (model.query_scale_beta, "a query scale that grows with the position"),
                           (model.qk_l2_norm, "q/k norms without weights"),
                           (model.qkv_clip, f"q, k and v clamped to {model.qkv_clip:g} (clip_qkv)"),
+                          (model.embedding_norm, "a norm on the embeddings"),
+                          (model.rotary_reversed, "rotary positions turned the other way"),
                           (model.attention_chunk, "chunked attention"),
                           (model.expert_input_weighted, "experts whose input is weighted by the router"),
                           (model.attention_sinks, "attention sinks"), (model.head_bias, "a bias on the output layer"),

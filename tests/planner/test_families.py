@@ -347,6 +347,10 @@ PUBLISHED["stablelm-3b-4e1t"] = ({"model_type": "stablelm", "hidden_size": 2560,
 PUBLISHED["gpt-j-6b"] = ({"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048,
                           "rotary_dim": 64, "vocab_size": 50400, "activation_function": "gelu_new",
                           "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False}, 6_050_882_784)
+# nanochat d32 (depth 32, 64 dimensions per layer of depth, heads of 128, MLP 4 x wide; untied): 1.88 B
+PUBLISHED["nanochat-d32"] = ({"model_type": "nanochat", "hidden_size": 2048, "intermediate_size": 8192,
+                              "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 16,
+                              "vocab_size": 65536, "max_position_embeddings": 2048}, 1_879_048_192)
 # StarCoder (GPTBigCode: GPT-2 with one key/value head), its card's 15.5 B
 PUBLISHED["starcoder"] = ({"model_type": "gpt_bigcode", "n_embd": 6144, "n_layer": 40, "n_head": 48, "n_inner": 24576,
                            "n_positions": 8192, "vocab_size": 49152, "multi_query": True}, 15_517_456_384)
@@ -570,6 +574,27 @@ def test_gpt_bigcode_details(tmp_path):
         get_model(str(_write(tmp_path, {**PUBLISHED["starcoder"][0], "add_cross_attention": True})))
 
 
+def test_nanochat_details(tmp_path):
+    """nanochat: RMSNorms without weights, one on the embeddings too (its input kept for backward), q/k norms,
+    rotary positions turned the other way, logits capped at 15; it exports as the same model, and Megatron-LM's
+    arguments cannot express it."""
+    from planner.specs.families import to_hf_config
+    from planner.targets.megatron_lm import megatron_model_args
+
+    model = get_model(str(_write(tmp_path, PUBLISHED["nanochat-d32"][0])))
+    assert (model.rms_norm, model.norm_weight, model.embedding_norm, model.qk_l2_norm, model.rotary_reversed,
+            model.logit_softcap, model.gated_mlp, model.activation) == (True, False, True, True, True, 15.0, False,
+                                                                         "relu2")
+    assert model.activation_floats(0) == 2 * 2048 == 2 * replace(model, embedding_norm=False).activation_floats(0)
+    assert get_model(str(_write(tmp_path, to_hf_config(model)))) == model
+    uncapped = get_model(str(_write(tmp_path, {**PUBLISHED["nanochat-d32"][0], "final_logit_softcapping": None})))
+    assert uncapped.logit_softcap == 0 and to_hf_config(uncapped)["final_logit_softcapping"] is None
+    with pytest.raises(SailorError, match="stock Megatron-LM's arguments cannot express"):
+        megatron_model_args(model)
+    with pytest.raises(SailorError, match="norms without weights .* have no bias"):
+        replace(model, rms_norm=False)
+
+
 def test_olmo1_details(tmp_path):
     """OLMo 1's LayerNorms have no weights (nothing to count, load or train) and an epsilon of 1e-5 whatever the
     config says; clip_qkv clamps q, k and v. It exports as the same model; Megatron-LM's arguments cannot express
@@ -590,7 +615,7 @@ def test_olmo1_details(tmp_path):
         megatron_model_args(replace(model, norm_weight=True, norm_bias=True))
     with pytest.raises(SailorError, match="clip_qkv must be a positive number, not 0"):
         get_model(str(_write(tmp_path, {**PUBLISHED["OLMo-7B-hf"][0], "clip_qkv": 0})))
-    with pytest.raises(SailorError, match="norms without weights .* are LayerNorms without bias"):
+    with pytest.raises(SailorError, match="norms without weights .* have no bias"):
         replace(model, norm_bias=True)
 
 
