@@ -347,6 +347,8 @@ PUBLISHED["stablelm-3b-4e1t"] = ({"model_type": "stablelm", "hidden_size": 2560,
 PUBLISHED["gpt-j-6b"] = ({"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048,
                           "rotary_dim": 64, "vocab_size": 50400, "activation_function": "gelu_new",
                           "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False}, 6_050_882_784)
+# Jais 2 at transformers' Jais2Config defaults, documented as Jais-2-8B-Chat's: 8.09 B
+PUBLISHED["jais2"] = ({"model_type": "jais2"}, 8_090_401_280)
 # nanochat d32 (depth 32, 64 dimensions per layer of depth, heads of 128, MLP 4 x wide; untied): 1.88 B
 PUBLISHED["nanochat-d32"] = ({"model_type": "nanochat", "hidden_size": 2048, "intermediate_size": 8192,
                               "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 16,
@@ -622,7 +624,7 @@ def test_olmo1_details(tmp_path):
 def test_nemotron_details(tmp_path):
     """Nemotron's LayerNorm1P reads as LayerNorms with biases that scale by (1 + w), its MLP as ungated ReLU squared,
     half of each 128-wide head rotated; it exports as the same model. Megatron-LM's arguments cannot express the
-    (1 + w) norms (nor the partial rotation)."""
+    (1 + w) norms (nor the partial rotation). Jais 2 is that block with plain LayerNorms and whole heads rotated."""
     from planner.specs.families import to_hf_config
     from planner.targets.megatron_lm import megatron_model_args
 
@@ -634,6 +636,12 @@ def test_nemotron_details(tmp_path):
         to_hf_config(replace(model, gated_mlp=True))
     with pytest.raises(SailorError, match="norms that scale by"):
         megatron_model_args(replace(model, rotary_fraction=1.0))
+    jais = get_model(str(_write(tmp_path, PUBLISHED["jais2"][0])))  # the same block with plain LayerNorms
+    assert (jais.norm_offset, jais.norm_bias, jais.rotary_fraction, jais.qkv_bias, jais.mlp_bias, jais.head_dim) == \
+        (False, True, 1.0, True, True, 128)
+    assert get_model(str(_write(tmp_path, to_hf_config(jais)))) == jais
+    with pytest.raises(SailorError, match="cannot be written as a jais2 config: its layers differ from Jais 2's"):
+        to_hf_config(replace(jais, rotary_fraction=0.5))
 
 
 def test_falcon_details(tmp_path):

@@ -324,6 +324,8 @@ def _small(kind: str):
         # 0.5, which 22-29 % of them cross (measured on the first batch)
         return transformers.OlmoConfig(**llama, attention_bias=True, clip_qkv=0.5 if kind.endswith("clip") else None,
                                        pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    if kind == "jais2":  # Nemotron's block with plain LayerNorms, whole heads rotated, biases everywhere (its default)
+        return transformers.Jais2Config(**llama, bos_token_id=None, eos_token_id=None)
     if kind == "nanochat":  # RMSNorms without weights (on the embeddings and each head's q and k too), rotary
         # positions turned the other way, a plain ReLU-squared MLP, logits capped (at 2, small enough to bend)
         return transformers.NanoChatConfig(**llama, final_logit_softcapping=2.0, pad_token_id=None, bos_token_id=None,
