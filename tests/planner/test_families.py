@@ -349,6 +349,8 @@ PUBLISHED["gpt-j-6b"] = ({"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "
                           "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False}, 6_050_882_784)
 # Jais 2 at transformers' Jais2Config defaults, documented as Jais-2-8B-Chat's: 8.09 B
 PUBLISHED["jais2"] = ({"model_type": "jais2"}, 8_090_401_280)
+# HyperCLOVA X at transformers' HyperCLOVAXConfig defaults (LLaMA-7B's shape with Peri-LN's output norms)
+PUBLISHED["hyperclovax"] = ({"model_type": "hyperclovax"}, 6_738_677_760)
 # nanochat d32 (depth 32, 64 dimensions per layer of depth, heads of 128, MLP 4 x wide; untied): 1.88 B
 PUBLISHED["nanochat-d32"] = ({"model_type": "nanochat", "hidden_size": 2048, "intermediate_size": 8192,
                               "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 16,
@@ -574,6 +576,25 @@ def test_gpt_bigcode_details(tmp_path):
         to_hf_config(replace(mha, kv_heads=8))
     with pytest.raises(SailorError, match="add_cross_attention .* is not supported for gpt_bigcode"):
         get_model(str(_write(tmp_path, {**PUBLISHED["starcoder"][0], "add_cross_attention": True})))
+
+
+def test_hyperclovax_details(tmp_path):
+    """HyperCLOVA X: Granite's multipliers with a norm on each sublayer's output (use_post_norm), the logits multiplied
+    by logits_scaling, the attention scale 1/sqrt(head_dim) unless set (transformers saves that default's value,
+    read back as the default); without use_post_norm, Granite's blocks. Each exports as the same model."""
+    from planner.specs.families import to_hf_config
+
+    model = get_model(str(_write(tmp_path, {"model_type": "hyperclovax", "logits_scaling": 4,
+                                            "residual_multiplier": 0.5, "embedding_multiplier": 3})))
+    assert (model.sandwich_norm, model.logits_divisor, model.residual_multiplier, model.embedding_multiplier,
+            model.attention_scale, model.rms_norm) == (True, 0.25, 0.5, 3.0, 0.0, True)
+    scaled = get_model(str(_write(tmp_path, {"model_type": "hyperclovax", "attention_multiplier": 0.1,
+                                             "use_post_norm": False})))
+    assert (scaled.attention_scale, scaled.sandwich_norm) == (0.1, False)
+    assert get_model(str(_write(tmp_path, {"model_type": "hyperclovax", "attention_multiplier": 128 ** -0.5}))) == \
+        replace(model, logits_divisor=1.0, residual_multiplier=1.0, embedding_multiplier=1.0)
+    for spec in (model, scaled):
+        assert get_model(str(_write(tmp_path, to_hf_config(spec)))) == spec
 
 
 def test_nanochat_details(tmp_path):
