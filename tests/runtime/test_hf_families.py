@@ -357,6 +357,8 @@ def _small(kind: str):
     opt = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96, **common)
     if kind == "opt":
         return transformers.OPTConfig(**opt)
+    if kind == "opt-noaffine":  # LayerNorms without weights or biases
+        return transformers.OPTConfig(**opt, layer_norm_elementwise_affine=False)
     if kind == "opt-350m":  # projection 32 <-> 64 and post-LN, as facebook/opt-350m
         return transformers.OPTConfig(**opt, word_embed_proj_dim=32, do_layer_norm_before=False)
     if kind == "gptj":  # attention (no biases) and MLP side by side on one LayerNorm, adjacent pairs of the first 8
@@ -406,8 +408,8 @@ FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "
             "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu", "glm4_moe", "qwen3_5", "qwen3_5-attention",
             "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2", "ernie4_5_moe", "glm4_moe_lite",
             "solar_open", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo", "exaone_moe", "phi", "opt",
-            "opt-350m", "gpt2", "gptj", "falcon", "falcon-40b", "falcon-11b", "falcon-sequential", "gpt_bigcode",
-            "gpt_bigcode-mha", "gpt_neo", "gpt_neox")
+            "opt-noaffine", "opt-350m", "gpt2", "gptj", "falcon", "falcon-40b", "falcon-11b", "falcon-sequential",
+            "gpt_bigcode", "gpt_bigcode-mha", "gpt_neo", "gpt_neox")
 
 
 @torch.no_grad()

@@ -11,26 +11,26 @@ POSITION_OFFSET = 2  # OPT's position table keeps two rows before position 0
 
 
 def from_hf(cfg, model_type: str) -> dict:
-    if not cfg.bool("layer_norm_elementwise_affine", True):
-        raise SailorError(f"model config {cfg.source}: layer norms without weights "
-                          "(layer_norm_elementwise_affine false) are not supported")
     hidden = cfg.int("hidden_size")
     pre_norm = cfg.bool("do_layer_norm_before", True)
     bias = cfg.bool("enable_bias", True)
+    affine = cfg.bool("layer_norm_elementwise_affine", True)  # (false: LayerNorms without weights or biases)
     return dict(
         hidden=hidden, num_blocks=cfg.int("num_hidden_layers", hi=MAX_BLOCKS), heads=cfg.int("num_attention_heads"),
         ffn_hidden=cfg.int("ffn_dim"), vocab=cfg.int("vocab_size"), max_positions=cfg.int("max_position_embeddings"),
         tied_embeddings=cfg.bool("tie_word_embeddings", True), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
         position_offset=POSITION_OFFSET, embed_dim=cfg.int("word_embed_proj_dim", hidden),
         post_norm=not pre_norm, final_norm=pre_norm and not cfg.bool("_remove_final_layer_norm", False),
-        activation=cfg.activation("activation_function", "relu"), pad_token=cfg.pad_token(1),
+        activation=cfg.activation("activation_function", "relu"), pad_token=cfg.pad_token(1), norm_weight=affine,
+        norm_bias=affine,
     )
 
 
 def to_hf(spec: ModelSpec) -> dict:
     if spec.rms_norm or spec.gated_mlp or not spec.learned_positions or spec.windows \
             or len({spec.qkv_bias, spec.out_bias, spec.mlp_bias}) > 1 or spec.final_norm == spec.post_norm \
-            or spec.separate_final_norm or spec.kv_heads not in (0, spec.heads) or spec.head_dim_override:
+            or spec.separate_final_norm or spec.kv_heads not in (0, spec.heads) or spec.head_dim_override \
+            or spec.norm_bias != spec.norm_weight:
         raise SailorError(f"{spec.name} cannot be written as an OPT config: its layers differ from OPT's")
     return {
         "model_type": "opt", "hidden_size": spec.hidden, "num_hidden_layers": spec.num_blocks,
@@ -38,7 +38,8 @@ def to_hf(spec: ModelSpec) -> dict:
         "max_position_embeddings": spec.context_length, "word_embed_proj_dim": spec.word_dim,
         "do_layer_norm_before": not spec.post_norm, "enable_bias": spec.qkv_bias,
         "activation_function": ACTIVATION_TO_HF[spec.activation], "tie_word_embeddings": spec.tied_embeddings,
-        "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None, "_remove_final_layer_norm": False, "layer_norm_elementwise_affine": True,
+        "pad_token_id": spec.pad_token if spec.pad_token >= 0 else None, "_remove_final_layer_norm": False,
+        "layer_norm_elementwise_affine": spec.norm_weight,
         "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0, "layerdrop": 0.0,
     }
 
