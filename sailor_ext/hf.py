@@ -55,11 +55,13 @@ def rule_for(model: ModelSpec, logical: str) -> tuple[WeightRule, int]:
                       "this model cannot be converted")
 
 
-def hf_names(rule: WeightRule, block: int, experts: int = 0) -> tuple[str, ...]:
+def hf_names(rule: WeightRule, block: int, model: ModelSpec) -> tuple[str, ...]:
     """The rule's Hugging Face names in block `block`; rules of expert tensors ({e} in their names)
-    name every expert's, expert by expert."""
-    if any("{e}" in name for name in rule.hf):
-        return tuple(name.format(i=block, e=e) for e in range(experts) for name in rule.hf)
+    name every expert's, expert by expert, and rules of per-head tensors every query head's ({h}) or key/value
+    head's ({g})."""
+    for key, count in (("e", model.experts), ("h", model.heads), ("g", model.num_query_groups)):
+        if any("{" + key + "}" in name for name in rule.hf):
+            return tuple(name.format(i=block, **{key: n}) for n in range(count) for name in rule.hf)
     return tuple(name.format(i=block) for name in rule.hf)
 
 
@@ -140,7 +142,7 @@ def to_hf(model: ModelSpec, rule: WeightRule, tensor: torch.Tensor) -> list[torc
         return list(tensor.unbind(0))
     if op == "gate_up_cat":
         return [tensor.reshape(-1, *tensor.shape[2:])]
-    if op == "experts":  # [E, ...] -> one tensor per expert
+    if op in ("experts", "heads"):  # [E, ...] -> one tensor per expert ([heads, ...] -> one per head)
         return list(tensor.unbind(0))
     if op == "experts_gate_up":  # [E, 2, ffn, h] -> each expert's gate and up
         return [part for expert in tensor.unbind(0) for part in expert.unbind(0)]
@@ -187,6 +189,8 @@ def local_slice(weights: "HFWeights", model: ModelSpec, rule: WeightRule, names:
         ffn = shard.logical_shape[1]
         lo, hi = (0, ffn) if dim is None else (start, stop)
         out = torch.stack([weights.get(names[0], 0, o + lo, o + hi) for o in (0, ffn)])
+    elif op == "heads":  # logical [heads, ...] split along the heads: this rank's heads' tensors
+        out = torch.stack([weights.get(n) for n in (names if dim is None else names[start:stop])])
     elif op == "experts":  # logical [E, ...], each expert's tensor sliced along the same dimension
         out = torch.stack([weights.get(n, None if dim is None else dim - 1, start, stop) for n in names])
     elif op == "experts_gate_up":  # logical [E, 2, ffn, h] split along ffn: each expert's gate and up rows
@@ -490,7 +494,7 @@ def load_stage(stage, directory: str | Path, params: dict[str, torch.Tensor] | N
         for name, param in (params or dict(stage.named_parameters())).items():
             shard = stage.shards[name]
             rule, block = rule_for(model, shard.name)
-            names = hf_names(rule, block, model.experts)
+            names = hf_names(rule, block, model)
             shard.view(param).copy_(local_slice(weights, model, rule, names, shard))
     finally:
         weights.close()
@@ -502,7 +506,7 @@ def hf_state_dict(model: ModelSpec, logical: dict[str, torch.Tensor], dtype: tor
     out = {}
     for name in sorted(logical):
         rule, block = rule_for(model, name)
-        for hf_name, tensor in zip(hf_names(rule, block, model.experts), to_hf(model, rule, logical[name])):
+        for hf_name, tensor in zip(hf_names(rule, block, model), to_hf(model, rule, logical[name])):
             if rule.op in GROUP_SPAN_OPS and hf_name in out:  # (spans of one tensor, each in its own rows)
                 tensor = out[hf_name] + tensor
             out[hf_name] = tensor

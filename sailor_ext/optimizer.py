@@ -26,8 +26,9 @@ from sailor_ext.topology import Topology
 
 def decays(name: str, param: torch.Tensor) -> bool:
     """Whether a parameter takes weight decay: matrices do; biases (gpt-oss's experts' are stacked
-    [E, ...]) and vectors (norms, sinks) do not."""
-    return param.dim() > 1 and not name.endswith(".bias")
+    [E, ...]), vectors (norms, sinks) and norm weights kept per head ([heads, head_dim]: Command R+'s, StableLM 2
+    12B's q/k norms) do not."""
+    return param.dim() > 1 and not name.endswith((".bias", "norm.weight"))
 
 
 @dataclass(frozen=True)

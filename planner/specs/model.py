@@ -103,7 +103,7 @@ class ModelSpec:
     qk_norm_after_rotary: bool = False  # the per-head q/k RMSNorms come after the rotary positions (HunYuan)
     qk_norm_full: bool = False  # the q (k) norm spans all heads together, its weight split over TP (OLMo 2, OLMoE)
     # each head has a q (k) norm weight of its own, [heads, head_dim], split over TP with the heads; the norm is
-    # the model's (Command R+: LayerNorms without bias)
+    # the model's kind, without bias (Command R+, StableLM 2 12B: LayerNorms)
     qk_norm_per_head: bool = False
     rotary_fraction: float = 1.0  # share of each head's dimensions that rotary positions rotate (partial rotary)
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX) instead of one after the other
@@ -261,8 +261,6 @@ class ModelSpec:
                                           self.norm_offset or self.latent or self.linear_blocks):
             raise SailorError(f"model {self.name!r}: q/k norms after the rotary positions (qk_norm_after_rotary) are "
                               "per-head RMSNorms (qk_norm) with a plain weight, in softmax attention")
-        if self.qk_norm_per_head and not self.rms_norm and self.norm_bias:
-            raise SailorError(f"model {self.name!r}: per-head q/k LayerNorms have no bias (norm_bias)")
         if not self.input_norms and not self.sandwich_norm:
             raise SailorError(f"model {self.name!r}: a block without norms before its sublayers (input_norms) "
                               "normalises their outputs (sandwich_norm)")

@@ -343,6 +343,10 @@ PUBLISHED["stablelm-2-1_6b"] = (_STABLELM_2, 1_644_515_328)
 PUBLISHED["stablelm-3b-4e1t"] = ({"model_type": "stablelm", "hidden_size": 2560, "intermediate_size": 6912,
                                   "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 50304,
                                   "max_position_embeddings": 4096}, 2_795_443_200)
+# StableLM 2 12B: attention and MLP side by side on one LayerNorm, a LayerNorm for each head's q and k: 12.1 B
+PUBLISHED["stablelm-2-12b"] = ({**_STABLELM_2, "hidden_size": 5120, "intermediate_size": 13824,
+                                "num_hidden_layers": 40, "num_key_value_heads": 8, "use_qkv_bias": False,
+                                "use_parallel_residual": True, "qk_layernorm": True}, 12_143_185_920)
 # GPT-J-6B: 6.05 B as transformers counts it (the output layer's bias included)
 PUBLISHED["gpt-j-6b"] = ({"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048,
                           "rotary_dim": 64, "vocab_size": 50400, "activation_function": "gelu_new",
@@ -553,8 +557,6 @@ def test_llama_like_field_names_and_refusals(tmp_path):
             ("gpt-j-6b", {"rotary_dim": None}, "gptj needs rotary_dim, the dimensions of each head that rotary "
                                                "positions turn; set it"),
             ("gpt-j-6b", {"rotary_dim": 257}, "rotary_dim 257 must be even and at most a head's 256 dimensions"),
-            ("stablelm-2-1_6b", {"qk_layernorm": True}, "qk_layernorm .* is not supported for stablelm; set it to "
-                                                         "false"),
             ("EXAONE-3.5-7.8B", {"num_layers": "32"}, "num_hidden_layers must be a positive integer, not '32'")):
         with pytest.raises(SailorError, match=needle):
             get_model(str(_write(tmp_path, {**PUBLISHED[name][0], **change})))
@@ -663,6 +665,17 @@ def test_nemotron_details(tmp_path):
     assert get_model(str(_write(tmp_path, to_hf_config(jais)))) == jais
     with pytest.raises(SailorError, match="cannot be written as a jais2 config: its layers differ from Jais 2's"):
         to_hf_config(replace(jais, rotary_fraction=0.5))
+
+
+def test_stablelm_2_12b_details(tmp_path):
+    """StableLM 2 12B's q/k LayerNorms, one per head (its q heads', its key/value heads'), weights of their own split
+    over TP with the heads and no bias, beside LayerNorms with biases; it exports as the same model."""
+    from planner.specs.families import to_hf_config
+
+    model = get_model(str(_write(tmp_path, PUBLISHED["stablelm-2-12b"][0])))
+    assert (model.qk_norm, model.qk_norm_per_head, model.rms_norm, model.norm_bias, model.shared_norm) == \
+        (True, True, False, True, True)
+    assert get_model(str(_write(tmp_path, to_hf_config(model)))) == model
 
 
 def test_falcon_details(tmp_path):

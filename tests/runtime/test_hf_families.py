@@ -316,9 +316,11 @@ def _small(kind: str):
                                             num_shared_experts=1, pad_token_id=None, bos_token_id=None,
                                             eos_token_id=None)
     if kind in ("stablelm", "stablelm-parallel"):  # LayerNorms with biases, a quarter of each head rotated, q/k/v
-        # biases; -parallel: attention and MLP side by side on one norm (StableLM 2 12B's)
+        # biases; -parallel: attention and MLP side by side on one norm, a LayerNorm for each head's q and k (StableLM
+        # 2 12B's)
+        parallel = kind.endswith("parallel")
         return transformers.StableLmConfig(**llama, use_qkv_bias=True, partial_rotary_factor=0.25,
-                                           use_parallel_residual=kind.endswith("parallel"), bos_token_id=None,
+                                           use_parallel_residual=parallel, qk_layernorm=parallel, bos_token_id=None,
                                            eos_token_id=None)
     if kind.startswith("olmo1"):  # LayerNorms without weights, biases on attention; -clip: q, k and v clamped at
         # 0.5, which 22-29 % of them cross (measured on the first batch)
@@ -457,8 +459,8 @@ def _hf_train(model, objective=None) -> tuple[list[float], list[float], dict[str
     RMS (Adam's sqrt(v)) reached eps. objective(model, tokens) -> (what backward starts from, the loss
     reported); default: the mean token loss for both."""
     params = list(model.parameters())
-    decays = {p for name, p in model.named_parameters() if p.dim() > 1 and not name.endswith("bias")}  # (gpt-oss's
-    # experts' biases are [E, ...])
+    decays = {p for name, p in model.named_parameters()  # (gpt-oss's experts' biases are [E, ...]; Command R+'s
+              if p.dim() > 1 and not name.endswith("bias") and "norm" not in name}  # q/k norms [heads, head_dim])
     groups = [{"params": [p for p in params if p in decays], "weight_decay": WEIGHT_DECAY},
               {"params": [p for p in params if p not in decays], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=ADAM_EPS)

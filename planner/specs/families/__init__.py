@@ -37,7 +37,8 @@ class WeightRule:
     """One logical tensor of ours and the Hugging Face tensor(s) it is made of.
 
     ours: the name inside its pipeline layer (`layers.<L>.` is prepended);
-    hf: Hugging Face names, `{i}` standing for the 0-based block index (and `{e}` for the expert's);
+    hf: Hugging Face names, `{i}` standing for the 0-based block index (and `{e}` for the expert's, `{h}` and `{g}`
+        for the query head's and the key/value head's);
     op: how the layouts differ:
       copy       the same tensor
       t          transposed (GPT-2's Conv1D keeps weights as [in, out])
@@ -51,6 +52,7 @@ class WeightRule:
       vocab      the word embedding or output layer: rows beyond the vocabulary are
                  padding that the runtime adds (and export drops)
       experts    one tensor per expert -> all of them stacked, [E, ...]
+      heads      one tensor per head ({h}: query heads, {g}: key/value heads) -> all of them stacked, [heads, ...]
       experts_gate_up  each expert's gate and up projections -> [E, 2, ffn, h]
       experts_gate_up_cat  all experts' fc1 stacked, each holding [gate; up] along its rows:
                  [E, 2 ffn, h] -> [E, 2, ffn, h]
