@@ -355,6 +355,8 @@ PUBLISHED["gpt-j-6b"] = ({"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "
 PUBLISHED["jais2"] = ({"model_type": "jais2"}, 8_090_401_280)
 # HyperCLOVA X at transformers' HyperCLOVAXConfig defaults (LLaMA-7B's shape with Peri-LN's output norms)
 PUBLISHED["hyperclovax"] = ({"model_type": "hyperclovax"}, 6_738_677_760)
+# Granite SWA at transformers' GraniteSWAConfig defaults (every fourth block full, the others windowed; sinks)
+PUBLISHED["granite_swa"] = ({"model_type": "granite_swa"}, 2_144_463_840)
 # nanochat d32 (depth 32, 64 dimensions per layer of depth, heads of 128, MLP 4 x wide; untied): 1.88 B
 PUBLISHED["nanochat-d32"] = ({"model_type": "nanochat", "hidden_size": 2048, "intermediate_size": 8192,
                               "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 16,
@@ -597,6 +599,24 @@ def test_hyperclovax_details(tmp_path):
         replace(model, logits_divisor=1.0, residual_multiplier=1.0, embedding_multiplier=1.0)
     for spec in (model, scaled):
         assert get_model(str(_write(tmp_path, to_hf_config(spec)))) == spec
+
+
+def test_granite_swa_details(tmp_path):
+    """Granite SWA: by default every fourth block full from the first, the others windowed (128), a sink per head on
+    every block; layer_rope_theta's zeros are blocks without rotary positions, and its one other base the rotary
+    base. Several bases are refused in one line; each reading exports as the same model."""
+    from planner.specs.families import to_hf_config
+
+    model = get_model(str(_write(tmp_path, PUBLISHED["granite_swa"][0])))
+    assert model.windows == (0, 128, 128, 128) * 6 and model.attention_sinks and model.nope_blocks == ()
+    nope = get_model(str(_write(tmp_path, {"model_type": "granite_swa", "num_hidden_layers": 4, "sliding_window": 64,
+                                           "layer_rope_theta": [0, 5e5, 5e5, 0]})))
+    assert (nope.nope_blocks, nope.rope_theta, nope.windows) == ((0, 3), 5e5, (0, 64, 64, 64))
+    for spec in (model, nope):
+        assert get_model(str(_write(tmp_path, to_hf_config(spec)))) == spec
+    with pytest.raises(SailorError, match=r"different rotary bases \[10000.0, 500000.0\]"):
+        get_model(str(_write(tmp_path, {"model_type": "granite_swa", "num_hidden_layers": 2,
+                                        "layer_rope_theta": [1e4, 5e5]})))
 
 
 def test_nanochat_details(tmp_path):
