@@ -95,9 +95,9 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import (apertus, arcee, cohere, deepseek, exaone, falcon, gemma, glm, glm_moe,
-                                        gpt2, gpt_neo, gpt_neox, gpt_oss, gptj, granite_swa, hunyuan, hyperclovax, llama, llama4,
-                                        moe, nanochat, nemotron, olmo, opt, phi, phi3, qwen3_5, stablelm,
+    from planner.specs.families import (apertus, arcee, cohere, deepseek, exaone, falcon, gemma, glm, glm_moe, gpt2,
+                                        gpt_neo, gpt_neox, gpt_oss, gptj, granite_swa, hunyuan, hyperclovax, llama,
+                                        llama4, moe, nanochat, nemotron, olmo, opt, phi, phi3, qwen3_5, stablelm,
                                         starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
