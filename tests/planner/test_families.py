@@ -357,6 +357,7 @@ PUBLISHED["jais2"] = ({"model_type": "jais2"}, 8_090_401_280)
 PUBLISHED["hyperclovax"] = ({"model_type": "hyperclovax"}, 6_738_677_760)
 # Granite SWA at transformers' GraniteSWAConfig defaults (every fourth block full, the others windowed; sinks)
 PUBLISHED["granite_swa"] = ({"model_type": "granite_swa"}, 2_144_463_840)
+PUBLISHED["granitemoe_swa"] = ({"model_type": "granitemoe_swa"}, 37_039_117_312)  # (8 experts, 2 per token)
 # nanochat d32 (depth 32, 64 dimensions per layer of depth, heads of 128, MLP 4 x wide; untied): 1.88 B
 PUBLISHED["nanochat-d32"] = ({"model_type": "nanochat", "hidden_size": 2048, "intermediate_size": 8192,
                               "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 16,
@@ -604,7 +605,8 @@ def test_hyperclovax_details(tmp_path):
 def test_granite_swa_details(tmp_path):
     """Granite SWA: by default every fourth block full from the first, the others windowed (128), a sink per head on
     every block; layer_rope_theta's zeros are blocks without rotary positions, and its one other base the rotary
-    base. Several bases are refused in one line; each reading exports as the same model."""
+    base. GraniteMoE SWA: the same attention with GraniteMoeShared's experts. Several bases are refused in one line;
+    each reading exports as the same model."""
     from planner.specs.families import to_hf_config
 
     model = get_model(str(_write(tmp_path, PUBLISHED["granite_swa"][0])))
@@ -612,7 +614,11 @@ def test_granite_swa_details(tmp_path):
     nope = get_model(str(_write(tmp_path, {"model_type": "granite_swa", "num_hidden_layers": 4, "sliding_window": 64,
                                            "layer_rope_theta": [0, 5e5, 5e5, 0]})))
     assert (nope.nope_blocks, nope.rope_theta, nope.windows) == ((0, 3), 5e5, (0, 64, 64, 64))
-    for spec in (model, nope):
+    experts = get_model(str(_write(tmp_path, {"model_type": "granitemoe_swa", "num_hidden_layers": 4,
+                                              "shared_intermediate_size": 512})))
+    assert (experts.experts, experts.experts_per_token, experts.shared_expert_ffn, experts.windows,
+            experts.attention_sinks) == (8, 2, 512, (0, 128, 128, 128), True)
+    for spec in (model, nope, experts):
         assert get_model(str(_write(tmp_path, to_hf_config(spec)))) == spec
     with pytest.raises(SailorError, match=r"different rotary bases \[10000.0, 500000.0\]"):
         get_model(str(_write(tmp_path, {"model_type": "granite_swa", "num_hidden_layers": 2,

@@ -332,6 +332,12 @@ def _small(kind: str):
                                              attention_multiplier=0.1, logits_scaling=2.0, sliding_window=8,
                                              layer_types=["sliding_attention", "full_attention"],
                                              layer_rope_theta=[1e4, 0], tie_word_embeddings=False)
+    if kind == "granitemoe_swa":  # GraniteMoE's experts, 2 of 4, and shared expert with Granite SWA's attention
+        return transformers.GraniteMoeSWAConfig(**{**llama, "intermediate_size": 32}, num_local_experts=4,
+                                                num_experts_per_tok=2, shared_intermediate_size=48,
+                                                embedding_multiplier=2.0, residual_multiplier=0.5,
+                                                attention_multiplier=0.1, logits_scaling=2.0, sliding_window=8,
+                                                layer_types=["full_attention", "sliding_attention"])
     if kind == "hyperclovax":  # Granite's multipliers, a norm on each sublayer's output too (Peri-LN), the logits
         # multiplied
         return transformers.HyperCLOVAXConfig(**llama, embedding_multiplier=2.0, residual_multiplier=0.5,
@@ -412,12 +418,12 @@ FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "
             "smollm3", "ernie4_5", "seed_oss", "helium", "arcee", "apertus", "mixtral", "qwen2_moe", "qwen3_moe",
             "olmoe", "granitemoe", "granitemoeshared", "olmo1", "olmo1-clip", "olmo2", "olmo3", "phi3", "phi3-longrope",
             "gemma", "gemma2", "vaultgemma", "gemma3", "starcoder2", "stablelm", "stablelm-parallel", "nemotron",
-            "jais2", "nanochat", "hyperclovax", "granite_swa", "cohere", "cohere-qk", "cohere2", "glm", "glm4",
-            "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu", "glm4_moe", "qwen3_5",
-            "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2", "ernie4_5_moe",
-            "glm4_moe_lite", "solar_open", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo", "exaone_moe",
-            "phi", "opt", "opt-noaffine", "opt-350m", "gpt2", "gptj", "falcon", "falcon-40b", "falcon-11b",
-            "falcon-sequential", "gpt_bigcode", "gpt_bigcode-mha", "gpt_neo", "gpt_neox")
+            "jais2", "nanochat", "hyperclovax", "granite_swa", "granitemoe_swa", "cohere", "cohere-qk", "cohere2",
+            "glm", "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu", "glm4_moe",
+            "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2",
+            "ernie4_5_moe", "glm4_moe_lite", "solar_open", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo",
+            "exaone_moe", "phi", "opt", "opt-noaffine", "opt-350m", "gpt2", "gptj", "falcon", "falcon-40b",
+            "falcon-11b", "falcon-sequential", "gpt_bigcode", "gpt_bigcode-mha", "gpt_neo", "gpt_neox")
 
 
 @torch.no_grad()

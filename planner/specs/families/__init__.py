@@ -6,9 +6,10 @@ MiniMax-M2, GraniteMoE and FlexOlmo; olmo.py OLMo 1, 2 and 3; gemma.py Gemma 1, 
 Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5, Solar Open and dots.llm1; exaone.py EXAONE 3, 4 and
 K-EXAONE; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash, Mistral 4 and Youtu-LLM; llama4.py Llama 4;
 hunyuan.py HunYuan dense and MoE; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; falcon.py Falcon-7B, 11B, 40B and
-180B; nemotron.py Nemotron and Jais 2; nanochat.py; hyperclovax.py; granite_swa.py; arcee.py; apertus.py; phi.py,
-phi3.py, stablelm.py, starcoder2.py, gptj.py, gpt_neox.py, opt.py, gpt2.py (GPT-2, GPTBigCode), gpt_neo.py).
-Multimodal configs are read as their language model (MULTIMODAL). Each holds, as data, everything family-specific:
+180B; nemotron.py Nemotron and Jais 2; nanochat.py; hyperclovax.py; granite_swa.py Granite SWA and GraniteMoE SWA;
+arcee.py; apertus.py; phi.py, phi3.py, stablelm.py, starcoder2.py, gptj.py, gpt_neox.py, opt.py, gpt2.py (GPT-2,
+GPTBigCode), gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each holds, as data,
+everything family-specific:
 
   * `from_hf(cfg)`: the ModelSpec fields a config.json sets;
   * `to_hf(spec)`: the config.json fields that describe the spec back to
@@ -107,9 +108,9 @@ def _families() -> dict[str, Family]:
                                 exaone.EXAONE3, gpt_oss.FAMILY, deepseek.FAMILY, deepseek.MISTRAL4, arcee.FAMILY,
                                 qwen3_5.FAMILY, qwen3_5.MOE_FAMILY, qwen3_5.NEXT_FAMILY, llama4.FAMILY, hunyuan.FAMILY,
                                 hunyuan.MOE_FAMILY, opt.FAMILY, stablelm.FAMILY, nemotron.FAMILY, nemotron.JAIS2,
-                                nanochat.FAMILY, hyperclovax.FAMILY, granite_swa.FAMILY, apertus.FAMILY, gptj.FAMILY,
-                                falcon.FAMILY, falcon.FALCON_40B, gpt2.FAMILY, gpt2.BIGCODE, gpt_neo.FAMILY,
-                                gpt_neox.FAMILY)}
+                                nanochat.FAMILY, hyperclovax.FAMILY, granite_swa.FAMILY, granite_swa.MOE_FAMILY,
+                                apertus.FAMILY, gptj.FAMILY, falcon.FAMILY, falcon.FALCON_40B, gpt2.FAMILY,
+                                gpt2.BIGCODE, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -322,6 +323,8 @@ HF_DEFAULTS = {
     "gemma": {"num_key_value_heads": 16}, "gemma2": {"num_key_value_heads": 4},
     "gemma3_text": {"num_key_value_heads": 4}, "vaultgemma": {"num_key_value_heads": 4},
     "youtu": {"tie_word_embeddings": True},
+    "granitemoe_swa": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                       "num_attention_heads": 32, "max_position_embeddings": 2048, "sliding_window": 128},
     "granite_swa": {"vocab_size": 100352, "hidden_size": 2560, "intermediate_size": 8192, "num_hidden_layers": 24,
                     "num_attention_heads": 20, "num_key_value_heads": 4, "max_position_embeddings": 8192,
                     "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "sliding_window": 128},
@@ -444,7 +447,7 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "youtu": "YoutuForCausalLM", "stablelm": "StableLmForCausalLM",
                   "gptj": "GPTJForCausalLM", "olmo": "OlmoForCausalLM", "nemotron": "NemotronForCausalLM",
                   "jais2": "Jais2ForCausalLM", "hyperclovax": "HyperCLOVAXForCausalLM",
-                  "granite_swa": "GraniteSWAForCausalLM",
+                  "granite_swa": "GraniteSWAForCausalLM", "granitemoe_swa": "GraniteMoeSWAForCausalLM",
                   "nanochat": "NanoChatForCausalLM",
                   "falcon": "FalconForCausalLM",
                   "apertus": "ApertusForCausalLM",

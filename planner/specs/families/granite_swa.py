@@ -1,4 +1,5 @@
-"""Granite SWA (model_type granite_swa): Granite's blocks and multipliers with windows and attention sinks.
+"""Granite SWA (model_type granite_swa): Granite's blocks and multipliers with windows and attention sinks; GraniteMoE
+SWA (granitemoe_swa): GraniteMoeShared's experts (and shared expert, none by default) with the same attention.
 
 Blocks are windowed (sliding_window, 128 by default) or full as layer_types says (by default every fourth full,
 from the first); every block's heads have a learned sink logit each, which joins the softmax as gpt-oss's do
@@ -11,14 +12,14 @@ from dataclasses import replace
 
 from planner.errors import SailorError
 from planner.inputs import short
-from planner.specs.families import Family, WeightRule, llama
+from planner.specs.families import Family, WeightRule, llama, moe
 from planner.specs.model import ModelSpec
 
 FULL_EVERY = 4  # without layer_types, blocks 0, 4, 8, ... attend to every token
 
 
 def from_hf(cfg, model_type: str) -> dict:
-    fields = llama.from_hf(cfg, "granite")
+    fields = moe.from_hf(cfg, "granitemoeshared") if model_type == "granitemoe_swa" else llama.from_hf(cfg, "granite")
     blocks = fields["num_blocks"]
     types = cfg.cfg.get("layer_types")
     if types is None:
@@ -46,9 +47,13 @@ def to_hf(spec: ModelSpec) -> dict:
     if not spec.attention_sinks or len(windows) > 1:
         raise SailorError(f"{spec.name} cannot be written as a granite_swa config: its blocks have no attention "
                           "sinks or different windows")
-    cfg = llama.to_hf(replace(spec, hf_model_type="granite", windows=(), nope_blocks=(), attention_sinks=False))
-    return {**cfg, "model_type": "granite_swa", "sliding_window": windows.pop() if windows else None,
-            "layer_types": ["sliding_attention" if spec.window(b) else "full_attention" for b in range(spec.num_blocks)],
+    dense = replace(spec, windows=(), nope_blocks=(), attention_sinks=False)
+    cfg = moe.to_hf(replace(dense, hf_model_type="granitemoeshared")) if spec.experts else \
+        llama.to_hf(replace(dense, hf_model_type="granite"))
+    model_type = spec.hf_model_type or ("granitemoe_swa" if spec.experts else "granite_swa")
+    return {**cfg, "model_type": model_type, "sliding_window": windows.pop() if windows else None,
+            "layer_types": ["sliding_attention" if spec.window(b) else "full_attention"
+                            for b in range(spec.num_blocks)],
             "layer_rope_theta": [0.0 if b in spec.nope_blocks else spec.rope_theta for b in range(spec.num_blocks)]}
 
 
@@ -57,3 +62,12 @@ WEIGHTS = replace(llama.WEIGHTS, block=(*llama.WEIGHTS.block, WeightRule("self_a
                                                                          ("model.layers.{i}.self_attn.sinks",))))
 
 FAMILY = Family("granite_swa", ("granite_swa",), from_hf, to_hf, WEIGHTS)
+_MOE = "model.layers.{i}.block_sparse_moe."
+# GraniteMoeShared's attention and shared expert with the sinks; its experts as transformers 5 keeps them (fused, gate
+# rows then up rows)
+MOE_FAMILY = Family("granitemoe_swa", ("granitemoe_swa",), from_hf, to_hf, replace(moe.GRANITE_MOE.weights, block=(
+    *(r for r in moe.GRANITE_MOE.weights.block if not r.ours.startswith(("mlp.router", "mlp.linear_fc"))),
+    WEIGHTS.block[-1],
+    WeightRule("mlp.router.weight", (_MOE + "router.weight",)),
+    WeightRule("mlp.linear_fc1.weight", (_MOE + "experts.gate_up_proj",), "experts_gate_up_cat"),
+    WeightRule("mlp.linear_fc2.weight", (_MOE + "experts.down_proj",)))))
