@@ -358,6 +358,9 @@ PUBLISHED["hyperclovax"] = ({"model_type": "hyperclovax"}, 6_738_677_760)
 # Granite SWA at transformers' GraniteSWAConfig defaults (every fourth block full, the others windowed; sinks)
 PUBLISHED["granite_swa"] = ({"model_type": "granite_swa"}, 2_144_463_840)
 PUBLISHED["granitemoe_swa"] = ({"model_type": "granitemoe_swa"}, 37_039_117_312)  # (8 experts, 2 per token)
+# MiniCPM3-4B (transformers' MiniCPM3Config defaults, documented as its): DeepSeek-V2's latent attention with a dense
+# MLP, tied: 4.07 B
+PUBLISHED["MiniCPM3-4B"] = ({"model_type": "minicpm3"}, 4_073_875_968)
 # nanochat d32 (depth 32, 64 dimensions per layer of depth, heads of 128, MLP 4 x wide; untied): 1.88 B
 PUBLISHED["nanochat-d32"] = ({"model_type": "nanochat", "hidden_size": 2048, "intermediate_size": 8192,
                               "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 16,
@@ -623,6 +626,24 @@ def test_granite_swa_details(tmp_path):
     with pytest.raises(SailorError, match=r"different rotary bases \[10000.0, 500000.0\]"):
         get_model(str(_write(tmp_path, {"model_type": "granite_swa", "num_hidden_layers": 2,
                                         "layer_rope_theta": [1e4, 5e5]})))
+
+
+def test_minicpm3_details(tmp_path):
+    """MiniCPM3: latent attention (halves rotated) with a dense MLP; the embeddings times scale_emb, each residual
+    branch times scale_depth / sqrt(blocks), the logits divided by hidden / dim_model_base (null: no scaling); it
+    exports as the same model."""
+    from planner.specs.families import to_hf_config
+
+    model = get_model(str(_write(tmp_path, PUBLISHED["MiniCPM3-4B"][0])))
+    assert (model.latent, model.experts, model.rotary_interleaved, model.v_head_dim, model.embedding_multiplier,
+            model.logits_divisor) == (True, 0, False, 64, 12.0, 10.0)
+    assert model.residual_multiplier == pytest.approx(1.4 / 62 ** 0.5, rel=1e-15)
+    plain = get_model(str(_write(tmp_path, {"model_type": "minicpm3", "scale_depth": None, "dim_model_base": None})))
+    assert (plain.residual_multiplier, plain.logits_divisor) == (1.0, 1.0)
+    for spec in (model, plain):
+        assert get_model(str(_write(tmp_path, to_hf_config(spec)))) == spec
+    with pytest.raises(SailorError, match="not hidden_size over a whole dim_model_base"):
+        to_hf_config(replace(model, logits_divisor=3.0))
 
 
 def test_nanochat_details(tmp_path):

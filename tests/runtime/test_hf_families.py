@@ -332,6 +332,14 @@ def _small(kind: str):
                                              attention_multiplier=0.1, logits_scaling=2.0, sliding_window=8,
                                              layer_types=["sliding_attention", "full_attention"],
                                              layer_rope_theta=[1e4, 0], tie_word_embeddings=False)
+    if kind == "minicpm3":  # latent attention with halves rotated, a dense MLP, multipliers on the embeddings, the
+        # residual branches and the logits; LongRoPE past its original context (16)
+        return transformers.MiniCPM3Config(**{**llama, "num_key_value_heads": 4}, kv_lora_rank=16, q_lora_rank=24,
+                                           qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, scale_emb=2.0,
+                                           scale_depth=0.8, dim_model_base=16, rope_parameters={
+                                               "rope_type": "longrope", "rope_theta": 1e4,
+                                               "original_max_position_embeddings": 16, "short_factor": LONGROPE[0],
+                                               "long_factor": LONGROPE[1]})
     if kind == "granitemoe_swa":  # GraniteMoE's experts, 2 of 4, and shared expert with Granite SWA's attention
         return transformers.GraniteMoeSWAConfig(**{**llama, "intermediate_size": 32}, num_local_experts=4,
                                                 num_experts_per_tok=2, shared_intermediate_size=48,
@@ -419,8 +427,8 @@ FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "
             "olmoe", "granitemoe", "granitemoeshared", "olmo1", "olmo1-clip", "olmo2", "olmo3", "phi3", "phi3-longrope",
             "gemma", "gemma2", "vaultgemma", "gemma3", "starcoder2", "stablelm", "stablelm-parallel", "nemotron",
             "jais2", "nanochat", "hyperclovax", "granite_swa", "granitemoe_swa", "cohere", "cohere-qk", "cohere2",
-            "glm", "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu", "glm4_moe",
-            "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2",
+            "glm", "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu", "minicpm3",
+            "glm4_moe", "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2",
             "ernie4_5_moe", "glm4_moe_lite", "solar_open", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo",
             "exaone_moe", "phi", "opt", "opt-noaffine", "opt-350m", "gpt2", "gptj", "falcon", "falcon-40b",
             "falcon-11b", "falcon-sequential", "gpt_bigcode", "gpt_bigcode-mha", "gpt_neo", "gpt_neox")

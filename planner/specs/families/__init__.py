@@ -4,10 +4,10 @@ One module per family (llama.py covers LLaMA, Mistral, Ministral, Ministral 3, Q
 ERNIE 4.5, Seed-OSS, Helium, CWM, InternLM3 and IQuest-Coder; moe.py Mixtral, Qwen2/3-MoE, OLMoE, ERNIE-4.5-MoE,
 MiniMax-M2, GraniteMoE and FlexOlmo; olmo.py OLMo 1, 2 and 3; gemma.py Gemma 1, 2 and 3 and VaultGemma; cohere.py
 Cohere 1 and 2; glm.py GLM-4 and GLM-4-0414; glm_moe.py GLM-4.5, Solar Open and dots.llm1; exaone.py EXAONE 3, 4 and
-K-EXAONE; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash, Mistral 4 and Youtu-LLM; llama4.py Llama 4;
-hunyuan.py HunYuan dense and MoE; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; falcon.py Falcon-7B, 11B, 40B and
-180B; nemotron.py Nemotron and Jais 2; nanochat.py; hyperclovax.py; granite_swa.py Granite SWA and GraniteMoE SWA;
-arcee.py; apertus.py; phi.py, phi3.py, stablelm.py, starcoder2.py, gptj.py, gpt_neox.py, opt.py, gpt2.py (GPT-2,
+K-EXAONE; gpt_oss.py; deepseek.py DeepSeek-V2 and V3, GLM-4.7-Flash, Mistral 4, Youtu-LLM and MiniCPM3; llama4.py
+Llama 4; hunyuan.py HunYuan dense and MoE; qwen3_5.py Qwen3.5, Qwen3.5-MoE and Qwen3-Next; falcon.py Falcon-7B, 11B,
+40B and 180B; nemotron.py Nemotron and Jais 2; nanochat.py; hyperclovax.py; granite_swa.py Granite SWA and GraniteMoE
+SWA; arcee.py; apertus.py; phi.py, phi3.py, stablelm.py, starcoder2.py, gptj.py, gpt_neox.py, opt.py, gpt2.py (GPT-2,
 GPTBigCode), gpt_neo.py). Multimodal configs are read as their language model (MULTIMODAL). Each holds, as data,
 everything family-specific:
 
@@ -322,7 +322,7 @@ HF_DEFAULTS = {
     "olmo2": {"rms_norm_eps": 1e-5}, "olmo3": {"rms_norm_eps": 1e-5}, "olmoe": {"rms_norm_eps": 1e-5},
     "gemma": {"num_key_value_heads": 16}, "gemma2": {"num_key_value_heads": 4},
     "gemma3_text": {"num_key_value_heads": 4}, "vaultgemma": {"num_key_value_heads": 4},
-    "youtu": {"tie_word_embeddings": True},
+    "youtu": {"tie_word_embeddings": True}, "minicpm3": {"tie_word_embeddings": True},
     "granitemoe_swa": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
                        "num_attention_heads": 32, "max_position_embeddings": 2048, "sliding_window": 128},
     "granite_swa": {"vocab_size": 100352, "hidden_size": 2560, "intermediate_size": 8192, "num_hidden_layers": 24,
@@ -444,7 +444,7 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "dots1": "Dots1ForCausalLM", "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                   "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "flex_olmo": "FlexOlmoForCausalLM",
                   "exaone_moe": "ExaoneMoeForCausalLM", "vaultgemma": "VaultGemmaForCausalLM",
-                  "youtu": "YoutuForCausalLM", "stablelm": "StableLmForCausalLM",
+                  "youtu": "YoutuForCausalLM", "minicpm3": "MiniCPM3ForCausalLM", "stablelm": "StableLmForCausalLM",
                   "gptj": "GPTJForCausalLM", "olmo": "OlmoForCausalLM", "nemotron": "NemotronForCausalLM",
                   "jais2": "Jais2ForCausalLM", "hyperclovax": "HyperCLOVAXForCausalLM",
                   "granite_swa": "GraniteSWAForCausalLM", "granitemoe_swa": "GraniteMoeSWAForCausalLM",

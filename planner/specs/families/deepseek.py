@@ -42,7 +42,7 @@ from dataclasses import replace
 
 from planner.errors import SailorError
 from planner.inputs import short
-from planner.specs.families import ACTIVATION_TO_HF, Family, WeightRule, llama, moe
+from planner.specs.families import ACTIVATION_TO_HF, ConfigReader, Family, WeightRule, llama, moe
 from planner.specs.model import MAX_BLOCKS, ModelSpec
 
 _LAYER = "model.layers.{i}."
@@ -77,8 +77,13 @@ YOUTU_DEFAULTS = {"vocab_size": 128256, "hidden_size": 2048, "intermediate_size"
                   "num_attention_heads": 16, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
                   "v_head_dim": 128, "qk_nope_head_dim": 128, "max_position_embeddings": 131072,
                   "rms_norm_eps": 1e-6}
+# transformers' MiniCPM3Config defaults (5.24; documented as MiniCPM3-4B's; v_head_dim: hidden / heads)
+MINICPM3_DEFAULTS = {"vocab_size": 73448, "hidden_size": 2560, "intermediate_size": 6400, "num_hidden_layers": 62,
+                     "num_attention_heads": 40, "kv_lora_rank": 256, "q_lora_rank": 768, "qk_rope_head_dim": 32,
+                     "v_head_dim": 64, "qk_nope_head_dim": 64, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5}
 DEFAULTS = {"deepseek_v3": V3_DEFAULTS, "deepseek_v2": V2_DEFAULTS, "mistral4": MISTRAL4_DEFAULTS,
-            "glm4_moe_lite": LITE_DEFAULTS, "youtu": YOUTU_DEFAULTS}
+            "glm4_moe_lite": LITE_DEFAULTS, "youtu": YOUTU_DEFAULTS, "minicpm3": MINICPM3_DEFAULTS}
+DENSE = ("youtu", "minicpm3")  # latent attention with a dense MLP in every block
 MLP_TYPES = ("dense", "sparse")
 V2_TOPK = ("greedy", "group_limited_greedy")  # the topk_method values DeepSeek-V2's router runs
 
@@ -153,7 +158,10 @@ def mlp_types(cfg, blocks: int) -> dict:
 
 
 def from_hf(cfg, model_type: str) -> dict:
-    v3, defaults = model_type in ("deepseek_v3", "glm4_moe_lite", "youtu"), DEFAULTS[model_type]
+    v3, defaults = model_type in ("deepseek_v3", "glm4_moe_lite", *DENSE), DEFAULTS[model_type]
+    if model_type == "minicpm3" and cfg.cfg.get("v_head_dim") is None:  # (transformers: hidden / heads)
+        cfg = ConfigReader({**cfg.cfg, "v_head_dim": cfg.int("hidden_size", defaults["hidden_size"]) //
+                            cfg.int("num_attention_heads", defaults["num_attention_heads"])}, cfg.source)
     refuse_quantization(cfg)
     moe.refuse_router_logits(cfg)
     for key in ("attention_bias", "mlp_bias") if not v3 else ("attention_bias",):  # (V3's MLPs never have biases)
@@ -165,7 +173,7 @@ def from_hf(cfg, model_type: str) -> dict:
     blocks = cfg.int("num_hidden_layers", defaults["num_hidden_layers"], hi=MAX_BLOCKS)
     q_rank = 0 if "q_lora_rank" in cfg.cfg and cfg.cfg["q_lora_rank"] is None else \
         cfg.int("q_lora_rank", defaults["q_lora_rank"])
-    if model_type == "youtu":  # (a dense MLP in every block)
+    if model_type in DENSE:  # (a dense MLP in every block)
         experts = {"ffn_hidden": cfg.int("intermediate_size", defaults["intermediate_size"])}
     elif v3:
         experts = sigmoid_experts(cfg, defaults, blocks)
@@ -195,20 +203,34 @@ def from_hf(cfg, model_type: str) -> dict:
         separate_final_norm=True, head_dim_override=head if head * heads != d["hidden_size"] else 0,
         activation=cfg.activation("hidden_act", "silu"), norm_eps=cfg.float("rms_norm_eps", defaults["rms_norm_eps"]),
         rope_theta=theta, rope_scaling=scaling, pad_token=cfg.pad_token(None),
-        rotary_interleaved=cfg.bool("rope_interleave", True) if model_type != "deepseek_v2" else True,
+        rotary_interleaved={"deepseek_v2": True, "minicpm3": False}.get(model_type,
+                                                                        cfg.bool("rope_interleave", True)),
         attention_scale=_softmax_scale(cfg, head), **(llama._query_scale(cfg) if model_type == "mistral4" else {}),
         kv_lora_rank=d["kv_lora_rank"], q_lora_rank=q_rank, rope_head_dim=d["qk_rope_head_dim"],
         v_head_dim=d["v_head_dim"], **experts,
+        **(_minicpm3(cfg, d["hidden_size"], blocks) if model_type == "minicpm3" else {}),
     )
+
+
+def _minicpm3(cfg, hidden: int, blocks: int) -> dict:
+    """MiniCPM3's multipliers: the embeddings times scale_emb, each residual branch times scale_depth / sqrt(blocks),
+    the hidden states before the head divided by hidden / dim_model_base (ModelSpec.logits_divisor); null: 1."""
+    depth = cfg.cfg.get("scale_depth", 1.4)
+    base = cfg.cfg.get("dim_model_base", 256)
+    return dict(embedding_multiplier=cfg.float("scale_emb", 12.0),
+                residual_multiplier=1.0 if depth is None else cfg.number("scale_depth", depth) / math.sqrt(blocks),
+                logits_divisor=1.0 if base is None else hidden / cfg.number("dim_model_base", base))
 
 
 def to_hf(spec: ModelSpec) -> dict:
     model_type = spec.hf_model_type or ("deepseek_v3" if spec.router_sigmoid else "deepseek_v2")
     v3, mistral4 = model_type in ("deepseek_v3", "glm4_moe_lite"), model_type == "mistral4"
-    lite, youtu = model_type == "glm4_moe_lite", model_type == "youtu"
-    if youtu and (not spec.latent or spec.experts or spec.qk_norm or spec.nope_blocks or spec.query_scale_span):
-        raise SailorError(f"{spec.name} cannot be written as a youtu config: youtu has latent attention and a dense "
-                          "MLP in every block")
+    lite, youtu, minicpm3 = model_type == "glm4_moe_lite", model_type in DENSE, model_type == "minicpm3"
+    if youtu and (not spec.latent or spec.experts or spec.qk_norm or spec.nope_blocks or spec.query_scale_span or
+                  minicpm3 == spec.rotary_interleaved or not minicpm3 and (
+                      spec.embedding_multiplier, spec.residual_multiplier, spec.logits_divisor) != (1, 1, 1)):
+        raise SailorError(f"{spec.name} cannot be written as a {model_type} config: {model_type} has latent attention "
+                          "and a dense MLP in every block (minicpm3 its multipliers and halves rotated)")
     if not youtu and (not spec.latent or (spec.router_sigmoid, spec.expert_score_bias) != (v3, v3) or
                       (model_type == "deepseek_v2" and (spec.expert_renorm or not spec.rotary_interleaved)) or
                       spec.qk_norm or spec.nope_blocks or bool(spec.query_scale_span) != mistral4 or
@@ -235,6 +257,13 @@ def to_hf(spec: ModelSpec) -> dict:
         "qk_rope_head_dim": spec.rope_head_dim, "qk_nope_head_dim": spec.head_dim - spec.rope_head_dim,
         "v_head_dim": spec.v_head_dim,
     }
+    if minicpm3:
+        base = spec.hidden / spec.logits_divisor
+        if abs(base - round(base)) > 1e-6:
+            raise SailorError(f"{spec.name} cannot be written as a minicpm3 config: its logits divisor "
+                              f"{spec.logits_divisor:g} is not hidden_size over a whole dim_model_base")
+        return {**cfg, "intermediate_size": spec.ffn_hidden, "scale_emb": spec.embedding_multiplier,
+                "scale_depth": spec.residual_multiplier * math.sqrt(spec.num_blocks), "dim_model_base": round(base)}
     if youtu:
         return {**cfg, "intermediate_size": spec.ffn_hidden, "rope_interleave": spec.rotary_interleaved}
     cfg.update(experts_to_hf(replace(spec, dense_blocks=(), dense_ffn=0) if lite else spec, model_type))
@@ -294,8 +323,8 @@ WEIGHTS = replace(llama.WEIGHTS, block=(
     WeightRule("pre_mlp_layernorm.weight", (_LAYER + "post_attention_layernorm.weight",)), *EXPERT_RULES))
 
 FAMILY = Family("deepseek", ("deepseek_v2", "deepseek_v3", "glm4_moe_lite"), from_hf, to_hf, WEIGHTS)
-# Youtu-LLM: the latent attention's tensors and LLaMA's MLP in every block
-YOUTU = Family("youtu", ("youtu",), from_hf, to_hf, replace(WEIGHTS, block=(
+# Youtu-LLM and MiniCPM3: the latent attention's tensors and LLaMA's MLP in every block
+YOUTU = Family("youtu", ("youtu", "minicpm3"), from_hf, to_hf, replace(WEIGHTS, block=(
     *(r for r in WEIGHTS.block if not r.ours.startswith("mlp.")),
     *(r for r in llama.WEIGHTS.block if r.ours.startswith("mlp.")))))
 # Mistral 4: DeepSeek's tensors with each block's experts in two, as transformers 5 keeps them: gate_up_proj
