@@ -4,7 +4,8 @@ For each family a small random model is built with transformers
 (`from_config`, every weight perturbed so that biases and norms matter) and
 saved with `save_pretrained`. Our runtime loads it (`--load-hf`) under a
 heterogeneous plan: 2 stages, TP 2 on the first, 2 replicas with unequal
-microbatch sizes and counts (6 processes). We check, in fp32:
+microbatch sizes and counts (6 processes; TP 1 and 4 processes for models with
+one key/value head, which TP cannot split). We check, in fp32:
 
   * the loss of every step equals transformers' loss on the same global batch
     (rel 1e-5; step 1 is the loaded weights themselves), and so does the

@@ -67,7 +67,7 @@ _MOE = "model.layers.{i}.block_sparse_moe."
 # rows then up rows)
 MOE_FAMILY = Family("granitemoe_swa", ("granitemoe_swa",), from_hf, to_hf, replace(moe.GRANITE_MOE.weights, block=(
     *(r for r in moe.GRANITE_MOE.weights.block if not r.ours.startswith(("mlp.router", "mlp.linear_fc"))),
-    WEIGHTS.block[-1],
+    WEIGHTS.block[-1],  # (the sinks)
     WeightRule("mlp.router.weight", (_MOE + "router.weight",)),
     WeightRule("mlp.linear_fc1.weight", (_MOE + "experts.gate_up_proj",), "experts_gate_up_cat"),
     WeightRule("mlp.linear_fc2.weight", (_MOE + "experts.down_proj",)))))
