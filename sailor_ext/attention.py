@@ -30,7 +30,8 @@ class FusedCoreAttention(nn.Module):
     attention sinks (gpt-oss) each head's learned logit joins the softmax as one more key with no value
     (sink_attention, fused). The sinks are this rank's heads' [heads / tp], split with the heads. With q/k
     norms after the rotary positions (HunYuan) q and k are normalised here, by the block's norms
-    (post_rotary_norms, sailor_ext.model.PostRotaryRMSNorm)."""
+    (post_rotary_norms, sailor_ext.model.PostRotaryRMSNorm). With ALiBi (BLOOM) each head's slope times the key's
+    position joins the scores (alibi_attention)."""
 
     def __init__(self, config, layer_number: int, attn_mask_type=None, attention_type: str = "self",
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
@@ -41,6 +42,7 @@ class FusedCoreAttention(nn.Module):
         # (beta, span, offset): ModelSpec.query_scale_*, on this block
         self.query_scale = getattr(config, "sailor_query_scale", (0.0, 0, 0))
         self.post_rotary_norms = ()  # (q norm, k norm), set by the block (a tuple: their weights are the block's)
+        self.alibi_slopes = None  # ALiBi's slopes of this rank's heads [heads / tp], set by the block (BLOOM)
         if getattr(config, "sailor_attn_sinks", False):  # built on the CPU as megatron's layers are
             local_heads = config.num_attention_heads // config.tensor_model_parallel_size
             self.sinks = nn.Parameter(torch.empty(local_heads, device=torch.device("cpu")))
@@ -55,6 +57,8 @@ class FusedCoreAttention(nn.Module):
             q = q * query_scale(q.size(2), beta, span, offset, q.device).to(q.dtype)[:, None]
         if self.softcap:
             out = capped_attention(q, k, v, attention_mask, self.scale, self.softcap)
+        elif self.alibi_slopes is not None:
+            out = alibi_attention(q, k, v, attention_mask, self.scale, self.alibi_slopes)
         elif hasattr(self, "sinks"):
             out = sink_attention(q, k, v, attention_mask, self.scale, self.sinks)
         elif attention_mask is None:
@@ -106,6 +110,27 @@ def sink_attention(q, k, v, mask: torch.Tensor | None, scale: float, sinks: torc
     hidden = window_mask(s, s, q.device) if mask is None else mask  # True: may not attend
     allowed = torch.cat([torch.ones(*hidden.shape[:-1], 1, dtype=torch.bool, device=q.device), ~hidden], dim=-1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=k.size(1) != heads)
+
+
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """ALiBi's slope per head [heads], fp32 (Press et al., as BLOOM applies them): with n the largest power of two
+    up to heads, head i = 1..n gets b^i, b = 2^(-8/n); the heads beyond n get c^1, c^3, c^5, ..., c = 2^(-4/n)
+    (the odd steps of the series for 2n heads). The powers are taken of the fp32 base, as transformers takes them."""
+    n = 2 ** math.floor(math.log2(heads))
+    slopes = torch.tensor(2.0 ** (-8.0 / n)) ** torch.arange(1, n + 1)
+    extra = torch.tensor(2.0 ** (-4.0 / n)) ** torch.arange(1, 1 + 2 * min(n, heads - n), 2)
+    return torch.cat([slopes, extra])
+
+
+def alibi_attention(q, k, v, mask: torch.Tensor | None, scale: float, slopes: torch.Tensor) -> torch.Tensor:
+    """softmax(scale * q k^T + slope_h * j + mask) v over [b, heads, s, d]: ALiBi's bias, each head's slope
+    [heads] times the key's position j, in q's dtype. Row by row it equals slope_h * (j - i), the distance's
+    penalty, since a softmax ignores a constant per row. The bias [1, heads, s, s] is one for the whole batch."""
+    s = q.size(2)
+    hidden = window_mask(s, s, q.device) if mask is None else mask  # True: may not attend
+    bias = (slopes.to(q.device)[:, None, None] * torch.arange(s, device=q.device, dtype=torch.float32)).to(q.dtype)
+    bias = bias.expand(-1, s, s)[None].masked_fill(hidden, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=k.size(1) != q.size(1))
 
 
 def window_mask(seq_len: int, window: int, device: torch.device, chunk: int = 0) -> torch.Tensor:

@@ -70,7 +70,8 @@ from megatron.core.transformer.mlp import MLP, MLPSubmodules  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 from planner.specs.model import BLOCK, EMBEDDING, FINAL_NORM, ModelSpec  # noqa: E402
-from sailor_ext.attention import FusedCoreAttention, rotary_embedding, rotary_mscale, window_mask  # noqa: E402
+from sailor_ext.attention import (FusedCoreAttention, alibi_slopes, rotary_embedding, rotary_mscale,  # noqa: E402
+                                  window_mask)
 from sailor_ext.latent_attention import LatentAttention  # noqa: E402
 from sailor_ext.linear_attention import GatedDeltaNet, ShortConv  # noqa: E402
 from sailor_ext.moe import ExpertWeights, MoE  # noqa: E402
@@ -452,6 +453,10 @@ class Block(nn.Module):
         if model.qk_norm_after_rotary:
             self.self_attention.core_attention.post_rotary_norms = (self.self_attention.q_layernorm,
                                                                     self.self_attention.k_layernorm)
+        if model.alibi:  # (this rank's heads' slopes)
+            local = model.heads // spec.tp
+            self.self_attention.core_attention.alibi_slopes = \
+                alibi_slopes(model.heads)[spec.tp_rank * local:(spec.tp_rank + 1) * local]
         if model.qk_norm_full and not self.linear:
             self.self_attention.q_layernorm = WidthRMSNorm(model.q_dim, spec.tp, model.norm_eps, pg.tp)
             self.self_attention.k_layernorm = WidthRMSNorm(model.kv_dim, spec.tp, model.norm_eps, pg.tp)

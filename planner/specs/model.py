@@ -93,6 +93,8 @@ class ModelSpec:
     attention_chunk: int = 0  # the blocks with rotary positions attend within chunks this long (Llama 4); 0: none
     qk_l2_norm: bool = False  # each head's q and k divided by their RMS (no weight) on rotary blocks (Llama 4)
     rotary_reversed: bool = False  # rotary positions turn each pair by -angle (nanochat's sign-flipped rotate_half)
+    # no rotary positions: each head's attention scores get its slope times the key's position (ALiBi: BLOOM)
+    alibi: bool = False
     windows: tuple[int, ...] = ()  # per block: 0 = full causal attention, w = the last w tokens only
     nope_blocks: tuple[int, ...] = ()  # blocks (0-based) whose attention has no rotary positions (SmolLM3's NoPE)
     rope_theta: float = 10000.0
@@ -267,6 +269,10 @@ class ModelSpec:
         if not self.norm_weight and (not self.rms_norm and self.norm_bias or self.norm_offset or self.qk_norm):
             raise SailorError(f"model {self.name!r}: norms without weights (norm_weight) have no bias (norm_bias), "
                               "offset (norm_offset) or q/k norms with weights (qk_norm)")
+        if self.alibi and (self.learned_positions or self.attn_softcap or self.attention_sinks or self.latent or
+                           self.linear_blocks):
+            raise SailorError(f"model {self.name!r}: ALiBi (alibi) is softmax attention's only position signal, "
+                              "without learned positions, soft caps, sinks, latent attention or Gated DeltaNet blocks")
         if self.qkv_clip and (self.latent or self.linear_blocks):
             raise SailorError(f"model {self.name!r}: clamping q, k and v (qkv_clip) needs their one projection, not "
                               "latent attention or Gated DeltaNet blocks")
@@ -487,7 +493,8 @@ class ModelSpec:
 
     def rotary(self, block: int) -> bool:
         """Whether block `block` (0-based) rotates q and k by their positions."""
-        return not self.learned_positions and block not in self.nope_blocks and not self.linear(block)
+        return not self.learned_positions and not self.alibi and block not in self.nope_blocks and \
+            not self.linear(block)
 
     def padded_vocab(self, tp: int) -> int:
         """Megatron pads the vocabulary to a multiple of vocab_divisor * tp."""

@@ -66,6 +66,7 @@ def megatron_model_args(model) -> list[str]:
                           (model.qkv_clip, f"q, k and v clamped to {model.qkv_clip:g} (clip_qkv)"),
                           (model.embedding_norm, "a norm on the embeddings"),
                           (model.rotary_reversed, "rotary positions turned the other way"),
+                          (model.alibi, "ALiBi attention biases"),
                           (model.attention_chunk, "chunked attention"),
                           (model.expert_input_weighted, "experts whose input is weighted by the router"),
                           (model.attention_sinks, "attention sinks"), (model.head_bias, "a bias on the output layer"),

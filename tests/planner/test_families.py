@@ -381,6 +381,12 @@ PUBLISHED["Minitron-4B-Base"] = ({"model_type": "nemotron", "hidden_size": 3072,
                                   "head_dim": 128, "vocab_size": 256000, "max_position_embeddings": 4096,
                                   "partial_rotary_factor": 0.5, "norm_eps": 1e-5, "hidden_act": "relu2",
                                   "tie_word_embeddings": False}, 4_190_509_056)
+# BLOOM (ALiBi, a LayerNorm on the embeddings): bloom-560m, bloom-7b1 and the 176 B BLOOM, their cards' 559 M, 7.07 B
+# and 176 B
+_BLOOM = {"model_type": "bloom", "vocab_size": 250880}
+PUBLISHED["bloom-560m"] = ({**_BLOOM, "hidden_size": 1024, "n_layer": 24, "n_head": 16}, 559_214_592)
+PUBLISHED["bloom-7b1"] = ({**_BLOOM, "hidden_size": 4096, "n_layer": 30, "n_head": 32}, 7_069_016_064)
+PUBLISHED["bloom"] = ({**_BLOOM, "hidden_size": 14336, "n_layer": 70, "n_head": 112}, 176_247_271_424)
 # Falcon-7B (one key/value head, attention and MLP on one norm, tied) and Falcon-40B (8 query groups, a norm for each
 # sublayer)
 PUBLISHED["falcon-7b"] = ({"model_type": "falcon", "hidden_size": 4544, "num_hidden_layers": 32,
@@ -723,6 +729,28 @@ def test_stablelm_2_12b_details(tmp_path):
     assert (model.qk_norm, model.qk_norm_per_head, model.rms_norm, model.norm_bias, model.shared_norm) == \
         (True, True, False, True, True)
     assert get_model(str(_write(tmp_path, to_hf_config(model)))) == model
+
+
+def test_bloom_details(tmp_path):
+    """BLOOM: ALiBi in every block and no rotary positions, a LayerNorm (with its parameters) on the embeddings, a
+    4 x wide tanh-GELU MLP, tied; it exports as the same model. Megatron-LM's arguments cannot express ALiBi, and a
+    residual taken after the norm is refused in one line."""
+    from planner.specs.families import to_hf_config
+    from planner.targets.megatron_lm import megatron_model_args
+
+    model = get_model(str(_write(tmp_path, PUBLISHED["bloom-560m"][0])))
+    assert (model.alibi, model.rotary(0), model.learned_positions, model.embedding_norm, model.activation,
+            model.ffn_hidden, model.tied_embeddings, model.context_length) == (True, False, False, True, "gelu_tanh",
+                                                                               4096, True, 2048)
+    assert model.params(0) == model.padded_vocab(1) * 1024 + 2 * 1024  # the embedding and its LayerNorm
+    assert get_model(str(_write(tmp_path, to_hf_config(model)))) == model
+    with pytest.raises(SailorError, match="ALiBi attention biases"):
+        megatron_model_args(replace(model, embedding_norm=False))
+    with pytest.raises(SailorError, match="apply_residual_connection_post_layernorm .* is not supported for bloom"):
+        get_model(str(_write(tmp_path, {**PUBLISHED["bloom-560m"][0],
+                                        "apply_residual_connection_post_layernorm": True})))
+    with pytest.raises(SailorError, match="ALiBi .* without learned positions"):
+        replace(model, learned_positions=True)
 
 
 def test_falcon_details(tmp_path):

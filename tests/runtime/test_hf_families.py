@@ -398,6 +398,9 @@ def _small(kind: str):
                    "falcon-11b": dict(new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1),
                    "falcon-sequential": dict(multi_query=False, parallel_attn=False, bias=True)}[kind]
         return transformers.FalconConfig(**falcon, **variant)
+    if kind == "bloom":  # ALiBi (6 heads: the slopes past the power of two too), a LayerNorm on the embeddings, biases
+        return transformers.BloomConfig(hidden_size=96, n_layer=2, n_head=6, vocab_size=VOCAB, bos_token_id=None,
+                                        eos_token_id=None)
     if kind == "gpt2":
         return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64)
     if kind.startswith("gpt_bigcode"):  # GPT-2 with Linear weights and one key/value head; -mha: a head each
@@ -431,7 +434,7 @@ FAMILIES = ("llama", "mistral", "ministral", "ministral3", "cwm", "internlm3", "
             "glm", "glm4", "exaone4", "gpt_oss", "deepseek_v3", "deepseek_v3-lite", "deepseek_v2", "youtu", "minicpm3",
             "glm4_moe", "qwen3_5", "qwen3_5-attention", "qwen3_5_moe", "qwen3_next", "llama4", "mistral4", "minimax_m2",
             "ernie4_5_moe", "glm4_moe_lite", "solar_open", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "flex_olmo",
-            "exaone_moe", "phi", "opt", "opt-noaffine", "opt-350m", "gpt2", "gptj", "falcon", "falcon-40b",
+            "exaone_moe", "phi", "opt", "opt-noaffine", "opt-350m", "gpt2", "gptj", "bloom", "falcon", "falcon-40b",
             "falcon-11b", "falcon-sequential", "gpt_bigcode", "gpt_bigcode-mha", "gpt_neo", "gpt_neox")
 
 

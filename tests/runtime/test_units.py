@@ -375,6 +375,18 @@ def test_gpt_oss_experts_keep_what_the_estimator_counts(world_of_one, tmp_path):
         assert counted - c0 == pytest.approx(measured - m0, rel=1e-3), (measured - m0, counted - c0)
 
 
+def test_alibi_slopes_are_transformers_for_any_head_count():
+    """ALiBi's slopes equal (torch.equal) transformers' BLOOM slopes for 1 to 130 heads: powers of two and the
+    counts between them, whose last heads take the odd steps of the next power's series."""
+    pytest.importorskip("transformers")
+    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+
+    from sailor_ext.attention import alibi_slopes
+
+    for heads in range(1, 131):
+        assert torch.equal(alibi_slopes(heads), _get_alibi_slopes(heads, torch.device("cpu"))), heads
+
+
 @pytest.mark.parametrize("head_dim, window", [(24, None), (16, 5), (64, None)])
 def test_sink_attention_is_transformers_gpt_oss_attention(head_dim, window):
     """Attention with sinks, run as one more key of PyTorch's fused attention, gives transformers' gpt-oss

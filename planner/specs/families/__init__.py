@@ -96,9 +96,9 @@ class Family:
 
 
 def _families() -> dict[str, Family]:
-    from planner.specs.families import (apertus, arcee, cohere, deepseek, exaone, falcon, gemma, glm, glm_moe, gpt2,
-                                        gpt_neo, gpt_neox, gpt_oss, gptj, granite_swa, hunyuan, hyperclovax, llama,
-                                        llama4, moe, nanochat, nemotron, olmo, opt, phi, phi3, qwen3_5, stablelm,
+    from planner.specs.families import (apertus, arcee, bloom, cohere, deepseek, exaone, falcon, gemma, glm, glm_moe,
+                                        gpt2, gpt_neo, gpt_neox, gpt_oss, gptj, granite_swa, hunyuan, hyperclovax,
+                                        llama, llama4, moe, nanochat, nemotron, olmo, opt, phi, phi3, qwen3_5, stablelm,
                                         starcoder2)
 
     return {f.name: f for f in (llama.FAMILY, moe.MIXTRAL, moe.QWEN2_MOE, moe.QWEN3_MOE, moe.OLMOE, moe.GRANITE_MOE,
@@ -109,8 +109,8 @@ def _families() -> dict[str, Family]:
                                 qwen3_5.FAMILY, qwen3_5.MOE_FAMILY, qwen3_5.NEXT_FAMILY, llama4.FAMILY, hunyuan.FAMILY,
                                 hunyuan.MOE_FAMILY, opt.FAMILY, stablelm.FAMILY, nemotron.FAMILY, nemotron.JAIS2,
                                 nanochat.FAMILY, hyperclovax.FAMILY, granite_swa.FAMILY, granite_swa.MOE_FAMILY,
-                                apertus.FAMILY, gptj.FAMILY, falcon.FAMILY, falcon.FALCON_40B, gpt2.FAMILY,
-                                gpt2.BIGCODE, gpt_neo.FAMILY, gpt_neox.FAMILY)}
+                                bloom.FAMILY, apertus.FAMILY, gptj.FAMILY, falcon.FAMILY, falcon.FALCON_40B,
+                                gpt2.FAMILY, gpt2.BIGCODE, gpt_neo.FAMILY, gpt_neox.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -406,6 +406,7 @@ FIELD_ALIASES = {"internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"}
                  "gptj": {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
                           "max_position_embeddings": "n_positions"},
                  "falcon": {"n_embed": "hidden_size"},
+                 "bloom": {"n_embed": "hidden_size", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"},
                  "exaone_moe": {"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"},
                  "exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
                             "activation_function": "hidden_act"}}
@@ -448,7 +449,8 @@ _ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "g
                   "gptj": "GPTJForCausalLM", "olmo": "OlmoForCausalLM", "nemotron": "NemotronForCausalLM",
                   "jais2": "Jais2ForCausalLM", "hyperclovax": "HyperCLOVAXForCausalLM",
                   "granite_swa": "GraniteSWAForCausalLM", "granitemoe_swa": "GraniteMoeSWAForCausalLM",
-                  "nanochat": "NanoChatForCausalLM", "falcon": "FalconForCausalLM", "apertus": "ApertusForCausalLM",
+                  "nanochat": "NanoChatForCausalLM", "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM",
+                  "apertus": "ApertusForCausalLM",
                   "arcee": "ArceeForCausalLM", "gpt_oss": "GptOssForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
                   "granitemoeshared": "GraniteMoeSharedForCausalLM", "phi": "PhiForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
