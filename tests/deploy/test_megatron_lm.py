@@ -70,7 +70,7 @@ keys = ("data_parallel_size", "tensor_model_parallel_size", "pipeline_model_para
         "overlap_grad_reduce", "bias_swiglu_fusion", "apply_rope_fusion", "num_experts", "moe_router_topk",
         "moe_ffn_hidden_size", "moe_router_pre_softmax", "moe_router_load_balancing_type", "ffn_hidden_size",
         "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "add_qkv_bias", "moe_aux_loss_coeff",
-        "moe_z_loss_coeff")
+        "moe_z_loss_coeff", "openai_gelu")
 print("RESULT " + json.dumps({k: getattr(args, k, None) for k in keys}, default=str))
 """
 
@@ -138,6 +138,19 @@ def test_llama_plan_with_an_uneven_split_passes_megatrons_parser(megatron_src, t
     got = parse(megatron_src, argv, env, 16)
     assert got["pipeline_model_parallel_layout"] == "Et|t|ttt|tL"
     assert got["pipeline_model_parallel_size"] == 4 and got["data_parallel_size"] == 2
+
+
+def test_starcoder_plan_passes_megatrons_parser(megatron_src, tmp_path):
+    """GPTBigCode (StarCoder's block, small): its one key/value head as Megatron's grouped-query attention with one
+    group, under TP 1 (TP cannot split it); learned positions, biases, tanh-GELU (--openai-gelu)."""
+    bigcode = {"model_type": "gpt_bigcode", "n_embd": 256, "n_layer": 4, "n_head": 4, "vocab_size": 1000,
+               "n_positions": 1024}
+    single = {**HOMO, "stages": [{**st, "replicas": [{**r, "tp": 1} for r in st["replicas"]]} for st in HOMO["stages"]]}
+    argv, env, _ = megatron_args(tmp_path, _with_model(tmp_path, single, bigcode), "--train-iters", "10")
+    got = parse(megatron_src, argv, env, 8)
+    assert got["group_query_attention"] and got["num_query_groups"] == 1 and got["tensor_model_parallel_size"] == 1
+    assert got["add_bias_linear"] and got["openai_gelu"] and got["position_embedding_type"] == "learned_absolute"
+    assert not got["untie_embeddings_and_output_weights"]
 
 
 def test_recomputing_plan_passes_megatrons_parser(megatron_src, tmp_path):

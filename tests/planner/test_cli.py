@@ -235,7 +235,7 @@ def test_version_and_list(tmp_path):
     models = {m["model"]: m for m in json.loads(sailor("list", "models", "--json").stdout)}
     assert models["opt-350m"]["sailor_names"] == ["OPT-350"] and models["llama-3-8b"]["layers"] == 32
     table = " ".join(sailor("list", "models").stdout.split())  # (wrapped at the terminal's width)
-    assert "model_type may be: apertus, arcee, cohere, cohere2," in table and \
+    assert "model_type may be: apertus, arcee, bloom, cohere," in table and \
         "stablelm, starcoder2, vaultgemma, youtu." in table
     cluster = tmp_path / "c.yaml"
     cluster.write_text("gpus:\n  A100-40: {price_per_hour: 3.0}\nzones:\n  dc-1: {region: dc}\n"

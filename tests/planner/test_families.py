@@ -381,6 +381,9 @@ PUBLISHED["Minitron-4B-Base"] = ({"model_type": "nemotron", "hidden_size": 3072,
                                   "head_dim": 128, "vocab_size": 256000, "max_position_embeddings": 4096,
                                   "partial_rotary_factor": 0.5, "norm_eps": 1e-5, "hidden_act": "relu2",
                                   "tie_word_embeddings": False}, 4_190_509_056)
+# OPT-125m's shape with LayerNorms without weights or biases (layer_norm_elementwise_affine false)
+PUBLISHED["opt-125m-no-norm-weights"] = ({**PUBLISHED["opt-125m"][0], "layer_norm_elementwise_affine": False},
+                                         125_239_296 - 2 * 768 * (2 * 12 + 1))
 # BLOOM (ALiBi, a LayerNorm on the embeddings): bloom-560m, bloom-7b1 and the 176 B BLOOM, their cards' 559 M, 7.07 B
 # and 176 B
 _BLOOM = {"model_type": "bloom", "vocab_size": 250880}
